@@ -1,0 +1,354 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+var testSecret = []byte("0123456789abcdef-test-secret")
+
+// gang starts n in-process ranks on loopback and joins them.
+func gang(t testing.TB, n int, opts Options) []*Group {
+	t.Helper()
+	if opts.Secret == nil {
+		opts.Secret = testSecret
+	}
+	lns := make([]*Listener, n)
+	peers := make([]string, n)
+	for i := range n {
+		ln, err := Listen("127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		lns[i], peers[i] = ln, ln.Addr()
+	}
+	groups := make([]*Group, n)
+	errs := make([]error, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			groups[i], errs[i] = Join(ctx, lns[i], Gang{Run: "run-" + t.Name(), Generation: 1, Peers: peers}, i, opts)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d join: %v", i, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	})
+	return groups
+}
+
+// each runs f on every rank concurrently and returns the errors by rank.
+func each(groups []*Group, f func(rank int, g *Group) error) []error {
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Go(func() { errs[i] = f(i, g) })
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestAllReduceSumsExactlyOnEveryRank(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4, 7} {
+		for _, length := range []int{0, 1, n - 1, 1003, 1_000_003} {
+			for _, chunk := range []int{0, 4096} {
+				if length > 100_000 && chunk != 0 {
+					continue
+				}
+				t.Run(fmt.Sprintf("ranks=%d/len=%d/chunk=%d", n, length, chunk), func(t *testing.T) {
+					groups := gang(t, n, Options{ChunkBytes: chunk})
+					bufs := make([][]float32, n)
+					want := make([]float64, length)
+					scale := make([]float64, length)
+					for r := range n {
+						rng := rand.New(rand.NewPCG(uint64(r), uint64(length)))
+						bufs[r] = make([]float32, length)
+						for i := range bufs[r] {
+							v := float32(rng.NormFloat64() * 100)
+							bufs[r][i] = v
+							want[i] += float64(v)
+							scale[i] += math.Abs(float64(v))
+						}
+					}
+					for r, err := range each(groups, func(r int, g *Group) error {
+						return g.AllReduce(context.Background(), bufs[r])
+					}) {
+						if err != nil {
+							t.Fatalf("rank %d: %v", r, err)
+						}
+					}
+					for i := range length {
+						if d := math.Abs(float64(bufs[0][i]) - want[i]); d > 1e-6*scale[i]*float64(n) {
+							t.Fatalf("element %d: got %v, want %v (diff %g)", i, bufs[0][i], want[i], d)
+						}
+						for r := 1; r < n; r++ {
+							if math.Float32bits(bufs[r][i]) != math.Float32bits(bufs[0][i]) {
+								t.Fatalf("element %d: rank %d has %v, rank 0 has %v: not bitwise identical", i, r, bufs[r][i], bufs[0][i])
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestManyOperationsInSequence(t *testing.T) {
+	groups := gang(t, 3, Options{ChunkBytes: 64})
+	for step := range 50 {
+		length := step * 7
+		errs := each(groups, func(r int, g *Group) error {
+			buf := make([]float32, length)
+			for i := range buf {
+				buf[i] = float32(r + i)
+			}
+			if err := g.AllReduce(context.Background(), buf); err != nil {
+				return err
+			}
+			for i := range buf {
+				if want := float32(3*i + 3); buf[i] != want {
+					return fmt.Errorf("step %d element %d: got %v want %v", step, i, buf[i], want)
+				}
+			}
+			return nil
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestBroadcastFromEveryRoot(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		groups := gang(t, n, Options{ChunkBytes: 1024})
+		for root := range n {
+			length := 5000 + root
+			errs := each(groups, func(r int, g *Group) error {
+				buf := make([]float32, length)
+				if r == root {
+					for i := range buf {
+						buf[i] = float32(i*10 + root)
+					}
+				}
+				if err := g.Broadcast(context.Background(), buf, root); err != nil {
+					return err
+				}
+				for i := range buf {
+					if buf[i] != float32(i*10+root) {
+						return fmt.Errorf("rank %d element %d: got %v", r, i, buf[i])
+					}
+				}
+				return nil
+			})
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("ranks=%d root=%d: %v", n, root, err)
+			}
+		}
+	}
+}
+
+func TestBarrierWaitsForTheLastRank(t *testing.T) {
+	groups := gang(t, 4, Options{})
+	var entered atomic.Int32
+	errs := each(groups, func(r int, g *Group) error {
+		time.Sleep(time.Duration(r) * 30 * time.Millisecond)
+		entered.Add(1)
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		if got := entered.Load(); got != 4 {
+			return fmt.Errorf("rank %d left the barrier when only %d ranks had entered", r, got)
+		}
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMismatchedLengthsFailOnBothRanks(t *testing.T) {
+	groups := gang(t, 2, Options{})
+	errs := each(groups, func(r int, g *Group) error {
+		return g.AllReduce(context.Background(), make([]float32, 10+2*r))
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "different lengths") {
+			t.Errorf("rank %d: got %v, want a protocol error about different lengths", r, err)
+		}
+	}
+}
+
+func TestCancelledRankAbortsTheGroup(t *testing.T) {
+	groups := gang(t, 3, Options{})
+	errs := each(groups, func(r int, g *Group) error {
+		switch r {
+		case 0:
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			return g.AllReduce(ctx, make([]float32, 100))
+		case 1:
+			return g.AllReduce(context.Background(), make([]float32, 100))
+		default: // rank 2 is late; by then the group is aborted
+			time.Sleep(time.Second)
+			return g.AllReduce(context.Background(), make([]float32, 100))
+		}
+	})
+	for r, err := range errs {
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Reporter != 0 || pe.Rank != -1 {
+			t.Errorf("rank %d: got %v, want an abort reported by rank 0", r, err)
+		}
+	}
+}
+
+func TestWrongSecretIsRefused(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	lns := []*Listener{}
+	peers := []string{}
+	for range 2 {
+		ln, err := Listen("127.0.0.1:0", zap.New(core))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		lns, peers = append(lns, ln), append(peers, ln.Addr())
+	}
+	secrets := [][]byte{testSecret, []byte("another-secret-of-16-bytes")}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			g, err := Join(ctx, lns[r], Gang{Run: "r", Generation: 1, Peers: peers}, r, Options{Secret: secrets[r]})
+			if g != nil {
+				g.Close()
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil {
+			t.Fatalf("rank %d joined a gang whose other rank has a different secret", r)
+		}
+	}
+	if !errors.Is(errs[0], errAuth) && !errors.Is(errs[1], errAuth) {
+		t.Errorf("want an authentication error, got %v / %v", errs[0], errs[1])
+	}
+	if logs.FilterMessage("collective connection refused").Len() == 0 {
+		t.Errorf("the refused connection was not logged")
+	}
+}
+
+func TestStrangerConnectionIsRefusedAndTheGangStillForms(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	ln, err := Listen("127.0.0.1:0", zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ln2, _ := Listen("127.0.0.1:0", nil)
+	defer ln2.Close()
+	// A stranger speaks the protocol but does not know the secret.
+	go func() {
+		c, err := dialTCP(ln.Addr())
+		if err == nil {
+			dialHandshake(c, []byte("i-do-not-know-the-secret"), hello{Run: "r", Generation: 1, From: 1, To: 0, World: 2})
+			c.Close()
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	peers := []string{ln.Addr(), ln2.Addr()}
+	var groups [2]*Group
+	var errs [2]error
+	var wg sync.WaitGroup
+	for r, l := range []*Listener{ln, ln2} {
+		wg.Go(func() { groups[r], errs[r] = Join(ctx, l, Gang{Run: "r", Generation: 1, Peers: peers}, r, Options{Secret: testSecret}) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		t.Fatal(err)
+	}
+	defer groups[0].Close()
+	defer groups[1].Close()
+	if logs.FilterMessage("collective connection refused").Len() == 0 {
+		t.Errorf("the stranger's connection was not logged as refused")
+	}
+	buf0, buf1 := []float32{1, 2}, []float32{10, 20}
+	errs2 := each(groups[:], func(r int, g *Group) error { return g.AllReduce(ctx, [][]float32{buf0, buf1}[r]) })
+	if err := errors.Join(errs2...); err != nil || buf0[1] != 22 {
+		t.Fatalf("after refusing the stranger: err %v, sum %v", err, buf0)
+	}
+}
+
+func TestStaleGenerationIsNeverConnected(t *testing.T) {
+	lns := []*Listener{}
+	peers := []string{}
+	for range 2 {
+		ln, _ := Listen("127.0.0.1:0", nil)
+		defer ln.Close()
+		lns, peers = append(lns, ln), append(peers, ln.Addr())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	var joined atomic.Int32
+	for r := range 2 {
+		wg.Go(func() {
+			g, err := Join(ctx, lns[r], Gang{Run: "r", Generation: uint64(r + 1), Peers: peers}, r, Options{Secret: testSecret})
+			if err == nil {
+				joined.Add(1)
+				g.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if joined.Load() != 0 {
+		t.Fatal("ranks of different generations formed a group")
+	}
+}
+
+func TestJoinRejectsBadInput(t *testing.T) {
+	ln, _ := Listen("127.0.0.1:0", nil)
+	defer ln.Close()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		gang Gang
+		rank int
+		opts Options
+		want string
+	}{
+		{Gang{Run: "r"}, 0, Options{Secret: testSecret}, "Peers is empty"},
+		{Gang{Run: "r", Peers: []string{"a", "b"}}, 2, Options{Secret: testSecret}, "rank 2 out of range"},
+		{Gang{Peers: []string{"a"}}, 0, Options{Secret: testSecret}, "gang.Run"},
+		{Gang{Run: "r", Peers: []string{"a"}}, 0, Options{Secret: []byte("short")}, "Secret has 5 bytes"},
+	} {
+		if _, err := Join(ctx, ln, tc.gang, tc.rank, tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Join(%+v, rank %d): got %v, want an error containing %q", tc.gang, tc.rank, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,24 @@
+// Package collective owns the communication between the ranks of one gang:
+// ring all-reduce (reduce-scatter, then all-gather), broadcast and barrier of
+// float32 buffers over TCP.
+//
+// A gang is described by a Gang value (run, generation, one listener address
+// per rank). Every rank calls Join with the same Gang and its own rank; Join
+// dials the rank's right neighbour and accepts its left neighbour through a
+// Listener, which a worker process shares between all the ranks it hosts.
+// Each connection is authenticated by a mutual HMAC-SHA256 challenge bound to
+// the run, the generation, both ranks and the world size, keyed by a per-run
+// secret; a connection that fails it is logged and closed, never summed in.
+//
+// Liveness is part of the protocol: every rank sends keepalive frames to its
+// right neighbour while the group lives, so a rank that stops (SIGSTOP, a hung
+// process) is told apart from one that is merely slow, within
+// Options.StallTimeout. When any rank detects a failure it sends an abort frame
+// naming the culprit in both directions around the ring and closes its
+// connections, so every other rank returns a *PeerError naming the same peer
+// instead of waiting out a deadline. A failed group stays failed: the caller
+// forms a new gang with a new generation.
+//
+// Every blocking call takes a context; cancelling it aborts the operation and
+// the group. The package knows nothing of Temporal.
+package collective

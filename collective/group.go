@@ -1,0 +1,635 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Gang names one attempt of a run's ranks to work together.
+type Gang struct {
+	// Run identifies the training run; connections of other runs are refused.
+	Run string
+	// Generation increases every time the run forms a new gang, so a rank of a
+	// failed gang can never be connected into the next one.
+	Generation uint64
+	// Peers holds the collective listener address of every rank, indexed by rank.
+	Peers []string
+}
+
+// Options tune a group. The zero value of each field picks its default.
+type Options struct {
+	// Secret authenticates every connection of the run; at least 16 bytes, the same on every rank.
+	Secret []byte
+	// StallTimeout is how long a rank waits without any frame (data or keepalive)
+	// from its left neighbour before it declares that neighbour stalled. Default 5s.
+	StallTimeout time.Duration
+	// KeepaliveInterval is how often an idle rank tells its right neighbour it is alive.
+	// Default StallTimeout/5.
+	KeepaliveInterval time.Duration
+	// ChunkBytes is the pipelining unit: segments are cut into chunks of this size so that
+	// sending, receiving and summing overlap. Default 1 MiB.
+	ChunkBytes int
+	// Logger receives one line per connection refused and per group failure. Default: none.
+	Logger *zap.Logger
+}
+
+const (
+	minSecretLen       = 16
+	defaultStall       = 5 * time.Second
+	defaultChunkBytes  = 1 << 20
+	abortWriteTimeout  = 250 * time.Millisecond
+	culpritGracePeriod = 100 * time.Millisecond
+)
+
+func (o Options) withDefaults() Options {
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = defaultStall
+	}
+	if o.KeepaliveInterval <= 0 {
+		o.KeepaliveInterval = o.StallTimeout / 5
+	}
+	if o.ChunkBytes <= 0 {
+		o.ChunkBytes = defaultChunkBytes
+	}
+	o.ChunkBytes &^= 3 // whole float32s
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = 4
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return o
+}
+
+// PeerError is the error every rank returns when the group fails: Rank names
+// the peer that died, stalled, refused us or aborted, as seen by Reporter.
+type PeerError struct {
+	Rank     int    // the culprit; -1 when no peer is to blame (the caller cancelled)
+	Addr     string // the culprit's listener address, when known
+	Reporter int    // the rank that first detected the failure
+	Reason   string
+}
+
+func (e *PeerError) Error() string {
+	if e.Rank < 0 {
+		return fmt.Sprintf("collective: group aborted by rank %d: %s", e.Reporter, e.Reason)
+	}
+	return fmt.Sprintf("collective: rank %d (%s) failed, detected by rank %d: %s", e.Rank, e.Addr, e.Reporter, e.Reason)
+}
+
+// ErrClosed is returned by operations on a group closed by its own rank.
+var ErrClosed = errors.New("collective: group closed")
+
+// Group is one rank's membership in a gang. Operations must be called in the
+// same order with the same lengths on every rank; one at a time per group.
+type Group struct {
+	gang        Gang
+	rank, world int
+	left, right int // neighbour ranks
+	opts        Options
+	log         *zap.Logger
+
+	leftConn, rightConn net.Conn // data flows left -> us -> right
+	writeMu             sync.Mutex
+	leftWriteMu         sync.Mutex
+	lastWrite           atomic.Int64 // unix nanos of the last frame to the right
+
+	opMu    sync.Mutex
+	seq     uint32
+	jobs    chan *recvJob
+	scratch []float32
+
+	failOnce sync.Once
+	done     chan struct{}
+	err      error
+	wg       sync.WaitGroup
+}
+
+// Join makes this process rank `rank` of the gang: it dials the right
+// neighbour, accepts the left one through ln, and authenticates both. It
+// returns when both connections are up or ctx ends.
+func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) (*Group, error) {
+	opts = opts.withDefaults()
+	world := len(gang.Peers)
+	switch {
+	case world == 0:
+		return nil, errors.New("collective: gang.Peers is empty; want one listener address per rank")
+	case rank < 0 || rank >= world:
+		return nil, fmt.Errorf("collective: rank %d out of range; want 0..%d for %d peers", rank, world-1, world)
+	case gang.Run == "" || len(gang.Run) > maxRunLen:
+		return nil, fmt.Errorf("collective: gang.Run %q; want 1..%d bytes", gang.Run, maxRunLen)
+	case len(opts.Secret) < minSecretLen:
+		return nil, fmt.Errorf("collective: options.Secret has %d bytes; want at least %d", len(opts.Secret), minSecretLen)
+	case world > 1 && ln == nil:
+		return nil, errors.New("collective: a Listener is required for more than one rank")
+	}
+	g := &Group{
+		gang: gang, rank: rank, world: world,
+		left: (rank + world - 1) % world, right: (rank + 1) % world,
+		opts: opts, log: opts.Logger.With(zap.String("run", gang.Run), zap.Uint64("generation", gang.Generation), zap.Int("rank", rank)),
+		jobs: make(chan *recvJob, 1),
+		done: make(chan struct{}),
+	}
+	if world == 1 {
+		return g, nil
+	}
+	type result struct {
+		conn net.Conn
+		err  error
+	}
+	dialed, accepted := make(chan result, 1), make(chan result, 1)
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		c, err := g.dialRight(jctx)
+		dialed <- result{c, err}
+	}()
+	go func() {
+		k := connKey{run: gang.Run, gen: gang.Generation, from: uint32(g.left), to: uint32(rank), world: uint32(world)}
+		c, err := ln.accept(jctx, k, opts.Secret)
+		if err != nil {
+			err = fmt.Errorf("collective: rank %d: waiting for rank %d (%s) to connect: %w", rank, g.left, gang.Peers[g.left], err)
+		}
+		accepted <- result{c, err}
+	}()
+	var firstErr error
+	for range 2 {
+		select {
+		case r := <-dialed:
+			g.rightConn = r.conn
+			if r.err != nil && firstErr == nil {
+				firstErr = r.err
+				cancel()
+			}
+		case r := <-accepted:
+			g.leftConn = r.conn
+			if r.err != nil && firstErr == nil {
+				firstErr = r.err
+				cancel()
+			}
+		}
+	}
+	if firstErr != nil {
+		for _, c := range []net.Conn{g.leftConn, g.rightConn} {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, firstErr
+	}
+	g.lastWrite.Store(time.Now().UnixNano())
+	g.wg.Add(3)
+	go g.readLeft()
+	go g.readRight()
+	go g.keepalive()
+	return g, nil
+}
+
+// dialRight connects to the right neighbour, retrying until its listener is up.
+func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
+	addr := g.gang.Peers[g.right]
+	h := hello{Run: g.gang.Run, Generation: g.gang.Generation, From: uint32(g.rank), To: uint32(g.right), World: uint32(g.world)}
+	backoff := 20 * time.Millisecond
+	var d net.Dialer
+	for {
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			if tc, ok := conn.(*net.TCPConn); ok {
+				tc.SetNoDelay(true)
+			}
+			err = dialHandshake(conn, g.opts.Secret, h)
+			if err == nil {
+				return conn, nil
+			}
+			conn.Close()
+			if errors.Is(err, errAuth) {
+				return nil, fmt.Errorf("collective: rank %d: connecting to rank %d (%s): %w", g.rank, g.right, addr, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("collective: rank %d: connecting to rank %d (%s): %w (last error: %v)", g.rank, g.right, addr, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// Rank is this member's rank; World the gang's size.
+func (g *Group) Rank() int  { return g.rank }
+func (g *Group) World() int { return g.world }
+
+// Err reports why the group failed, or nil while it is healthy.
+func (g *Group) Err() error {
+	select {
+	case <-g.done:
+		return g.err
+	default:
+		return nil
+	}
+}
+
+// Close leaves the group; neighbours still in an operation get a PeerError naming this rank.
+func (g *Group) Close() error {
+	g.fail(ErrClosed, &PeerError{Rank: g.rank, Reporter: g.rank, Reason: "rank closed the group"})
+	g.wg.Wait()
+	return nil
+}
+
+// Frames. Header: type, op kind, 2 reserved bytes, seq, payload length, aux.
+// Abort frames carry the reporter in seq and the culprit+1 in aux.
+const (
+	frameData      = 1
+	frameKeepalive = 2
+	frameAbort     = 3
+	headerLen      = 16
+	maxAbortMsg    = 1024
+)
+
+const (
+	opAllReduce = 1
+	opBroadcast = 2
+)
+
+type header struct {
+	typ, op byte
+	seq     uint32
+	length  uint32
+	aux     uint32
+}
+
+func (h header) put(b []byte) {
+	b[0], b[1], b[2], b[3] = h.typ, h.op, 0, 0
+	binary.LittleEndian.PutUint32(b[4:], h.seq)
+	binary.LittleEndian.PutUint32(b[8:], h.length)
+	binary.LittleEndian.PutUint32(b[12:], h.aux)
+}
+
+func parseHeader(b []byte) header {
+	return header{typ: b[0], op: b[1], seq: binary.LittleEndian.Uint32(b[4:]), length: binary.LittleEndian.Uint32(b[8:]), aux: binary.LittleEndian.Uint32(b[12:])}
+}
+
+// writeRight sends one frame to the right neighbour.
+func (g *Group) writeRight(h header, payload []byte) error {
+	var hb [headerLen]byte
+	h.put(hb[:])
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	bufs := net.Buffers{hb[:], payload}
+	_, err := bufs.WriteTo(g.rightConn)
+	g.lastWrite.Store(time.Now().UnixNano())
+	return err
+}
+
+func (g *Group) keepalive() {
+	defer g.wg.Done()
+	t := time.NewTicker(g.opts.KeepaliveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.done:
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, g.lastWrite.Load())) < g.opts.KeepaliveInterval/2 {
+				continue
+			}
+			if err := g.writeRight(header{typ: frameKeepalive}, nil); err != nil {
+				g.failPeer(g.right, "sending keepalive", err)
+				return
+			}
+		}
+	}
+}
+
+// readRight watches the reverse direction of the right connection, which
+// carries only abort frames: a bare EOF there means the right neighbour died.
+func (g *Group) readRight() {
+	defer g.wg.Done()
+	var hb [headerLen]byte
+	for {
+		if _, err := io.ReadFull(g.rightConn, hb[:]); err != nil {
+			g.blame(g.right, fmt.Sprintf("connection lost: %v", err))
+			return
+		}
+		h := parseHeader(hb[:])
+		if h.typ != frameAbort {
+			g.failPeer(g.right, "protocol error", fmt.Errorf("unexpected frame type %d on the reverse direction", h.typ))
+			return
+		}
+		g.readAbort(g.rightConn, h)
+		return
+	}
+}
+
+// readAbort reads an abort frame's message and fails the group with the culprit it names.
+func (g *Group) readAbort(conn net.Conn, h header) {
+	msg := make([]byte, min(h.length, maxAbortMsg))
+	io.ReadFull(conn, msg)
+	culprit := int(h.aux) - 1
+	pe := &PeerError{Rank: culprit, Addr: g.addrOf(culprit), Reporter: int(h.seq), Reason: string(msg)}
+	g.fail(pe, pe)
+}
+
+func (g *Group) addrOf(rank int) string {
+	if rank >= 0 && rank < len(g.gang.Peers) {
+		return g.gang.Peers[rank]
+	}
+	return ""
+}
+
+// failPeer fails the group blaming a neighbour, unless that neighbour's own
+// abort frame (naming the real culprit) arrives within a short grace period.
+func (g *Group) failPeer(peer int, what string, err error) {
+	select {
+	case <-g.done:
+		return
+	default:
+	}
+	if peer == g.right {
+		// The right neighbour may have aborted on purpose: its abort frame is on the way.
+		select {
+		case <-g.done:
+			return
+		case <-time.After(culpritGracePeriod):
+		}
+	}
+	g.blame(peer, fmt.Sprintf("%s: %v", what, err))
+}
+
+// blame fails the group naming peer as the culprit.
+func (g *Group) blame(peer int, reason string) {
+	pe := &PeerError{Rank: peer, Addr: g.addrOf(peer), Reporter: g.rank, Reason: reason}
+	g.fail(pe, pe)
+}
+
+// fail records the group's first error, tells both neighbours whom to blame
+// (pe travels in the abort frame), and closes the connections so that every
+// blocked call returns. local is what this rank's callers get.
+func (g *Group) fail(local error, pe *PeerError) {
+	g.failOnce.Do(func() {
+		g.err = local
+		close(g.done)
+		if g.world == 1 {
+			return
+		}
+		if local != ErrClosed {
+			g.log.Warn("collective group failed", zap.Int("culprit", pe.Rank), zap.Int("reporter", pe.Reporter), zap.String("reason", pe.Reason))
+		}
+		reason := pe.Reason
+		if len(reason) > maxAbortMsg {
+			reason = reason[:maxAbortMsg]
+		}
+		frame := make([]byte, headerLen+len(reason))
+		header{typ: frameAbort, seq: uint32(pe.Reporter), length: uint32(len(reason)), aux: uint32(pe.Rank + 1)}.put(frame)
+		copy(frame[headerLen:], reason)
+		var wg sync.WaitGroup
+		for _, side := range []struct {
+			conn net.Conn
+			mu   *sync.Mutex
+		}{{g.rightConn, &g.writeMu}, {g.leftConn, &g.leftWriteMu}} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Unblock a writer stuck on a peer that does not read, then send the abort.
+				side.conn.SetWriteDeadline(time.Now().Add(abortWriteTimeout))
+				side.mu.Lock()
+				side.conn.Write(frame)
+				side.mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		g.leftConn.Close()
+		g.rightConn.Close()
+	})
+}
+
+// recvJob is the receiving half of one operation, run by readLeft.
+type recvJob struct {
+	seq      uint32
+	op       byte
+	items    []recvItem
+	tokens   chan struct{} // one per item received, for the sender to forward it
+	finished chan struct{}
+}
+
+type recvItem struct {
+	dst []float32
+	add bool // sum into dst (reduce-scatter) or overwrite it (all-gather, broadcast)
+}
+
+// readLeft reads every frame from the left neighbour for the group's lifetime:
+// keepalives, aborts, and the data of the operation in progress. Silence for
+// longer than StallTimeout means the left neighbour has stalled.
+func (g *Group) readLeft() {
+	defer g.wg.Done()
+	var hb [headerLen]byte
+	var job *recvJob
+	next := 0
+	stall := g.opts.StallTimeout
+	for {
+		g.leftConn.SetReadDeadline(time.Now().Add(stall))
+		if _, err := io.ReadFull(g.leftConn, hb[:]); err != nil {
+			g.failLeft(err)
+			return
+		}
+		h := parseHeader(hb[:])
+		switch h.typ {
+		case frameKeepalive:
+			continue
+		case frameAbort:
+			g.readAbort(g.leftConn, h)
+			return
+		case frameData:
+		default:
+			g.failPeer(g.left, "protocol error", fmt.Errorf("unknown frame type %d", h.typ))
+			return
+		}
+		if job == nil {
+			select {
+			case job = <-g.jobs:
+				next = 0
+			case <-g.done:
+				return
+			}
+		}
+		it := job.items[next]
+		if h.seq != job.seq || h.op != job.op || int(h.length) != 4*len(it.dst) {
+			g.failPeer(g.left, "protocol error", fmt.Errorf(
+				"received operation #%d kind %d with %d bytes, expected operation #%d kind %d with %d bytes: ranks called collectives in different orders or with different lengths",
+				h.seq, h.op, h.length, job.seq, job.op, 4*len(it.dst)))
+			return
+		}
+		dst := it.dst
+		if it.add {
+			dst = g.scratch[:len(it.dst)]
+		}
+		g.leftConn.SetReadDeadline(time.Now().Add(stall))
+		if _, err := io.ReadFull(g.leftConn, asBytes(dst)); err != nil {
+			g.failLeft(err)
+			return
+		}
+		if it.add {
+			addInto(it.dst, dst)
+		}
+		job.tokens <- struct{}{}
+		next++
+		if next == len(job.items) {
+			close(job.finished)
+			job = nil
+		}
+	}
+}
+
+func (g *Group) failLeft(err error) {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		g.failPeer(g.left, "stalled", fmt.Errorf("no data or keepalive for %v", g.opts.StallTimeout))
+		return
+	}
+	g.failPeer(g.left, "connection lost", err)
+}
+
+// sendItem is one chunk this rank sends to the right; afterToken means it
+// is the chunk received from the left one step earlier and must wait for it.
+type sendItem struct {
+	src        []float32
+	afterToken bool
+}
+
+// run executes one operation: hands the receiving half to readLeft and sends
+// in the calling goroutine, aborting the group if ctx ends first.
+func (g *Group) run(ctx context.Context, op byte, sends []sendItem, recvs []recvItem) error {
+	if err := g.Err(); err != nil {
+		return err
+	}
+	g.seq++
+	job := &recvJob{seq: g.seq, op: op, items: recvs, tokens: make(chan struct{}, len(recvs)), finished: make(chan struct{})}
+	if len(recvs) == 0 {
+		close(job.finished)
+	} else {
+		g.jobs <- job
+	}
+	stop := context.AfterFunc(ctx, func() {
+		reason := fmt.Sprintf("operation #%d cancelled: %v", job.seq, context.Cause(ctx))
+		pe := &PeerError{Rank: -1, Reporter: g.rank, Reason: reason}
+		g.fail(pe, pe)
+	})
+	defer stop()
+	for _, s := range sends {
+		if s.afterToken {
+			select {
+			case <-job.tokens:
+			case <-g.done:
+				return g.err
+			}
+		}
+		if err := g.writeRight(header{typ: frameData, op: op, seq: job.seq, length: uint32(4 * len(s.src))}, asBytes(s.src)); err != nil {
+			g.failPeer(g.right, "sending", err)
+			<-g.done
+			return g.err
+		}
+	}
+	select {
+	case <-job.finished:
+		return g.Err()
+	case <-g.done:
+		return g.err
+	}
+}
+
+// AllReduce replaces buf on every rank by the element-wise sum over all ranks.
+// Every rank ends with bit-identical values: each segment is summed once, in a
+// fixed order, by one rank, and copied to the others.
+func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
+	g.opMu.Lock()
+	defer g.opMu.Unlock()
+	if g.world == 1 {
+		return g.Err()
+	}
+	n, w, r := len(buf), g.world, g.rank
+	segs := make([][]float32, w)
+	largest := 0
+	for i := range w {
+		lo, hi := i*n/w, (i+1)*n/w
+		segs[i] = buf[lo:hi]
+		largest = max(largest, hi-lo)
+	}
+	if cap(g.scratch) < min(largest, g.opts.ChunkBytes/4) {
+		g.scratch = make([]float32, min(largest, g.opts.ChunkBytes/4))
+	}
+	var sends []sendItem
+	var recvs []recvItem
+	mod := func(i int) int { return ((i % w) + w) % w }
+	// Reduce-scatter: after w-1 steps rank r holds the full sum of segment r+1.
+	for s := range w - 1 {
+		for _, c := range g.chunks(segs[mod(r-s)]) {
+			sends = append(sends, sendItem{src: c, afterToken: s > 0})
+		}
+		for _, c := range g.chunks(segs[mod(r-s-1)]) {
+			recvs = append(recvs, recvItem{dst: c, add: true})
+		}
+	}
+	// All-gather: pass the summed segments around the ring.
+	for s := range w - 1 {
+		for _, c := range g.chunks(segs[mod(r-s+1)]) {
+			sends = append(sends, sendItem{src: c, afterToken: true})
+		}
+		for _, c := range g.chunks(segs[mod(r-s)]) {
+			recvs = append(recvs, recvItem{dst: c})
+		}
+	}
+	return g.run(ctx, opAllReduce, sends, recvs)
+}
+
+// Broadcast copies root's buf to every rank, pipelined along the ring.
+func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
+	if root < 0 || root >= g.world {
+		return fmt.Errorf("collective: broadcast root %d out of range; want 0..%d", root, g.world-1)
+	}
+	g.opMu.Lock()
+	defer g.opMu.Unlock()
+	if g.world == 1 {
+		return g.Err()
+	}
+	var sends []sendItem
+	var recvs []recvItem
+	for _, c := range g.chunks(buf) {
+		if g.rank != root {
+			recvs = append(recvs, recvItem{dst: c})
+		}
+		if g.right != root {
+			sends = append(sends, sendItem{src: c, afterToken: g.rank != root})
+		}
+	}
+	return g.run(ctx, opBroadcast, sends, recvs)
+}
+
+// Barrier returns once every rank has entered it.
+func (g *Group) Barrier(ctx context.Context) error {
+	return g.AllReduce(ctx, nil)
+}
+
+// chunks cuts a segment into pipelining units; an empty segment is one empty
+// chunk, so every step of the ring still synchronises its two ranks.
+func (g *Group) chunks(seg []float32) [][]float32 {
+	per := g.opts.ChunkBytes / 4
+	if len(seg) == 0 {
+		return [][]float32{seg}
+	}
+	out := make([][]float32, 0, (len(seg)+per-1)/per)
+	for len(seg) > 0 {
+		k := min(per, len(seg))
+		out = append(out, seg[:k])
+		seg = seg[k:]
+	}
+	return out
+}

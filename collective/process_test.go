@@ -1,0 +1,167 @@
+package collective
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as a rank process: with DT_COLLECTIVE_RANK set it
+// listens, prints its address, reads the gang from stdin, and all-reduces until killed.
+func TestMain(m *testing.M) {
+	if os.Getenv("DT_COLLECTIVE_RANK") != "" {
+		os.Exit(rankProcess())
+	}
+	os.Exit(m.Run())
+}
+
+type childGang struct {
+	Gang  Gang
+	Rank  int
+	Stall time.Duration
+}
+
+func rankProcess() int {
+	ln, err := Listen("127.0.0.1:0", nil)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println(ln.Addr())
+	var cg childGang
+	if err := json.NewDecoder(os.Stdin).Decode(&cg); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g, err := Join(ctx, ln, cg.Gang, cg.Rank, Options{Secret: testSecret, StallTimeout: cg.Stall})
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	buf := make([]float32, 1<<18)
+	for op := 0; ; op++ {
+		if err := g.AllReduce(ctx, buf); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		fmt.Println("op", op)
+	}
+}
+
+// TestRealPeerFailures runs a 4-rank ring with rank 2 in its own process and
+// hits that process with a real signal mid-training: every other rank must
+// return a PeerError naming rank 2, well before any operation deadline.
+func TestRealPeerFailures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a rank process")
+	}
+	for _, tc := range []struct {
+		name   string
+		signal syscall.Signal
+	}{{"kill -9", syscall.SIGKILL}, {"SIGSTOP (a hang)", syscall.SIGSTOP}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const world, victim = 4, 2
+			stall := time.Second
+			child := exec.Command(os.Args[0], "-test.run=^$")
+			child.Env = append(os.Environ(), "DT_COLLECTIVE_RANK=1")
+			stdin, _ := child.StdinPipe()
+			stdout, _ := child.StdoutPipe()
+			child.Stderr = os.Stderr
+			if err := child.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				child.Process.Signal(syscall.SIGCONT)
+				child.Process.Kill()
+				child.Wait()
+			}()
+			lines := bufio.NewScanner(stdout)
+			if !lines.Scan() {
+				t.Fatal("rank process printed no address")
+			}
+			peers := make([]string, world)
+			peers[victim] = lines.Text()
+			lns := map[int]*Listener{}
+			for r := range world {
+				if r == victim {
+					continue
+				}
+				ln, err := Listen("127.0.0.1:0", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				lns[r], peers[r] = ln, ln.Addr()
+			}
+			gangSpec := Gang{Run: "chaos", Generation: 7, Peers: peers}
+			json.NewEncoder(stdin).Encode(childGang{Gang: gangSpec, Rank: victim, Stall: stall})
+
+			// The in-process ranks all-reduce until the group fails.
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			var mu sync.Mutex
+			failedAt := map[int]time.Time{}
+			errs := map[int]error{}
+			var wg sync.WaitGroup
+			for r, ln := range lns {
+				wg.Go(func() {
+					g, err := Join(ctx, ln, gangSpec, r, Options{Secret: testSecret, StallTimeout: stall})
+					if err != nil {
+						mu.Lock()
+						errs[r] = err
+						mu.Unlock()
+						return
+					}
+					defer g.Close()
+					buf := make([]float32, 1<<18)
+					for {
+						if err = g.AllReduce(ctx, buf); err != nil {
+							break
+						}
+					}
+					mu.Lock()
+					errs[r], failedAt[r] = err, time.Now()
+					mu.Unlock()
+				})
+			}
+			// Let the ring run a few operations, then strike.
+			for ops := 0; ops < 5 && lines.Scan(); {
+				if strings.HasPrefix(lines.Text(), "op ") {
+					ops++
+				}
+			}
+			struck := time.Now()
+			if err := child.Process.Signal(tc.signal); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				for lines.Scan() {
+				}
+			}()
+			wg.Wait()
+			for r, err := range errs {
+				var pe *PeerError
+				if !errors.As(err, &pe) || pe.Rank != victim {
+					t.Errorf("rank %d: got %v, want a PeerError naming rank %d", r, err, victim)
+					continue
+				}
+				latency := failedAt[r].Sub(struck)
+				t.Logf("rank %d returned after %v: %v", r, latency.Round(time.Millisecond), err)
+				if limit := stall + 2*time.Second; latency > limit {
+					t.Errorf("rank %d took %v to notice, more than %v", r, latency, limit)
+				}
+			}
+		})
+	}
+}
