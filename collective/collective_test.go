@@ -287,7 +287,9 @@ func TestStrangerConnectionIsRefusedAndTheGangStillForms(t *testing.T) {
 	var errs [2]error
 	var wg sync.WaitGroup
 	for r, l := range []*Listener{ln, ln2} {
-		wg.Go(func() { groups[r], errs[r] = Join(ctx, l, Gang{Run: "r", Generation: 1, Peers: peers}, r, Options{Secret: testSecret}) })
+		wg.Go(func() {
+			groups[r], errs[r] = Join(ctx, l, Gang{Run: "r", Generation: 1, Peers: peers}, r, Options{Secret: testSecret})
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs[:]...); err != nil {

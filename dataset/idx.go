@@ -1,0 +1,197 @@
+package dataset
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/fileblob" // file:// always works
+	_ "gocloud.dev/blob/memblob"  // mem:// always works
+	"gocloud.dev/gcerrors"
+)
+
+// DefaultURL is where Debian's dataset-fashion-mnist package installs the files.
+const DefaultURL = "file:///usr/share/datasets/fashion-mnist"
+
+// Classes is the number of Fashion-MNIST labels.
+const Classes = 10
+
+const (
+	idxImagesMagic = 0x00000803 // unsigned bytes, 3 dimensions
+	idxLabelsMagic = 0x00000801 // unsigned bytes, 1 dimension
+	maxExamples    = 10_000_000
+)
+
+// Split names one half of the data set.
+type Split string
+
+const (
+	Train Split = "train"
+	Test  Split = "test"
+)
+
+// Files returns the object names of a split, as Fashion-MNIST publishes them.
+func (s Split) Files() (images, labels string) {
+	prefix := "train"
+	if s == Test {
+		prefix = "t10k"
+	}
+	return prefix + "-images-idx3-ubyte.gz", prefix + "-labels-idx1-ubyte.gz"
+}
+
+// Set holds one split in memory: Images is Len() rows of Rows*Cols pixels scaled to [0, 1].
+type Set struct {
+	Images     []float32
+	Labels     []uint8
+	Rows, Cols int
+}
+
+// Len is the number of examples.
+func (s *Set) Len() int { return len(s.Labels) }
+
+// Features is the number of inputs per example.
+func (s *Set) Features() int { return s.Rows * s.Cols }
+
+// Gather copies the examples at idx into x (len(idx) rows) and their labels into y.
+func (s *Set) Gather(idx []int32, x []float32, y []uint8) {
+	f := s.Features()
+	for i, j := range idx {
+		copy(x[i*f:(i+1)*f], s.Images[int(j)*f:(int(j)+1)*f])
+		y[i] = s.Labels[j]
+	}
+}
+
+// Head returns the first n examples (all of them if n >= Len).
+func (s *Set) Head(n int) *Set {
+	n = min(n, s.Len())
+	return &Set{Images: s.Images[:n*s.Features()], Labels: s.Labels[:n], Rows: s.Rows, Cols: s.Cols}
+}
+
+// Load reads one split from the bucket at url and validates it.
+func Load(ctx context.Context, url string, split Split) (*Set, error) {
+	if split != Train && split != Test {
+		return nil, fmt.Errorf("dataset: split %q; want %q or %q", split, Train, Test)
+	}
+	b, err := blob.OpenBucket(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("dataset: opening %s: %w%s", url, err, installHint(url))
+	}
+	defer b.Close()
+	return loadFrom(ctx, b, url, split)
+}
+
+func loadFrom(ctx context.Context, b *blob.Bucket, url string, split Split) (*Set, error) {
+	imagesName, labelsName := split.Files()
+	pixels, dims, err := readIDX(ctx, b, url, imagesName, idxImagesMagic, 3)
+	if err != nil {
+		return nil, err
+	}
+	labels, ldims, err := readIDX(ctx, b, url, labelsName, idxLabelsMagic, 1)
+	if err != nil {
+		return nil, err
+	}
+	if dims[0] != ldims[0] {
+		return nil, fmt.Errorf("dataset: %s in %s has %d images but %s has %d labels; want the same count", imagesName, url, dims[0], labelsName, ldims[0])
+	}
+	for i, l := range labels {
+		if l >= Classes {
+			return nil, fmt.Errorf("dataset: %s in %s: label %d of example %d; want 0..%d", labelsName, url, l, i, Classes-1)
+		}
+	}
+	s := &Set{Images: make([]float32, len(pixels)), Labels: labels, Rows: dims[1], Cols: dims[2]}
+	for i, p := range pixels {
+		s.Images[i] = float32(p) / 255
+	}
+	return s, nil
+}
+
+// readIDX reads a gzip-compressed IDX file of unsigned bytes with the given magic.
+func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32, ndims int) ([]byte, []int, error) {
+	fail := func(format string, args ...any) ([]byte, []int, error) {
+		return nil, nil, fmt.Errorf("dataset: %s in %s: %s", name, url, fmt.Sprintf(format, args...))
+	}
+	r, err := b.NewReader(ctx, name, nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return fail("not found%s", installHint(url))
+		}
+		return fail("%v", err)
+	}
+	defer r.Close()
+	z, err := gzip.NewReader(bufio.NewReader(r))
+	if err != nil {
+		return fail("not a gzip file (%v); want the .gz files as Fashion-MNIST publishes them", err)
+	}
+	head := make([]byte, 4+4*ndims)
+	if _, err := io.ReadFull(z, head); err != nil {
+		return fail("header: %v", err)
+	}
+	if got := binary.BigEndian.Uint32(head); got != magic {
+		return fail("magic number %#08x; want %#08x (an IDX file of unsigned bytes with %d dimensions)", got, magic, ndims)
+	}
+	dims := make([]int, ndims)
+	total := 1
+	for i := range dims {
+		dims[i] = int(binary.BigEndian.Uint32(head[4+4*i:]))
+		if dims[i] <= 0 || dims[i] > maxExamples {
+			return fail("dimension %d is %d; want 1..%d", i, dims[i], maxExamples)
+		}
+		total *= dims[i]
+	}
+	if total > maxExamples*28*28 {
+		return fail("%d values is more than this reader accepts", total)
+	}
+	data := make([]byte, total)
+	if n, err := io.ReadFull(z, data); err != nil {
+		return fail("truncated: %d of %d bytes of data (%v)", n, total, err)
+	}
+	if n, _ := z.Read(make([]byte, 1)); n != 0 {
+		return fail("more data than its header's %v dimensions", dims)
+	}
+	return data, dims, nil
+}
+
+// Write stores a split at url in the same format Load reads (used to make subsets).
+func Write(ctx context.Context, url string, split Split, s *Set) error {
+	b, err := blob.OpenBucket(ctx, url)
+	if err != nil {
+		return fmt.Errorf("dataset: opening %s: %w", url, err)
+	}
+	defer b.Close()
+	imagesName, labelsName := split.Files()
+	pixels := make([]byte, len(s.Images))
+	for i, v := range s.Images {
+		pixels[i] = byte(v*255 + 0.5)
+	}
+	if err := writeIDX(ctx, b, imagesName, idxImagesMagic, []int{s.Len(), s.Rows, s.Cols}, pixels); err != nil {
+		return err
+	}
+	return writeIDX(ctx, b, labelsName, idxLabelsMagic, []int{s.Len()}, s.Labels)
+}
+
+func writeIDX(ctx context.Context, b *blob.Bucket, name string, magic uint32, dims []int, data []byte) error {
+	w, err := b.NewWriter(ctx, name, nil)
+	if err != nil {
+		return err
+	}
+	z, _ := gzip.NewWriterLevel(w, gzip.BestCompression)
+	head := binary.BigEndian.AppendUint32(nil, magic)
+	for _, d := range dims {
+		head = binary.BigEndian.AppendUint32(head, uint32(d))
+	}
+	_, err = z.Write(append(head, data...))
+	return errors.Join(err, z.Close(), w.Close())
+}
+
+func installHint(url string) string {
+	if url == DefaultURL {
+		return "; install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist), or set dataset.url to a bucket holding the four Fashion-MNIST .gz files"
+	}
+	return "; want a bucket holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz"
+}
+

@@ -1,0 +1,41 @@
+// Command mksubset writes the first examples of Fashion-MNIST to a folder, for
+// the small real data set committed under testdata/ (tests run without the
+// Debian package and in seconds).
+//
+//	go run ./dataset/internal/mksubset -train 4000 -test 1000 -out testdata/fashion-mnist-small
+package main
+
+import (
+	"context"
+	"flag"
+	"log"
+	"os"
+	"path/filepath"
+
+	"github.com/durabletrain/durabletrain/dataset"
+)
+
+func main() {
+	from := flag.String("from", dataset.DefaultURL, "bucket URL holding the full data set")
+	out := flag.String("out", "testdata/fashion-mnist-small", "folder to write the subset to")
+	train := flag.Int("train", 4000, "training examples to keep")
+	test := flag.Int("test", 1000, "test examples to keep")
+	flag.Parse()
+	ctx := context.Background()
+	abs, err := filepath.Abs(*out)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	for split, n := range map[dataset.Split]int{dataset.Train: *train, dataset.Test: *test} {
+		s, err := dataset.Load(ctx, *from, split)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := dataset.Write(ctx, "file://"+abs+"?metadata=skip", split, s.Head(n)); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
