@@ -194,4 +194,3 @@ func installHint(url string) string {
 	}
 	return "; want a bucket holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz"
 }
-

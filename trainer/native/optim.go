@@ -1,0 +1,80 @@
+package native
+
+import "math"
+
+// optimizer updates params in place from grads, as torch.optim defines it.
+type optimizer interface {
+	step(params, grads []float32)
+	// buffers are the optimizer's state vectors, saved with the weights.
+	buffers() [][]float32
+	steps() int64
+	setSteps(int64)
+}
+
+func newOptimizer(c Config, n int) optimizer {
+	if c.Optimizer == "sgd" {
+		return &sgd{lr: float32(c.LR), momentum: float32(c.Momentum), decay: float32(c.WeightDecay), velocity: make([]float32, n)}
+	}
+	return &adam{lr: c.LR, decay: float32(c.WeightDecay), beta1: 0.9, beta2: 0.999, eps: 1e-8, m: make([]float32, n), v: make([]float32, n)}
+}
+
+// sgd is torch.optim.SGD: v = momentum*v + g (v = g on the first step); p -= lr*v.
+type sgd struct {
+	lr, momentum, decay float32
+	velocity            []float32
+	t                   int64
+}
+
+func (o *sgd) step(p, g []float32) {
+	first := o.t == 0
+	o.t++
+	v := o.velocity
+	for i := range p {
+		gi := g[i] + o.decay*p[i]
+		if o.momentum != 0 {
+			if first {
+				v[i] = gi
+			} else {
+				v[i] = o.momentum*v[i] + gi
+			}
+			gi = v[i]
+		}
+		p[i] -= o.lr * gi
+	}
+}
+
+func (o *sgd) buffers() [][]float32 { return [][]float32{o.velocity} }
+func (o *sgd) steps() int64         { return o.t }
+func (o *sgd) setSteps(t int64)     { o.t = t }
+
+// adam is torch.optim.Adam (L2 weight decay added to the gradient, not AdamW).
+type adam struct {
+	lr                  float64
+	decay, beta1, beta2 float32
+	eps                 float64
+	m, v                []float32
+	t                   int64
+}
+
+func (o *adam) step(p, g []float32) {
+	o.t++
+	bc1 := 1 - math.Pow(float64(o.beta1), float64(o.t))
+	bc2 := 1 - math.Pow(float64(o.beta2), float64(o.t))
+	stepSize := float32(o.lr / bc1)
+	invSqrtBC2 := float32(1 / math.Sqrt(bc2))
+	eps := float32(o.eps)
+	b1, b2 := o.beta1, o.beta2
+	m, v := o.m[:len(p)], o.v[:len(p)]
+	g = g[:len(p)]
+	for i := range p {
+		gi := g[i] + o.decay*p[i]
+		m[i] = b1*m[i] + (1-b1)*gi
+		v[i] = b2*v[i] + (1-b2)*gi*gi
+		denom := float32(math.Sqrt(float64(v[i])))*invSqrtBC2 + eps
+		p[i] -= stepSize * m[i] / denom
+	}
+}
+
+func (o *adam) buffers() [][]float32 { return [][]float32{o.m, o.v} }
+func (o *adam) steps() int64         { return o.t }
+func (o *adam) setSteps(t int64)     { o.t = t }

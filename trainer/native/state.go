@@ -1,0 +1,124 @@
+package native
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"unsafe"
+
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// StateObject is the one object the native backend saves its state in.
+const StateObject = "native-state.bin"
+
+// stateMagic opens a native state; the last byte is the format version.
+var stateMagic = [8]byte{'D', 'T', 'N', 'A', 'T', 'I', 'V', 1}
+
+// Save writes magic, the config as JSON, the cursor, the optimizer's step
+// count, then the parameters and each optimizer buffer as little-endian
+// float32 vectors with their lengths. The same state always gives the same bytes.
+func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
+	w, err := to.Create(ctx, StateObject)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	cfg, _ := json.Marshal(t.cfg)
+	head := append([]byte(nil), stateMagic[:]...)
+	head = binary.LittleEndian.AppendUint32(head, uint32(len(cfg)))
+	head = append(head, cfg...)
+	for _, v := range []int64{int64(t.cursor.Epoch), int64(t.cursor.Step), t.opt.steps()} {
+		head = binary.LittleEndian.AppendUint64(head, uint64(v))
+	}
+	vectors := append([][]float32{t.model.params}, t.opt.buffers()...)
+	head = binary.LittleEndian.AppendUint32(head, uint32(len(vectors)))
+	bw.Write(head)
+	for _, v := range vectors {
+		bw.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(v))))
+		bw.Write(floatBytes(v))
+	}
+	return errors.Join(bw.Flush(), w.Close())
+}
+
+// Restore reads a state saved by Save. The architecture and optimizer must be
+// this trainer's; other hyperparameters (learning rate, batch size) are taken
+// from this trainer's config, so a run can resume with a changed schedule.
+// Nothing changes unless the whole state reads and checks out.
+func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
+	r, err := from.Open(ctx, StateObject)
+	if err != nil {
+		return fmt.Errorf("native trainer: opening %s: %w", StateObject, err)
+	}
+	defer r.Close()
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("native trainer: %s is not a usable state: %s", StateObject, fmt.Sprintf(format, args...))
+	}
+	br := bufio.NewReaderSize(r, 1<<20)
+	var magic [8]byte
+	if _, err := io.ReadFull(br, magic[:]); err != nil || magic != stateMagic {
+		return fail("bad magic or format version %q", magic[:])
+	}
+	var n uint32
+	if err := binary.Read(br, binary.LittleEndian, &n); err != nil || n > 1<<16 {
+		return fail("bad config length")
+	}
+	raw := make([]byte, n)
+	if _, err := io.ReadFull(br, raw); err != nil {
+		return fail("truncated config")
+	}
+	var saved Config
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fail("config: %v", err)
+	}
+	if !slices.Equal(saved.Hidden, t.cfg.Hidden) || saved.Optimizer != t.cfg.Optimizer {
+		return fmt.Errorf("native trainer: the checkpoint holds model.hidden=%v with optimizer %q, but this run has model.hidden=%v with %q; resume with the same model and optimizer",
+			saved.Hidden, saved.Optimizer, t.cfg.Hidden, t.cfg.Optimizer)
+	}
+	var counters [3]int64
+	if err := binary.Read(br, binary.LittleEndian, &counters); err != nil {
+		return fail("truncated cursor")
+	}
+	var count uint32
+	if err := binary.Read(br, binary.LittleEndian, &count); err != nil {
+		return fail("truncated vector count")
+	}
+	opt := newOptimizer(t.cfg, len(t.model.params))
+	want := append([][]float32{make([]float32, len(t.model.params))}, opt.buffers()...)
+	if int(count) != len(want) {
+		return fail("%d vectors, want %d", count, len(want))
+	}
+	for i, v := range want {
+		var l uint64
+		if err := binary.Read(br, binary.LittleEndian, &l); err != nil || l != uint64(len(v)) {
+			return fail("vector %d has length %d, want %d", i, l, len(v))
+		}
+		if _, err := io.ReadFull(br, floatBytes(v)); err != nil {
+			return fail("vector %d truncated: %v", i, err)
+		}
+	}
+	if extra, _ := br.Read(make([]byte, 1)); extra != 0 {
+		return fail("data after the last vector")
+	}
+	if counters[0] < 0 || counters[1] < 0 || counters[2] < 0 {
+		return fail("negative cursor %v", counters)
+	}
+	copy(t.model.params, want[0])
+	opt.setSteps(counters[2])
+	t.opt = opt
+	t.cursor = trainer.Cursor{Epoch: int(counters[0]), Step: int(counters[1])}
+	return nil
+}
+
+// floatBytes views a float32 slice as its little-endian bytes (no copy).
+func floatBytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
+}

@@ -1,0 +1,125 @@
+// Package trainer owns what one rank of a data-parallel run does: the Trainer
+// interface every backend implements (build or restore state, train an epoch
+// on this rank's shard with a gradient all-reduce every step, evaluate, save
+// state), and the types they report. Backends live in sub-packages: native
+// (pure Go on gonum, the default). It knows nothing of Temporal: the
+// activities drive a Trainer, and trainertest is the conformance suite every
+// backend passes.
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Trainer is one rank's replica of the model and optimizer. Calls are not
+// concurrent. Every rank of a gang calls the same methods in the same order,
+// since most of them communicate.
+type Trainer interface {
+	// Init builds fresh state from the configured seed; every rank ends with identical state.
+	Init(ctx context.Context) error
+	// Restore replaces the state with a saved one. On error the trainer keeps
+	// the state it had: a corrupt or incompatible checkpoint is never half-loaded.
+	Restore(ctx context.Context, from StateReader) error
+	// TrainEpoch runs the rest of the given epoch on this rank's shard from the
+	// cursor, all-reducing gradients every step. The epoch must be the cursor's.
+	TrainEpoch(ctx context.Context, epoch int, progress func(Progress)) (EpochMetrics, error)
+	// Evaluate scores the model on the test set, split across the ranks.
+	Evaluate(ctx context.Context) (EvalMetrics, error)
+	// Save writes the whole state (weights, optimizer, RNG, cursor) deterministically.
+	Save(ctx context.Context, to StateWriter) error
+	// Cursor is where training stands: the next epoch and the next step within it.
+	Cursor() Cursor
+	// Close releases what the trainer holds (processes, buffers).
+	Close() error
+}
+
+// Cursor is a position in training: Step steps of Epoch are done.
+type Cursor struct {
+	Epoch int `json:"epoch"`
+	Step  int `json:"step"`
+}
+
+// Progress is reported after every training step.
+type Progress struct {
+	Epoch, Step, Steps int
+	Loss               float64 // the step's loss, averaged over every rank's batch
+}
+
+// EpochMetrics is what an epoch of training measured.
+type EpochMetrics struct {
+	Epoch            int     `json:"epoch"`
+	Steps            int     `json:"steps"`
+	TrainLoss        float64 `json:"train_loss"` // mean over the epoch's steps run here
+	Samples          int     `json:"samples"`    // over all ranks
+	Seconds          float64 `json:"seconds"`
+	SamplesPerSecond float64 `json:"samples_per_second"` // over all ranks
+}
+
+// EvalMetrics is what an evaluation measured over the whole test set.
+type EvalMetrics struct {
+	TestLoss     float64 `json:"test_loss"`
+	TestAccuracy float64 `json:"test_accuracy"`
+	Examples     int     `json:"examples"`
+}
+
+// Reducer is the collective a trainer needs; *collective.Group implements it.
+type Reducer interface {
+	AllReduce(ctx context.Context, buf []float32) error
+	Broadcast(ctx context.Context, buf []float32, root int) error
+	Rank() int
+	World() int
+}
+
+// StateWriter creates the named objects a trainer saves its state into.
+type StateWriter interface {
+	Create(ctx context.Context, name string) (io.WriteCloser, error)
+}
+
+// StateReader opens the named objects of a saved state.
+type StateReader interface {
+	Open(ctx context.Context, name string) (io.ReadCloser, error)
+}
+
+// ErrDiverged marks a user error: the loss became NaN or infinite. Retrying
+// the same configuration cannot help.
+var ErrDiverged = errors.New("training diverged")
+
+// DivergedError says where the loss stopped being finite.
+func DivergedError(epoch, step int, loss float64) error {
+	return fmt.Errorf("%w: loss is %v at epoch %d step %d; lower the learning rate or check the data", ErrDiverged, loss, epoch, step)
+}
+
+// Local is the Reducer of a single rank: every collective is the identity.
+type Local struct{}
+
+func (Local) AllReduce(context.Context, []float32) error      { return nil }
+func (Local) Broadcast(context.Context, []float32, int) error { return nil }
+func (Local) Rank() int                                       { return 0 }
+func (Local) World() int                                      { return 1 }
+
+// MemState is an in-memory StateWriter and StateReader, for tests and tools.
+type MemState map[string][]byte
+
+func (m MemState) Create(_ context.Context, name string) (io.WriteCloser, error) {
+	return &memObject{m: m, name: name}, nil
+}
+
+func (m MemState) Open(_ context.Context, name string) (io.ReadCloser, error) {
+	b, ok := m[name]
+	if !ok {
+		return nil, fmt.Errorf("no object %q", name)
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+type memObject struct {
+	bytes.Buffer
+	m    MemState
+	name string
+}
+
+func (o *memObject) Close() error { o.m[o.name] = o.Bytes(); return nil }

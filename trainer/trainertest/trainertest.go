@@ -1,0 +1,275 @@
+// Package trainertest is the conformance suite every trainer backend passes,
+// as gocloud.dev/blob/drivertest is for blob drivers: lifecycle, cursor,
+// progress, determinism of saved state, restore that never half-loads, prompt
+// cancellation, and bit-identical replicas across ranks of a real gang.
+package trainertest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// Factory makes a fresh, uninitialised trainer for one rank of comm's gang.
+// Every call must configure the same model, data and seed.
+type Factory func(t testing.TB, comm trainer.Reducer) trainer.Trainer
+
+// Run runs the whole suite against a backend.
+func Run(t *testing.T, newTrainer Factory) {
+	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, newTrainer) })
+	t.Run("SaveIsDeterministicAndRestoreRoundTrips", func(t *testing.T) { testSaveRestore(t, newTrainer) })
+	t.Run("CorruptStateIsNeverLoaded", func(t *testing.T) { testCorruptState(t, newTrainer) })
+	t.Run("CancellationIsPrompt", func(t *testing.T) { testCancellation(t, newTrainer) })
+	t.Run("RanksStayIdentical", func(t *testing.T) { testRanksStayIdentical(t, newTrainer) })
+}
+
+func mustInit(t testing.TB, tr trainer.Trainer) {
+	t.Helper()
+	if err := tr.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func save(t testing.TB, tr trainer.Trainer) trainer.MemState {
+	t.Helper()
+	st := trainer.MemState{}
+	if err := tr.Save(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func sameState(a, b trainer.MemState) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("%d objects vs %d", len(a), len(b))
+	}
+	for name, v := range a {
+		if !bytes.Equal(v, b[name]) {
+			return fmt.Errorf("object %q differs", name)
+		}
+	}
+	return nil
+}
+
+func testLifecycle(t *testing.T, newTrainer Factory) {
+	ctx := context.Background()
+	tr := newTrainer(t, trainer.Local{})
+	defer tr.Close()
+	mustInit(t, tr)
+	if c := tr.Cursor(); c != (trainer.Cursor{}) {
+		t.Fatalf("cursor after Init is %+v, want epoch 0 step 0", c)
+	}
+	if _, err := tr.TrainEpoch(ctx, 1, nil); err == nil {
+		t.Fatal("training epoch 1 before epoch 0 succeeded")
+	}
+	var reports []trainer.Progress
+	m, err := tr.TrainEpoch(ctx, 0, func(p trainer.Progress) { reports = append(reports, p) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Steps == 0 || m.Samples == 0 || len(reports) != m.Steps {
+		t.Fatalf("epoch metrics %+v with %d progress reports", m, len(reports))
+	}
+	for i, p := range reports {
+		if p.Step != i+1 || p.Steps != m.Steps || p.Epoch != 0 || math.IsNaN(p.Loss) || p.Loss <= 0 {
+			t.Fatalf("progress report %d is %+v", i, p)
+		}
+	}
+	if math.IsNaN(m.TrainLoss) || m.TrainLoss <= 0 || m.SamplesPerSecond <= 0 {
+		t.Fatalf("epoch metrics %+v", m)
+	}
+	if c := tr.Cursor(); c != (trainer.Cursor{Epoch: 1}) {
+		t.Fatalf("cursor after epoch 0 is %+v, want epoch 1 step 0", c)
+	}
+	e, err := tr.Evaluate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Examples == 0 || e.TestAccuracy < 0 || e.TestAccuracy > 1 || math.IsNaN(e.TestLoss) {
+		t.Fatalf("evaluation %+v", e)
+	}
+}
+
+func testSaveRestore(t *testing.T, newTrainer Factory) {
+	ctx := context.Background()
+	a := newTrainer(t, trainer.Local{})
+	defer a.Close()
+	mustInit(t, a)
+	if _, err := a.TrainEpoch(ctx, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	st := save(t, a)
+	if err := sameState(st, save(t, a)); err != nil {
+		t.Fatalf("saving the same state twice gave different bytes: %v", err)
+	}
+	b := newTrainer(t, trainer.Local{})
+	defer b.Close()
+	if err := b.Restore(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if b.Cursor() != a.Cursor() {
+		t.Fatalf("restored cursor %+v, saved %+v", b.Cursor(), a.Cursor())
+	}
+	if err := sameState(st, save(t, b)); err != nil {
+		t.Fatalf("restored state saves differently: %v", err)
+	}
+	// Training on from the restored state is indistinguishable from training on.
+	for _, tr := range []trainer.Trainer{a, b} {
+		if _, err := tr.TrainEpoch(ctx, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sameState(save(t, a), save(t, b)); err != nil {
+		t.Fatalf("after one more epoch the restored replica diverged: %v", err)
+	}
+	ea, _ := a.Evaluate(ctx)
+	eb, _ := b.Evaluate(ctx)
+	if ea != eb {
+		t.Fatalf("evaluations differ: %+v vs %+v", ea, eb)
+	}
+}
+
+func testCorruptState(t *testing.T, newTrainer Factory) {
+	ctx := context.Background()
+	src := newTrainer(t, trainer.Local{})
+	defer src.Close()
+	mustInit(t, src)
+	if _, err := src.TrainEpoch(ctx, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	good := save(t, src)
+	victim := newTrainer(t, trainer.Local{})
+	defer victim.Close()
+	mustInit(t, victim)
+	before := save(t, victim)
+	for name, content := range good {
+		for _, bad := range []struct {
+			what string
+			data []byte
+		}{
+			{"truncated to half", content[:len(content)/2]},
+			{"truncated by one byte", content[:len(content)-1]},
+			{"empty", nil},
+			{"with a byte appended", append(bytes.Clone(content), 0)},
+			{"with its header garbled", append([]byte("garbage!"), content[8:]...)},
+		} {
+			corrupt := trainer.MemState{}
+			for n, c := range good {
+				corrupt[n] = c
+			}
+			corrupt[name] = bad.data
+			if err := victim.Restore(ctx, corrupt); err == nil {
+				t.Errorf("restoring %s %s succeeded", name, bad.what)
+			}
+			if err := sameState(before, save(t, victim)); err != nil {
+				t.Fatalf("a failed restore (%s %s) changed the trainer: %v", name, bad.what, err)
+			}
+		}
+	}
+	if err := victim.Restore(ctx, trainer.MemState{}); err == nil {
+		t.Error("restoring from an empty checkpoint succeeded")
+	}
+}
+
+func testCancellation(t *testing.T, newTrainer Factory) {
+	tr := newTrainer(t, trainer.Local{})
+	defer tr.Close()
+	mustInit(t, tr)
+	ctx, cancel := context.WithCancel(context.Background())
+	steps := 0
+	_, err := tr.TrainEpoch(ctx, 0, func(p trainer.Progress) {
+		if steps++; steps == 2 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("TrainEpoch after cancel returned %v, want context.Canceled", err)
+	}
+	if steps > 3 {
+		t.Fatalf("%d steps ran after cancellation", steps-2)
+	}
+}
+
+func testRanksStayIdentical(t *testing.T, newTrainer Factory) {
+	const world = 2
+	groups := Gang(t, world)
+	trainers := make([]trainer.Trainer, world)
+	for r := range world {
+		trainers[r] = newTrainer(t, groups[r])
+		defer trainers[r].Close()
+	}
+	states := make([]trainer.MemState, world)
+	evals := make([]trainer.EvalMetrics, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r, tr := range trainers {
+		wg.Go(func() {
+			ctx := context.Background()
+			if errs[r] = tr.Init(ctx); errs[r] != nil {
+				return
+			}
+			if _, errs[r] = tr.TrainEpoch(ctx, 0, nil); errs[r] != nil {
+				return
+			}
+			evals[r], errs[r] = tr.Evaluate(ctx)
+			states[r] = trainer.MemState{}
+			if errs[r] == nil {
+				errs[r] = tr.Save(ctx, states[r])
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := sameState(states[0], states[1]); err != nil {
+		t.Fatalf("ranks hold different states after an epoch: %v", err)
+	}
+	if evals[0] != evals[1] {
+		t.Fatalf("ranks evaluate differently: %+v vs %+v", evals[0], evals[1])
+	}
+}
+
+// Gang joins world in-process ranks over loopback with a real collective.
+func Gang(t testing.TB, world int) []*collective.Group {
+	t.Helper()
+	peers := make([]string, world)
+	lns := make([]*collective.Listener, world)
+	for r := range world {
+		ln, err := collective.Listen("127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		lns[r], peers[r] = ln, ln.Addr()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	groups := make([]*collective.Group, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Go(func() {
+			groups[r], errs[r] = collective.Join(ctx, lns[r], collective.Gang{Run: "trainertest", Generation: 1, Peers: peers}, r,
+				collective.Options{Secret: []byte("trainertest-secret-0123456789")})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	})
+	return groups
+}
