@@ -1,0 +1,358 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// stores runs a test on a fresh mem:// store and a fresh file:// store.
+func stores(t *testing.T, f func(t *testing.T, s *Store, url string)) {
+	for _, kind := range []string{"mem", "file"} {
+		t.Run(kind, func(t *testing.T) {
+			url := "mem://"
+			if kind == "file" {
+				url = "file://" + t.TempDir() + "?metadata=skip"
+			}
+			s, err := Open(context.Background(), url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			f(t, s, url)
+		})
+	}
+}
+
+func put(t *testing.T, s *Store, run string, epoch int, objects map[string][]byte, metrics map[string]float64) Manifest {
+	t.Helper()
+	ctx := context.Background()
+	w, err := s.Begin(ctx, run, epoch, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range objects {
+		ow, err := w.Create(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ow.Write(data)
+		if err := ow.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := w.Commit(ctx, Info{WorldSize: 2, Metrics: metrics, Meta: map[string]string{"backend": "test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func readObject(t *testing.T, c *Checkpoint, name string) []byte {
+	t.Helper()
+	r, err := c.Open(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestRoundTrip(t *testing.T) {
+	stores(t, func(t *testing.T, s *Store, url string) {
+		ctx := context.Background()
+		big := bytes.Repeat([]byte("weights!"), 300_000)
+		put(t, s, "run-1", 1, map[string][]byte{"state.bin": []byte("epoch one")}, nil)
+		want := put(t, s, "run-1", 2, map[string][]byte{"state.bin": big, "dir/extra.pt": []byte("x")}, map[string]float64{"test_accuracy": 0.8})
+		c, err := s.LatestVerified(ctx, "run-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := c.Manifest
+		if m.ID != ID(2, 0) || m.Epoch != 2 || m.WorldSize != 2 || m.Metrics["test_accuracy"] != 0.8 || m.Meta["backend"] != "test" || m.Created.IsZero() {
+			t.Fatalf("manifest %+v", m)
+		}
+		if len(m.Objects) != 2 || m.Objects[0].Name != "dir/extra.pt" || m.Objects[1].Size != int64(len(big)) || m.Checksum != want.Checksum {
+			t.Fatalf("objects %+v", m.Objects)
+		}
+		if !bytes.Equal(readObject(t, c, "state.bin"), big) {
+			t.Fatal("state.bin read back differently")
+		}
+		if len(c.Skipped) != 0 {
+			t.Fatalf("skipped %v", c.Skipped)
+		}
+		ref := c.Ref()
+		got, err := s.Get(ctx, ref)
+		if err != nil || got.Manifest.ID != m.ID || ref.URL != url {
+			t.Fatalf("Get(%+v): %v", ref, err)
+		}
+	})
+}
+
+// corruptions are the ways a checkpoint's storage can go wrong.
+var corruptions = []struct {
+	name   string
+	apply  func(t *testing.T, dir string) // dir is <root>/<run>/<id>
+	reason string
+}{
+	{"object truncated", func(t *testing.T, dir string) { truncate(t, dir+"/state.bin", 10) }, "has 10 bytes; the manifest says"},
+	{"object byte flipped", func(t *testing.T, dir string) { flip(t, dir+"/state.bin", 5) }, "SHA-256"},
+	{"object grown", func(t *testing.T, dir string) { appendTo(t, dir+"/state.bin", []byte("!")) }, "the manifest says"},
+	{"object missing", func(t *testing.T, dir string) { os.Remove(dir + "/state.bin") }, "missing"},
+	{"manifest missing (half-written)", func(t *testing.T, dir string) { os.Remove(dir + "/" + ManifestName) }, "never committed"},
+	{"manifest truncated", func(t *testing.T, dir string) { truncate(t, dir+"/"+ManifestName, 40) }, "not valid JSON"},
+	{"manifest edited", func(t *testing.T, dir string) { replaceIn(t, dir+"/"+ManifestName, `"world_size": 2`, `"world_size": 3`) }, "checksum mismatch"},
+	{"manifest of another checkpoint", func(t *testing.T, dir string) {
+		other, _ := os.ReadFile(filepath.Join(filepath.Dir(dir), ID(1, 0), ManifestName))
+		os.WriteFile(dir+"/"+ManifestName, other, 0o644)
+	}, "lies at"},
+}
+
+func TestCorruptCheckpointsAreSkippedWithTheReason(t *testing.T) {
+	for _, c := range corruptions {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			core, logs := observer.New(zap.WarnLevel)
+			s, err := Open(context.Background(), "file://"+root+"?metadata=skip", zap.New(core))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			put(t, s, "r", 1, map[string][]byte{"state.bin": []byte("the good old state")}, nil)
+			put(t, s, "r", 2, map[string][]byte{"state.bin": []byte("the newest state, about to be damaged")}, nil)
+			c.apply(t, filepath.Join(root, "r", ID(2, 0)))
+			got, err := s.LatestVerified(context.Background(), "r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Manifest.ID != ID(1, 0) || string(readObject(t, got, "state.bin")) != "the good old state" {
+				t.Fatalf("got %s, want the older checkpoint", got.Manifest.ID)
+			}
+			if len(got.Skipped) != 1 || got.Skipped[0].ID != ID(2, 0) || !strings.Contains(got.Skipped[0].Reason, c.reason) {
+				t.Fatalf("skipped %+v, want %s with a reason containing %q", got.Skipped, ID(2, 0), c.reason)
+			}
+			if logs.FilterMessage("checkpoint skipped").Len() != 1 {
+				t.Fatal("the skip was not logged")
+			}
+		})
+	}
+}
+
+func TestCorruptionAfterVerificationIsCaughtWhileReading(t *testing.T) {
+	root := t.TempDir()
+	s, _ := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	put(t, s, "r", 1, map[string][]byte{"state.bin": bytes.Repeat([]byte{7}, 1<<16)}, nil)
+	c, err := s.LatestVerified(context.Background(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip(t, filepath.Join(root, "r", ID(1, 0), "state.bin"), 1000)
+	r, _ := c.Open(context.Background(), "state.bin")
+	defer r.Close()
+	if _, err := io.ReadAll(r); err == nil || !strings.Contains(err.Error(), "SHA-256") {
+		t.Fatalf("reading a checkpoint corrupted after verification: %v", err)
+	}
+}
+
+func TestNoVerifiedCheckpoint(t *testing.T) {
+	stores(t, func(t *testing.T, s *Store, _ string) {
+		ctx := context.Background()
+		if _, err := s.LatestVerified(ctx, "empty"); !errors.Is(err, ErrNoCheckpoint) {
+			t.Fatalf("got %v, want ErrNoCheckpoint", err)
+		}
+		// A write that never committed is not a checkpoint.
+		w, _ := s.Begin(ctx, "crashed", 1, 0)
+		ow, _ := w.Create(ctx, "state.bin")
+		ow.Write([]byte("partial"))
+		ow.Close()
+		_, err := s.LatestVerified(ctx, "crashed")
+		if !errors.Is(err, ErrNoCheckpoint) || !strings.Contains(err.Error(), "never committed") {
+			t.Fatalf("got %v, want ErrNoCheckpoint naming the uncommitted write", err)
+		}
+	})
+}
+
+func TestCommitRefusesIncompleteWrites(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "mem://", nil)
+	w, _ := s.Begin(ctx, "r", 1, 0)
+	if _, err := w.Commit(ctx, Info{}); err == nil {
+		t.Error("committed a checkpoint with no objects")
+	}
+	ow, _ := w.Create(ctx, "a")
+	if _, err := w.Commit(ctx, Info{}); err == nil || !strings.Contains(err.Error(), "still open") {
+		t.Errorf("committed with an object still open: %v", err)
+	}
+	ow.Close()
+	if _, err := w.Create(ctx, "a"); err == nil {
+		t.Error("created the same object twice")
+	}
+}
+
+func TestRecommitAtTheSameCursorUncommitsFirst(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "mem://", nil)
+	put(t, s, "r", 1, map[string][]byte{"state.bin": []byte("first")}, nil)
+	w, _ := s.Begin(ctx, "r", 1, 0) // a retry of the same epoch, crashing mid-write
+	ow, _ := w.Create(ctx, "state.bin")
+	ow.Write([]byte("seco"))
+	ow.Close()
+	if _, err := s.LatestVerified(ctx, "r"); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("a half-rewritten checkpoint verified: %v", err)
+	}
+}
+
+func TestRetention(t *testing.T) {
+	stores(t, func(t *testing.T, s *Store, _ string) {
+		ctx := context.Background()
+		acc := []float64{0.70, 0.90, 0.75, 0.80, 0.60, 0.65} // epochs 1..6
+		for i, a := range acc {
+			put(t, s, "r", i+1, map[string][]byte{"state.bin": []byte(fmt.Sprint("epoch ", i+1))}, map[string]float64{"test_accuracy": a})
+		}
+		// A write that crashed long ago, before epoch 3's commit: garbage.
+		w, _ := s.Begin(ctx, "r", 2, 500)
+		ow, _ := w.Create(ctx, "state.bin")
+		ow.Close()
+		deleted, err := s.Prune(ctx, "r", Retention{KeepLast: 2, KeepBest: 2, Score: "test_accuracy", Mode: "max"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := s.IDs(ctx, "r")
+		want := []string{ID(2, 0), ID(4, 0), ID(5, 0), ID(6, 0)} // best two (0.90, 0.80) and last two
+		if !slices.Equal(ids, want) {
+			t.Fatalf("kept %v, want %v (deleted %v)", ids, want, deleted)
+		}
+		if !slices.Equal(deleted, []string{ID(1, 0), ID(2, 500), ID(3, 0)}) {
+			t.Fatalf("deleted %v", deleted)
+		}
+	})
+}
+
+func TestRetentionNeverDeletesTheLatestVerified(t *testing.T) {
+	root := t.TempDir()
+	s, _ := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	for e := 1; e <= 3; e++ {
+		put(t, s, "r", e, map[string][]byte{"state.bin": []byte(fmt.Sprint("epoch ", e))}, nil)
+	}
+	flip(t, filepath.Join(root, "r", ID(3, 0), "state.bin"), 0) // the newest is corrupt
+	deleted, err := s.Prune(context.Background(), "r", Retention{KeepLast: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{ID(1, 0)}) {
+		t.Fatalf("deleted %v, want only epoch 1: epoch 2 is the latest that verifies", deleted)
+	}
+	c, err := s.LatestVerified(context.Background(), "r")
+	if err != nil || c.Manifest.ID != ID(2, 0) {
+		t.Fatalf("after pruning, the latest verified is %v (%v)", c, err)
+	}
+}
+
+func TestRunsShareABucketWithoutInterfering(t *testing.T) {
+	stores(t, func(t *testing.T, s *Store, _ string) {
+		ctx := context.Background()
+		for e := 1; e <= 3; e++ {
+			put(t, s, "a", e, map[string][]byte{"state.bin": []byte("run a")}, nil)
+			put(t, s, "ab", e+10, map[string][]byte{"state.bin": []byte("run ab")}, nil)
+		}
+		if _, err := s.Prune(ctx, "a", Retention{KeepLast: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if ids, _ := s.IDs(ctx, "ab"); len(ids) != 3 {
+			t.Fatalf("pruning run a changed run ab: %v", ids)
+		}
+		a, err := s.LatestVerified(ctx, "a")
+		if err != nil || string(readObject(t, a, "state.bin")) != "run a" || a.Manifest.Epoch != 3 {
+			t.Fatalf("run a's latest: %+v %v", a, err)
+		}
+		ab, _ := s.LatestVerified(ctx, "ab")
+		if ab.Manifest.Epoch != 13 {
+			t.Fatalf("run ab's latest is epoch %d", ab.Manifest.Epoch)
+		}
+	})
+}
+
+func TestBadNamesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "mem://", nil)
+	for _, run := range []string{"", "../etc", "a/b", ".hidden", strings.Repeat("x", 201)} {
+		if _, err := s.Begin(ctx, run, 1, 0); err == nil || !strings.Contains(err.Error(), "run name") {
+			t.Errorf("run %q: %v", run, err)
+		}
+	}
+	w, _ := s.Begin(ctx, "r", 1, 0)
+	for _, name := range []string{"", "/abs", "a/../b", ManifestName, "sp ace", "a//b"} {
+		if _, err := w.Create(ctx, name); err == nil {
+			t.Errorf("object name %q was accepted", name)
+		}
+	}
+	if err := (Retention{KeepBest: 1}).Validate(); err == nil || !strings.Contains(err.Error(), "checkpoint.score") {
+		t.Errorf("keep_best without score: %v", err)
+	}
+	if _, err := Open(ctx, "nosuch://x", nil); err == nil || !strings.Contains(err.Error(), "s3://") {
+		t.Errorf("unknown scheme: %v", err)
+	}
+}
+
+func truncate(t *testing.T, path string, n int64) {
+	if err := os.Truncate(path, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func flip(t *testing.T, path string, at int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[at] ^= 0xff
+	os.WriteFile(path, b, 0o644)
+}
+
+func appendTo(t *testing.T, path string, extra []byte) {
+	b, _ := os.ReadFile(path)
+	os.WriteFile(path, append(b, extra...), 0o644)
+}
+
+func replaceIn(t *testing.T, path, old, new string) {
+	b, _ := os.ReadFile(path)
+	if !bytes.Contains(b, []byte(old)) {
+		t.Fatalf("%s does not contain %q", path, old)
+	}
+	os.WriteFile(path, bytes.ReplaceAll(b, []byte(old), []byte(new)), 0o644)
+}
+
+func TestLocalDiskObjectsAreFsynced(t *testing.T) {
+	ctx := context.Background()
+	for url, wantFile := range map[string]bool{"file://" + t.TempDir() + "?metadata=skip": true, "mem://": false} {
+		s, _ := Open(ctx, url, nil)
+		sw, err := s.newSyncedWriter(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sw.Write([]byte("x"))
+		if got := sw.file != nil; got != wantFile {
+			t.Errorf("%s: has a file to fsync: %v, want %v", url, got, wantFile)
+		}
+		if err := sw.Close(nil); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+}

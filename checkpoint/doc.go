@@ -1,0 +1,17 @@
+// Package checkpoint owns checkpoints in blob storage (gocloud.dev/blob, opened
+// from a URL: file://, mem://, or s3://, gs://, azblob:// with their drivers
+// imported). A checkpoint is a set of named objects under
+// <run>/<id>/ plus a manifest, <run>/<id>/MANIFEST.json, written last: a
+// checkpoint exists only once its manifest does. The manifest records the
+// format version, run, training cursor, world size, metrics, creation time,
+// and the size and SHA-256 of every object, and carries a checksum of itself.
+//
+// LatestVerified returns the newest checkpoint whose manifest and objects all
+// verify, and says which newer ones it skipped and why; a truncated,
+// corrupted or half-written checkpoint is never returned, and Open verifies
+// again while reading. Prune applies retention (keep the last N and the best K
+// by a metric) and never deletes the latest verified checkpoint.
+//
+// It knows nothing of Temporal or of trainers; a Writer and a Checkpoint
+// satisfy trainer.StateWriter and trainer.StateReader.
+package checkpoint

@@ -1,0 +1,207 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+
+	"go.uber.org/zap"
+	"gocloud.dev/blob"
+	"gocloud.dev/gcerrors"
+)
+
+// ErrNoCheckpoint is returned when a run has no checkpoint that verifies.
+var ErrNoCheckpoint = errors.New("no verified checkpoint")
+
+// Checkpoint is a verified checkpoint, ready to be read.
+type Checkpoint struct {
+	Manifest Manifest
+	// Skipped lists the newer checkpoints LatestVerified passed over, newest first.
+	Skipped []Skip
+	s       *Store
+}
+
+// Skip says why a checkpoint was not used.
+type Skip struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// Ref is what travels through Temporal instead of the state itself.
+type Ref struct {
+	URL string `json:"url"`
+	Run string `json:"run"`
+	ID  string `json:"id"`
+}
+
+// Ref points at this checkpoint.
+func (c *Checkpoint) Ref() Ref { return Ref{URL: c.s.url, Run: c.Manifest.Run, ID: c.Manifest.ID} }
+
+// IDs lists the checkpoint folders of a run, committed or not, oldest first.
+func (s *Store) IDs(ctx context.Context, run string) ([]string, error) {
+	if err := checkRun(run); err != nil {
+		return nil, err
+	}
+	var ids []string
+	it := s.bucket.List(&blob.ListOptions{Prefix: run + "/", Delimiter: "/"})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: listing %s: %w", run, err)
+		}
+		id := strings.TrimSuffix(strings.TrimPrefix(obj.Key, run+"/"), "/")
+		if obj.IsDir && idPattern.MatchString(id) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// readManifest reads and checks a manifest without touching the objects.
+func (s *Store) readManifest(ctx context.Context, run, id string) (Manifest, error) {
+	var m Manifest
+	data, err := s.bucket.ReadAll(ctx, prefix(run, id)+ManifestName)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return m, errors.New("no manifest: the checkpoint was never committed")
+		}
+		return m, fmt.Errorf("reading the manifest: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return m, fmt.Errorf("manifest is not valid JSON: %v", err)
+	}
+	switch {
+	case m.Format != FormatVersion:
+		return m, fmt.Errorf("manifest format %d; this version reads format %d", m.Format, FormatVersion)
+	case m.Checksum != m.checksum():
+		return m, errors.New("manifest checksum mismatch: the manifest was altered or damaged")
+	case m.Run != run || m.ID != id:
+		return m, fmt.Errorf("manifest names %s/%s but lies at %s/%s", m.Run, m.ID, run, id)
+	case len(m.Objects) == 0:
+		return m, errors.New("manifest lists no objects")
+	}
+	return m, nil
+}
+
+// Verify checks a checkpoint's manifest, then the size and SHA-256 of every object.
+func (s *Store) Verify(ctx context.Context, run, id string) (*Checkpoint, error) {
+	m, err := s.readManifest(ctx, run, id)
+	if err != nil {
+		return nil, err
+	}
+	c := &Checkpoint{Manifest: m, s: s}
+	for _, o := range m.Objects {
+		r, err := c.Open(ctx, o.Name)
+		if err != nil {
+			return nil, err
+		}
+		_, err = io.Copy(io.Discard, r)
+		r.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// LatestVerified returns the newest checkpoint of run that verifies, logging
+// each newer one it skips and why (also in Checkpoint.Skipped). With none, the
+// error wraps ErrNoCheckpoint and lists the reasons.
+func (s *Store) LatestVerified(ctx context.Context, run string) (*Checkpoint, error) {
+	ids, err := s.IDs(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	var skipped []Skip
+	for _, id := range slices.Backward(ids) {
+		c, err := s.Verify(ctx, run, id)
+		if err == nil {
+			c.Skipped = skipped
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		s.log.Warn("checkpoint skipped", zap.String("run", run), zap.String("id", id), zap.String("reason", err.Error()))
+		skipped = append(skipped, Skip{ID: id, Reason: err.Error()})
+	}
+	if len(skipped) == 0 {
+		return nil, fmt.Errorf("checkpoint: run %s in %s: %w (it has none)", run, s.url, ErrNoCheckpoint)
+	}
+	return nil, fmt.Errorf("checkpoint: run %s in %s: %w among %d: %v", run, s.url, ErrNoCheckpoint, len(skipped), skipped)
+}
+
+// Get verifies and returns the checkpoint a Ref points at.
+func (s *Store) Get(ctx context.Context, ref Ref) (*Checkpoint, error) {
+	if err := checkRun(ref.Run); err != nil {
+		return nil, err
+	}
+	c, err := s.Verify(ctx, ref.Run, ref.ID)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s/%s: %w", ref.Run, ref.ID, err)
+	}
+	return c, nil
+}
+
+// Open reads one object, verifying it as it goes: reading to the end returns
+// an error instead of io.EOF if its size or SHA-256 differs from the manifest.
+func (c *Checkpoint) Open(ctx context.Context, name string) (io.ReadCloser, error) {
+	i := slices.IndexFunc(c.Manifest.Objects, func(o Object) bool { return o.Name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("checkpoint %s/%s has no object %q", c.Manifest.Run, c.Manifest.ID, name)
+	}
+	o := c.Manifest.Objects[i]
+	r, err := c.s.bucket.NewReader(ctx, prefix(c.Manifest.Run, c.Manifest.ID)+name, nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return nil, fmt.Errorf("object %s is missing", name)
+		}
+		return nil, fmt.Errorf("opening object %s: %w", name, err)
+	}
+	if r.Size() != o.Size {
+		r.Close()
+		return nil, fmt.Errorf("object %s has %d bytes; the manifest says %d", name, r.Size(), o.Size)
+	}
+	return &verifyingReader{r: r, obj: o, hash: sha256.New()}, nil
+}
+
+type verifyingReader struct {
+	r    *blob.Reader
+	obj  Object
+	hash hash.Hash
+	n    int64
+}
+
+func (v *verifyingReader) Read(p []byte) (int, error) {
+	n, err := v.r.Read(p)
+	v.hash.Write(p[:n])
+	v.n += int64(n)
+	if err == io.EOF {
+		if v.n != v.obj.Size {
+			return n, fmt.Errorf("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
+		}
+		if got := hex.EncodeToString(v.hash.Sum(nil)); got != v.obj.SHA256 {
+			return n, fmt.Errorf("object %s has SHA-256 %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
+		}
+	}
+	return n, err
+}
+
+func (v *verifyingReader) Close() error { return v.r.Close() }
+
+func isNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }

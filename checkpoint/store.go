@@ -1,0 +1,268 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/fileblob" // file:// always works
+	_ "gocloud.dev/blob/memblob"  // mem:// always works
+	"gocloud.dev/gcerrors"
+)
+
+// ManifestName is the object that commits a checkpoint.
+const ManifestName = "MANIFEST.json"
+
+// FormatVersion is the manifest format this package writes and reads.
+const FormatVersion = 1
+
+// Store is a bucket of checkpoints, shared by any number of runs.
+type Store struct {
+	bucket *blob.Bucket
+	url    string
+	log    *zap.Logger
+}
+
+// Open opens the checkpoint store at url. A nil logger logs nothing.
+func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	b, err := blob.OpenBucket(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket/prefix, gs://bucket or mem://)", url, err)
+	}
+	return &Store{bucket: b, url: url, log: log}, nil
+}
+
+// URL is the storage URL the store was opened with.
+func (s *Store) URL() string { return s.url }
+
+// Close releases the bucket.
+func (s *Store) Close() error { return s.bucket.Close() }
+
+// Manifest describes one committed checkpoint.
+type Manifest struct {
+	Format    int                `json:"format"`
+	Run       string             `json:"run"`
+	ID        string             `json:"id"`
+	Epoch     int                `json:"epoch"` // the cursor training resumes at: Step steps of Epoch are done
+	Step      int                `json:"step"`
+	WorldSize int                `json:"world_size"`
+	Metrics   map[string]float64 `json:"metrics,omitempty"`
+	Meta      map[string]string  `json:"meta,omitempty"`
+	Created   time.Time          `json:"created"`
+	Objects   []Object           `json:"objects"`
+	Checksum  string             `json:"checksum"` // SHA-256 of this manifest encoded with Checksum empty
+}
+
+// Object is one file of a checkpoint.
+type Object struct {
+	Name   string `json:"name"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Info is what the caller states about a checkpoint when committing it.
+type Info struct {
+	WorldSize int
+	Metrics   map[string]float64
+	Meta      map[string]string
+}
+
+var (
+	runNamePattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@-]{0,199}$`)
+	objectNamePattern = regexp.MustCompile(`^[A-Za-z0-9._=+@-]+(/[A-Za-z0-9._=+@-]+)*$`)
+	idPattern         = regexp.MustCompile(`^ckpt-e(\d{6})-s(\d{9})$`)
+)
+
+func checkRun(run string) error {
+	if !runNamePattern.MatchString(run) {
+		return fmt.Errorf("checkpoint: run name %q; want 1-200 characters of letters, digits and ._=+@- starting with a letter or digit", run)
+	}
+	return nil
+}
+
+// ID names the checkpoint taken at a cursor; IDs sort in training order.
+func ID(epoch, step int) string { return fmt.Sprintf("ckpt-e%06d-s%09d", epoch, step) }
+
+func prefix(run, id string) string { return run + "/" + id + "/" }
+
+// Writer writes the objects of one checkpoint; Commit makes it exist.
+type Writer struct {
+	s           *Store
+	run, id     string
+	epoch, step int
+	mu          sync.Mutex
+	objects     map[string]*Object
+	open        int
+	failed      error
+}
+
+// Begin starts the checkpoint of run at cursor (epoch, step). A checkpoint
+// already committed at the same cursor is uncommitted first (its manifest
+// deleted), so a half-overwritten checkpoint can never verify.
+func (s *Store) Begin(ctx context.Context, run string, epoch, step int) (*Writer, error) {
+	if err := checkRun(run); err != nil {
+		return nil, err
+	}
+	if epoch < 0 || step < 0 || epoch > 999999 || step > 999999999 {
+		return nil, fmt.Errorf("checkpoint: cursor epoch %d step %d out of range", epoch, step)
+	}
+	id := ID(epoch, step)
+	if err := s.bucket.Delete(ctx, prefix(run, id)+ManifestName); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+		return nil, fmt.Errorf("checkpoint: uncommitting the old %s/%s: %w", run, id, err)
+	}
+	return &Writer{s: s, run: run, id: id, epoch: epoch, step: step, objects: map[string]*Object{}}, nil
+}
+
+// Create starts one object; its size and SHA-256 are taken as it is written,
+// and on local disk it is fsynced before it is closed.
+func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error) {
+	if !objectNamePattern.MatchString(name) || name == ManifestName || strings.Contains(name, "..") {
+		return nil, fmt.Errorf("checkpoint: object name %q; want slash-separated parts of letters, digits and ._=+@-, not %s", name, ManifestName)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, dup := w.objects[name]; dup {
+		return nil, fmt.Errorf("checkpoint: object %q written twice", name)
+	}
+	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+name)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: creating %s: %w", name, err)
+	}
+	ow := &objectWriter{w: w, obj: &Object{Name: name}, hash: sha256.New(), sw: sw}
+	w.objects[name] = ow.obj
+	w.open++
+	return ow, nil
+}
+
+// syncedWriter is a blob writer that, on local disk, fsyncs the data before
+// the close that publishes it (fileblob writes a temporary file and renames it).
+type syncedWriter struct {
+	bw     *blob.Writer
+	file   *os.File
+	cancel context.CancelFunc
+}
+
+func (s *Store) newSyncedWriter(ctx context.Context, key string) (*syncedWriter, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	sw := &syncedWriter{cancel: cancel}
+	bw, err := s.bucket.NewWriter(ctx, key, &blob.WriterOptions{
+		ContentType: "application/octet-stream", // no content sniffing: writes go straight through
+		BeforeWrite: func(as func(any) bool) error {
+			as(&sw.file) // only file:// has one
+			return nil
+		},
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	sw.bw = bw
+	return sw, nil
+}
+
+func (sw *syncedWriter) Write(p []byte) (int, error) { return sw.bw.Write(p) }
+
+// Close publishes the object; after a failed write it discards it instead.
+func (sw *syncedWriter) Close(failed error) error {
+	if failed == nil && sw.file != nil {
+		failed = sw.file.Sync()
+	}
+	if failed != nil {
+		sw.cancel() // a blob.Writer whose context is cancelled discards the object on Close
+	}
+	err := sw.bw.Close()
+	sw.cancel()
+	return errors.Join(failed, err)
+}
+
+type objectWriter struct {
+	w    *Writer
+	obj  *Object
+	sw   *syncedWriter
+	hash hash.Hash
+	err  error
+}
+
+func (o *objectWriter) Write(p []byte) (int, error) {
+	n, err := o.sw.Write(p)
+	o.hash.Write(p[:n])
+	o.obj.Size += int64(n)
+	if err != nil {
+		o.err = err
+	}
+	return n, err
+}
+
+func (o *objectWriter) Close() error {
+	err := o.sw.Close(o.err)
+	o.w.mu.Lock()
+	defer o.w.mu.Unlock()
+	o.w.open--
+	o.obj.SHA256 = hex.EncodeToString(o.hash.Sum(nil))
+	if err != nil {
+		err = fmt.Errorf("checkpoint: writing %s: %w", o.obj.Name, err)
+		o.w.failed = errors.Join(o.w.failed, err)
+	}
+	return err
+}
+
+// Commit writes the manifest, after every object is closed: from then on the
+// checkpoint exists.
+func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.failed != nil:
+		return Manifest{}, fmt.Errorf("checkpoint: not committing %s/%s: %w", w.run, w.id, w.failed)
+	case w.open > 0:
+		return Manifest{}, fmt.Errorf("checkpoint: not committing %s/%s: %d objects still open", w.run, w.id, w.open)
+	case len(w.objects) == 0:
+		return Manifest{}, fmt.Errorf("checkpoint: not committing %s/%s: no objects were written", w.run, w.id)
+	}
+	m := Manifest{
+		Format: FormatVersion, Run: w.run, ID: w.id, Epoch: w.epoch, Step: w.step,
+		WorldSize: info.WorldSize, Metrics: info.Metrics, Meta: info.Meta,
+		Created: time.Now().UTC().Truncate(time.Millisecond),
+	}
+	for _, o := range w.objects {
+		m.Objects = append(m.Objects, *o)
+	}
+	slices.SortFunc(m.Objects, func(a, b Object) int { return strings.Compare(a.Name, b.Name) })
+	m.Checksum = m.checksum()
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return Manifest{}, err
+	}
+	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+ManifestName)
+	if err == nil {
+		_, err = sw.Write(data)
+		err = sw.Close(err)
+	}
+	if err != nil {
+		return Manifest{}, fmt.Errorf("checkpoint: committing %s/%s: %w", w.run, w.id, err)
+	}
+	return m, nil
+}
+
+func (m Manifest) checksum() string {
+	m.Checksum = ""
+	data, _ := json.Marshal(m)
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
