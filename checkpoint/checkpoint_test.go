@@ -115,7 +115,9 @@ var corruptions = []struct {
 	{"object missing", func(t *testing.T, dir string) { os.Remove(dir + "/state.bin") }, "missing"},
 	{"manifest missing (half-written)", func(t *testing.T, dir string) { os.Remove(dir + "/" + ManifestName) }, "never committed"},
 	{"manifest truncated", func(t *testing.T, dir string) { truncate(t, dir+"/"+ManifestName, 40) }, "not valid JSON"},
-	{"manifest edited", func(t *testing.T, dir string) { replaceIn(t, dir+"/"+ManifestName, `"world_size": 2`, `"world_size": 3`) }, "checksum mismatch"},
+	{"manifest edited", func(t *testing.T, dir string) {
+		replaceIn(t, dir+"/"+ManifestName, `"world_size": 2`, `"world_size": 3`)
+	}, "checksum mismatch"},
 	{"manifest of another checkpoint", func(t *testing.T, dir string) {
 		other, _ := os.ReadFile(filepath.Join(filepath.Dir(dir), ID(1, 0), ManifestName))
 		os.WriteFile(dir+"/"+ManifestName, other, 0o644)

@@ -354,3 +354,22 @@ func TestJoinRejectsBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestClosingAfterTheLastOperationDoesNotFailTheNeighbour: a rank that
+// finishes and closes at once must not turn its neighbour's completed
+// operation into an error, whichever connection the close notice arrives on first.
+func TestClosingAfterTheLastOperationDoesNotFailTheNeighbour(t *testing.T) {
+	for i := range 10 {
+		groups := gang(t, 2, Options{})
+		errs := each(groups, func(r int, g *Group) error {
+			// Large enough that rank 0 is still reading rank 1's last frame
+			// when rank 1, already done, closes.
+			err := g.AllReduce(context.Background(), make([]float32, 1<<22))
+			g.Close()
+			return err
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -31,7 +32,8 @@ type Options struct {
 	// Secret authenticates every connection of the run; at least 16 bytes, the same on every rank.
 	Secret []byte
 	// StallTimeout is how long a rank waits without any frame (data or keepalive)
-	// from its left neighbour before it declares that neighbour stalled. Default 5s.
+	// from its left neighbour before it declares that neighbour stalled (after
+	// between 3/4 and all of it). Default 5s.
 	StallTimeout time.Duration
 	// KeepaliveInterval is how often an idle rank tells its right neighbour it is alive.
 	// Default StallTimeout/5.
@@ -39,6 +41,13 @@ type Options struct {
 	// ChunkBytes is the pipelining unit: segments are cut into chunks of this size so that
 	// sending, receiving and summing overlap. Default 1 MiB.
 	ChunkBytes int
+	// SpinWindow is how long a rank in a small operation (at most SpinMaxBytes)
+	// busy-polls for its left neighbour's next frame before it sleeps. Waking a
+	// sleeping process costs more than a small step; on large operations the
+	// CPU is better left to the peers. Default 200µs; negative never spins.
+	SpinWindow time.Duration
+	// SpinMaxBytes is the largest operation that spins. Default 256 KiB.
+	SpinMaxBytes int
 	// Logger receives one line per connection refused and per group failure. Default: none.
 	Logger *zap.Logger
 }
@@ -65,6 +74,12 @@ func (o Options) withDefaults() Options {
 	if o.ChunkBytes == 0 {
 		o.ChunkBytes = 4
 	}
+	if o.SpinWindow == 0 {
+		o.SpinWindow = 200 * time.Microsecond
+	}
+	if o.SpinMaxBytes == 0 {
+		o.SpinMaxBytes = 256 << 10
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -87,6 +102,9 @@ func (e *PeerError) Error() string {
 	return fmt.Sprintf("collective: rank %d (%s) failed, detected by rank %d: %s", e.Rank, e.Addr, e.Reporter, e.Reason)
 }
 
+// closedReason is the abort message of a rank that closes its group.
+const closedReason = "rank closed the group"
+
 // ErrClosed is returned by operations on a group closed by its own rank.
 var ErrClosed = errors.New("collective: group closed")
 
@@ -100,6 +118,8 @@ type Group struct {
 	log         *zap.Logger
 
 	leftConn, rightConn net.Conn // data flows left -> us -> right
+	leftReader          *bufio.Reader
+	inOp                atomic.Bool // an operation is in progress: the left reader may spin
 	writeMu             sync.Mutex
 	leftWriteMu         sync.Mutex
 	lastWrite           atomic.Int64 // unix nanos of the last frame to the right
@@ -187,6 +207,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		}
 		return nil, firstErr
 	}
+	g.leftReader = bufio.NewReaderSize(newSpinReader(g.leftConn, opts.SpinWindow, &g.inOp), 64<<10)
 	g.lastWrite.Store(time.Now().UnixNano())
 	g.wg.Add(3)
 	go g.readLeft()
@@ -241,13 +262,14 @@ func (g *Group) Err() error {
 
 // Close leaves the group; neighbours still in an operation get a PeerError naming this rank.
 func (g *Group) Close() error {
-	g.fail(ErrClosed, &PeerError{Rank: g.rank, Reporter: g.rank, Reason: "rank closed the group"})
+	g.fail(ErrClosed, &PeerError{Rank: g.rank, Reporter: g.rank, Reason: closedReason})
 	g.wg.Wait()
 	return nil
 }
 
 // Frames. Header: type, op kind, 2 reserved bytes, seq, payload length, aux.
-// Abort frames carry the reporter in seq and the culprit+1 in aux.
+// Abort frames carry the reporter in seq, the culprit+1 in aux, and op 1 when
+// the rank closed its group gracefully rather than failing.
 const (
 	frameData      = 1
 	frameKeepalive = 2
@@ -326,13 +348,19 @@ func (g *Group) readRight() {
 			g.failPeer(g.right, "protocol error", fmt.Errorf("unexpected frame type %d on the reverse direction", h.typ))
 			return
 		}
+		if h.op == 1 {
+			// The right neighbour closed after finishing its operations: what it
+			// sent us is still arriving in order on the left connection, and our
+			// next send to it will fail on its own. Nothing to abort yet.
+			return
+		}
 		g.readAbort(g.rightConn, h)
 		return
 	}
 }
 
 // readAbort reads an abort frame's message and fails the group with the culprit it names.
-func (g *Group) readAbort(conn net.Conn, h header) {
+func (g *Group) readAbort(conn io.Reader, h header) {
 	msg := make([]byte, min(h.length, maxAbortMsg))
 	io.ReadFull(conn, msg)
 	culprit := int(h.aux) - 1
@@ -382,7 +410,7 @@ func (g *Group) fail(local error, pe *PeerError) {
 		if g.world == 1 {
 			return
 		}
-		if local != ErrClosed {
+		if local != ErrClosed && pe.Reason != closedReason {
 			g.log.Warn("collective group failed", zap.Int("culprit", pe.Rank), zap.Int("reporter", pe.Reporter), zap.String("reason", pe.Reason))
 		}
 		reason := pe.Reason
@@ -390,7 +418,11 @@ func (g *Group) fail(local error, pe *PeerError) {
 			reason = reason[:maxAbortMsg]
 		}
 		frame := make([]byte, headerLen+len(reason))
-		header{typ: frameAbort, seq: uint32(pe.Reporter), length: uint32(len(reason)), aux: uint32(pe.Rank + 1)}.put(frame)
+		var graceful byte
+		if local == ErrClosed {
+			graceful = 1
+		}
+		header{typ: frameAbort, op: graceful, seq: uint32(pe.Reporter), length: uint32(len(reason)), aux: uint32(pe.Rank + 1)}.put(frame)
 		copy(frame[headerLen:], reason)
 		var wg sync.WaitGroup
 		for _, side := range []struct {
@@ -436,9 +468,18 @@ func (g *Group) readLeft() {
 	var job *recvJob
 	next := 0
 	stall := g.opts.StallTimeout
+	// The stall deadline is re-armed at most every quarter window (a timer update
+	// per frame costs microseconds): silence is detected after 3/4 to 1 StallTimeout.
+	var armed time.Time
+	arm := func() {
+		if now := time.Now(); now.Sub(armed) > stall/4 {
+			armed = now
+			g.leftConn.SetReadDeadline(now.Add(stall))
+		}
+	}
 	for {
-		g.leftConn.SetReadDeadline(time.Now().Add(stall))
-		if _, err := io.ReadFull(g.leftConn, hb[:]); err != nil {
+		arm()
+		if _, err := io.ReadFull(g.leftReader, hb[:]); err != nil {
 			g.failLeft(err)
 			return
 		}
@@ -447,7 +488,7 @@ func (g *Group) readLeft() {
 		case frameKeepalive:
 			continue
 		case frameAbort:
-			g.readAbort(g.leftConn, h)
+			g.readAbort(g.leftReader, h)
 			return
 		case frameData:
 		default:
@@ -473,8 +514,8 @@ func (g *Group) readLeft() {
 		if it.add {
 			dst = g.scratch[:len(it.dst)]
 		}
-		g.leftConn.SetReadDeadline(time.Now().Add(stall))
-		if _, err := io.ReadFull(g.leftConn, asBytes(dst)); err != nil {
+		arm()
+		if _, err := io.ReadFull(g.leftReader, asBytes(dst)); err != nil {
 			g.failLeft(err)
 			return
 		}
@@ -507,7 +548,7 @@ type sendItem struct {
 
 // run executes one operation: hands the receiving half to readLeft and sends
 // in the calling goroutine, aborting the group if ctx ends first.
-func (g *Group) run(ctx context.Context, op byte, sends []sendItem, recvs []recvItem) error {
+func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, recvs []recvItem) error {
 	if err := g.Err(); err != nil {
 		return err
 	}
@@ -516,6 +557,10 @@ func (g *Group) run(ctx context.Context, op byte, sends []sendItem, recvs []recv
 	if len(recvs) == 0 {
 		close(job.finished)
 	} else {
+		if bytes <= g.opts.SpinMaxBytes {
+			g.inOp.Store(true)
+			defer g.inOp.Store(false)
+		}
 		g.jobs <- job
 	}
 	stop := context.AfterFunc(ctx, func() {
@@ -540,8 +585,12 @@ func (g *Group) run(ctx context.Context, op byte, sends []sendItem, recvs []recv
 	}
 	select {
 	case <-job.finished:
-		return g.Err()
 	case <-g.done:
+	}
+	select {
+	case <-job.finished: // completed, even if the group failed just after (a peer closing, say)
+		return nil
+	default:
 		return g.err
 	}
 }
@@ -587,7 +636,7 @@ func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
 			recvs = append(recvs, recvItem{dst: c})
 		}
 	}
-	return g.run(ctx, opAllReduce, sends, recvs)
+	return g.run(ctx, opAllReduce, 4*len(buf), sends, recvs)
 }
 
 // Broadcast copies root's buf to every rank, pipelined along the ring.
@@ -610,7 +659,7 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 			sends = append(sends, sendItem{src: c, afterToken: g.rank != root})
 		}
 	}
-	return g.run(ctx, opBroadcast, sends, recvs)
+	return g.run(ctx, opBroadcast, 4*len(buf), sends, recvs)
 }
 
 // Barrier returns once every rank has entered it.

@@ -1,0 +1,44 @@
+# durabletrain developer entry points. `make demo` and `make test` are the two
+# commands of the README; both install what they need first.
+
+GO        ?= go
+# OpenBLAS through cgo makes the native trainer about 4x faster than pure Go.
+TAGS      ?= openblas
+# One OpenBLAS thread per rank: ranks are the parallelism.
+export OPENBLAS_NUM_THREADS ?= 1
+export OMP_NUM_THREADS      ?= 1
+COMPUTE   := ./collective/... ./dataset/... ./checkpoint/... ./trainer/...
+
+.PHONY: deps deps-bench demo test test-race bench bench-allreduce bench-train bench-checkpoint vet
+
+deps:
+	@scripts/deps.sh
+
+deps-bench:
+	@scripts/deps.sh bench
+
+## demo: a 2-rank, 10-epoch data-parallel run on Fashion-MNIST, ranks as separate processes
+demo: deps
+	$(GO) run -tags '$(TAGS)' ./bench train -peers=false -ranks 2 -epochs 10
+
+## test: every test, the compute packages again under the race detector, and the OpenBLAS build
+test: deps vet
+	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -race $(COMPUTE)
+	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/...
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need gofmt -w"; exit 1; }
+
+## bench: every benchmark table (needs the peers: PyTorch, OpenMPI)
+bench: deps-bench bench-allreduce bench-train bench-checkpoint
+
+bench-allreduce: deps-bench
+	$(GO) run -tags '$(TAGS)' ./bench allreduce
+
+bench-train: deps-bench
+	$(GO) run -tags '$(TAGS)' ./bench train
+
+bench-checkpoint: deps
+	$(GO) run -tags '$(TAGS)' ./bench checkpoint
