@@ -74,4 +74,3 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	}
 	return n, nil
 }
-

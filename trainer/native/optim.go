@@ -60,18 +60,20 @@ func (o *adam) step(p, g []float32) {
 	o.t++
 	bc1 := 1 - math.Pow(float64(o.beta1), float64(o.t))
 	bc2 := 1 - math.Pow(float64(o.beta2), float64(o.t))
-	stepSize := float32(o.lr / bc1)
-	invSqrtBC2 := float32(1 / math.Sqrt(bc2))
-	eps := float32(o.eps)
-	b1, b2 := o.beta1, o.beta2
-	m, v := o.m[:len(p)], o.v[:len(p)]
-	g = g[:len(p)]
+	adamStep(p, g[:len(p)], o.m[:len(p)], o.v[:len(p)], o.beta1, o.beta2, o.decay,
+		float32(o.lr/bc1), float32(1/math.Sqrt(bc2)), float32(o.eps))
+}
+
+// adamStepGo is the reference kernel: one pass of torch.optim.Adam's update.
+func adamStepGo(p, g, m, v []float32, b1, b2, decay, stepSize, invSqrtBC2, eps float32) {
+	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)]
 	for i := range p {
-		gi := g[i] + o.decay*p[i]
-		m[i] = b1*m[i] + (1-b1)*gi
-		v[i] = b2*v[i] + (1-b2)*gi*gi
-		denom := float32(math.Sqrt(float64(v[i])))*invSqrtBC2 + eps
-		p[i] -= stepSize * m[i] / denom
+		gi := g[i] + decay*p[i]
+		mi := b1*m[i] + (1-b1)*gi
+		vi := b2*v[i] + (1-b2)*gi*gi
+		m[i], v[i] = mi, vi
+		denom := float32(math.Sqrt(float64(vi)))*invSqrtBC2 + eps
+		p[i] -= stepSize * mi / denom
 	}
 }
 

@@ -1,0 +1,24 @@
+package native
+
+import (
+	"context"
+	"testing"
+)
+
+// BenchmarkTrainEpoch is one epoch over the 4000-example subset, one rank;
+// compare builds with and without -tags openblas.
+func BenchmarkTrainEpoch(b *testing.B) {
+	tr, te := subset(b)
+	n := newTrainer(b, Config{}, tr, te, nil)
+	ctx := context.Background()
+	n.Init(ctx)
+	b.ResetTimer()
+	for i := range b.N {
+		n.cursor.Epoch = i
+		n.cursor.Step = 0
+		if _, err := n.TrainEpoch(ctx, i, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*tr.Len())/b.Elapsed().Seconds(), "samples/s")
+}
