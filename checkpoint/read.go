@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"slices"
 	"sort"
@@ -177,31 +176,131 @@ func (c *Checkpoint) Open(ctx context.Context, name string) (io.ReadCloser, erro
 		r.Close()
 		return nil, fmt.Errorf("object %s has %d bytes; the manifest says %d", name, r.Size(), o.Size)
 	}
-	return &verifyingReader{r: r, obj: o, hash: sha256.New()}, nil
+	return newVerifyingReader(r, o), nil
 }
 
+// verifyingReader streams an object while checking it against its manifest
+// entry. A read-ahead goroutine fills a small ring of buffers from storage and
+// a hashing goroutine hashes each buffer once it is handed out, so reading,
+// hashing and the caller's work overlap. Reading to the end returns an error
+// instead of io.EOF if the size or SHA-256 differs from the manifest.
 type verifyingReader struct {
-	r    *blob.Reader
-	obj  Object
-	hash hash.Hash
-	n    int64
+	r      *blob.Reader
+	obj    Object
+	filled chan readChunk
+	toHash chan []byte
+	free   chan []byte
+	hashed chan string // the hex digest, once toHash is closed
+	stop   chan struct{}
+	cur    readChunk
+	off    int
+	n      int64
+	err    error
+	closed bool
+}
+
+type readChunk struct {
+	buf []byte
+	err error
+}
+
+const (
+	readAheadChunk   = 4 << 20
+	readAheadBuffers = 3
+)
+
+func newVerifyingReader(r *blob.Reader, o Object) *verifyingReader {
+	v := &verifyingReader{r: r, obj: o,
+		filled: make(chan readChunk, readAheadBuffers), toHash: make(chan []byte, readAheadBuffers),
+		free: make(chan []byte, readAheadBuffers), hashed: make(chan string, 1), stop: make(chan struct{})}
+	size := int(min(o.Size+1, readAheadChunk)) // +1: a grown object reads past its expected end
+	for range readAheadBuffers {
+		v.free <- make([]byte, size)
+	}
+	go v.readAhead()
+	go func() {
+		h := sha256.New()
+		for b := range v.toHash {
+			h.Write(b)
+			v.free <- b[:cap(b)]
+		}
+		v.hashed <- hex.EncodeToString(h.Sum(nil))
+	}()
+	return v
+}
+
+func (v *verifyingReader) readAhead() {
+	for {
+		var buf []byte
+		select {
+		case buf = <-v.free:
+		case <-v.stop:
+			return
+		}
+		n, err := io.ReadFull(v.r, buf)
+		if err == io.ErrUnexpectedEOF {
+			err = io.EOF
+		}
+		select {
+		case v.filled <- readChunk{buf[:n], err}:
+		case <-v.stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func (v *verifyingReader) Read(p []byte) (int, error) {
-	n, err := v.r.Read(p)
-	v.hash.Write(p[:n])
-	v.n += int64(n)
-	if err == io.EOF {
-		if v.n != v.obj.Size {
-			return n, fmt.Errorf("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
+	for v.err == nil && v.off == len(v.cur.buf) {
+		if v.cur.buf != nil {
+			v.toHash <- v.cur.buf
+			v.cur.buf = nil
 		}
-		if got := hex.EncodeToString(v.hash.Sum(nil)); got != v.obj.SHA256 {
-			return n, fmt.Errorf("object %s has SHA-256 %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
+		if v.cur.err != nil {
+			v.err = v.finish(v.cur.err)
+			break
 		}
+		v.cur, v.off = <-v.filled, 0
 	}
-	return n, err
+	if v.err != nil {
+		return 0, v.err
+	}
+	n := copy(p, v.cur.buf[v.off:])
+	v.off += n
+	v.n += int64(n)
+	return n, nil
 }
 
-func (v *verifyingReader) Close() error { return v.r.Close() }
+// finish checks the whole object once storage has reported the end (or an error).
+func (v *verifyingReader) finish(readErr error) error {
+	close(v.toHash)
+	got := <-v.hashed
+	switch {
+	case readErr != io.EOF:
+		return fmt.Errorf("reading object %s: %w", v.obj.Name, readErr)
+	case v.n != v.obj.Size:
+		return fmt.Errorf("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
+	case got != v.obj.SHA256:
+		return fmt.Errorf("object %s has SHA-256 %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
+	}
+	return io.EOF
+}
+
+func (v *verifyingReader) Close() error {
+	if !v.closed {
+		v.closed = true
+		close(v.stop)
+		if v.err == nil { // abandoned early: let the hasher finish
+			if v.cur.buf != nil {
+				v.toHash <- v.cur.buf
+			}
+			close(v.toHash)
+			<-v.hashed
+		}
+	}
+	return v.r.Close()
+}
 
 func isNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }

@@ -153,10 +153,14 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 // syncedWriter is a blob writer that, on local disk, fsyncs the data before
 // the close that publishes it (fileblob writes a temporary file and renames it).
 type syncedWriter struct {
-	bw     *blob.Writer
-	file   *os.File
-	cancel context.CancelFunc
+	bw            *blob.Writer
+	file          *os.File
+	cancel        context.CancelFunc
+	written, sent int64 // bytes written; bytes handed to the kernel's writeback
 }
+
+// writebackEvery is how much a local object grows between writeback kicks.
+const writebackEvery = 8 << 20
 
 func (s *Store) newSyncedWriter(ctx context.Context, key string) (*syncedWriter, error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -176,7 +180,15 @@ func (s *Store) newSyncedWriter(ctx context.Context, key string) (*syncedWriter,
 	return sw, nil
 }
 
-func (sw *syncedWriter) Write(p []byte) (int, error) { return sw.bw.Write(p) }
+func (sw *syncedWriter) Write(p []byte) (int, error) {
+	n, err := sw.bw.Write(p)
+	sw.written += int64(n)
+	if sw.file != nil && sw.written-sw.sent >= writebackEvery {
+		startWriteback(sw.file, sw.sent, sw.written-sw.sent)
+		sw.sent = sw.written
+	}
+	return n, err
+}
 
 // Close publishes the object; after a failed write it discards it instead.
 func (sw *syncedWriter) Close(failed error) error {
@@ -199,8 +211,36 @@ type objectWriter struct {
 	err  error
 }
 
+// Write hashes p while it is written: both only read p, and on two cores the
+// pair takes as long as the slower one rather than their sum.
 func (o *objectWriter) Write(p []byte) (int, error) {
+	if len(p) < parallelHashMin {
+		n, err := o.sw.Write(p)
+		return o.account(p, n, err)
+	}
+	hashed := make(chan struct{})
+	go func() {
+		o.hash.Write(p)
+		close(hashed)
+	}()
 	n, err := o.sw.Write(p)
+	<-hashed
+	if n < len(p) { // a short write: hash what was written, not what was given
+		o.hash.Reset()
+		o.err = errors.Join(err, errors.New("short write; the object is discarded"))
+		return n, o.err
+	}
+	o.obj.Size += int64(n)
+	if err != nil {
+		o.err = err
+	}
+	return n, err
+}
+
+// parallelHashMin is the smallest write worth hashing on a second goroutine.
+const parallelHashMin = 256 << 10
+
+func (o *objectWriter) account(p []byte, n int, err error) (int, error) {
 	o.hash.Write(p[:n])
 	o.obj.Size += int64(n)
 	if err != nil {

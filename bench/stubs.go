@@ -1,3 +1,0 @@
-package main
-
-func benchCheckpoint(args []string) error { return nil }
