@@ -21,6 +21,17 @@ import (
 // ErrNoCheckpoint is returned when a run has no checkpoint that verifies.
 var ErrNoCheckpoint = errors.New("no verified checkpoint")
 
+// CorruptError says a checkpoint's manifest or one of its objects does not
+// verify. Readers return it (wrapped) in place of io.EOF.
+type CorruptError struct {
+	Run, ID string
+	Reason  string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("checkpoint %s/%s is corrupt: %s", e.Run, e.ID, e.Reason)
+}
+
 // Checkpoint is a verified checkpoint, ready to be read.
 type Checkpoint struct {
 	Manifest Manifest
@@ -145,6 +156,47 @@ func (s *Store) LatestVerified(ctx context.Context, run string) (*Checkpoint, er
 	return nil, fmt.Errorf("checkpoint: run %s in %s: %w among %d: %v", run, s.url, ErrNoCheckpoint, len(skipped), skipped)
 }
 
+// RestoreLatest hands the newest committed checkpoint of run to load, which
+// reads it through Checkpoint.Open (verifying as it streams) and must keep
+// nothing unless it returns nil, as trainer.Trainer.Restore promises. If load
+// fails with a *CorruptError, the checkpoint is skipped (logged, and listed in
+// Skipped) and the next older one is tried; any other error is returned as is.
+// One read of the data instead of LatestVerified's two.
+func (s *Store) RestoreLatest(ctx context.Context, run string, load func(*Checkpoint) error) (*Checkpoint, error) {
+	ids, err := s.IDs(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	var skipped []Skip
+	skip := func(id, reason string) {
+		s.log.Warn("checkpoint skipped", zap.String("run", run), zap.String("id", id), zap.String("reason", reason))
+		skipped = append(skipped, Skip{ID: id, Reason: reason})
+	}
+	for _, id := range slices.Backward(ids) {
+		m, err := s.readManifest(ctx, run, id)
+		if err != nil {
+			skip(id, err.Error())
+			continue
+		}
+		c := &Checkpoint{Manifest: m, s: s}
+		err = load(c)
+		var corrupt *CorruptError
+		switch {
+		case err == nil:
+			c.Skipped = skipped
+			return c, nil
+		case errors.As(err, &corrupt):
+			skip(id, corrupt.Reason)
+		default:
+			return nil, err
+		}
+	}
+	if len(skipped) == 0 {
+		return nil, fmt.Errorf("checkpoint: run %s in %s: %w (it has none)", run, s.url, ErrNoCheckpoint)
+	}
+	return nil, fmt.Errorf("checkpoint: run %s in %s: %w among %d: %v", run, s.url, ErrNoCheckpoint, len(skipped), skipped)
+}
+
 // Get verifies and returns the checkpoint a Ref points at.
 func (s *Store) Get(ctx context.Context, ref Ref) (*Checkpoint, error) {
 	if err := checkRun(ref.Run); err != nil {
@@ -168,15 +220,19 @@ func (c *Checkpoint) Open(ctx context.Context, name string) (io.ReadCloser, erro
 	r, err := c.s.bucket.NewReader(ctx, prefix(c.Manifest.Run, c.Manifest.ID)+name, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
-			return nil, fmt.Errorf("object %s is missing", name)
+			return nil, c.corrupt("object %s is missing", name)
 		}
 		return nil, fmt.Errorf("opening object %s: %w", name, err)
 	}
 	if r.Size() != o.Size {
 		r.Close()
-		return nil, fmt.Errorf("object %s has %d bytes; the manifest says %d", name, r.Size(), o.Size)
+		return nil, c.corrupt("object %s has %d bytes; the manifest says %d", name, r.Size(), o.Size)
 	}
-	return newVerifyingReader(r, o), nil
+	return newVerifyingReader(r, o, c), nil
+}
+
+func (c *Checkpoint) corrupt(format string, args ...any) error {
+	return &CorruptError{Run: c.Manifest.Run, ID: c.Manifest.ID, Reason: fmt.Sprintf(format, args...)}
 }
 
 // verifyingReader streams an object while checking it against its manifest
@@ -187,6 +243,7 @@ func (c *Checkpoint) Open(ctx context.Context, name string) (io.ReadCloser, erro
 type verifyingReader struct {
 	r      *blob.Reader
 	obj    Object
+	c      *Checkpoint
 	filled chan readChunk
 	toHash chan []byte
 	free   chan []byte
@@ -209,8 +266,8 @@ const (
 	readAheadBuffers = 3
 )
 
-func newVerifyingReader(r *blob.Reader, o Object) *verifyingReader {
-	v := &verifyingReader{r: r, obj: o,
+func newVerifyingReader(r *blob.Reader, o Object, c *Checkpoint) *verifyingReader {
+	v := &verifyingReader{r: r, obj: o, c: c,
 		filled: make(chan readChunk, readAheadBuffers), toHash: make(chan []byte, readAheadBuffers),
 		free: make(chan []byte, readAheadBuffers), hashed: make(chan string, 1), stop: make(chan struct{})}
 	size := int(min(o.Size+1, readAheadChunk)) // +1: a grown object reads past its expected end
@@ -281,9 +338,9 @@ func (v *verifyingReader) finish(readErr error) error {
 	case readErr != io.EOF:
 		return fmt.Errorf("reading object %s: %w", v.obj.Name, readErr)
 	case v.n != v.obj.Size:
-		return fmt.Errorf("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
+		return v.c.corrupt("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
 	case got != v.obj.SHA256:
-		return fmt.Errorf("object %s has SHA-256 %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
+		return v.c.corrupt("object %s has SHA-256 %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
 	}
 	return io.EOF
 }

@@ -99,11 +99,14 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 			return fail("vector %d has length %d, want %d", i, l, len(v))
 		}
 		if _, err := io.ReadFull(br, floatBytes(v)); err != nil {
-			return fail("vector %d truncated: %v", i, err)
+			return fmt.Errorf("native trainer: %s: vector %d: %w", StateObject, i, err)
 		}
 	}
-	if extra, _ := br.Read(make([]byte, 1)); extra != 0 {
+	// Read to the end: a verifying reader reports corruption there, in place of io.EOF.
+	if extra, err := br.Read(make([]byte, 1)); extra != 0 {
 		return fail("data after the last vector")
+	} else if err != io.EOF {
+		return fmt.Errorf("native trainer: reading %s: %w", StateObject, err)
 	}
 	if counters[0] < 0 || counters[1] < 0 || counters[2] < 0 {
 		return fail("negative cursor %v", counters)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sync"
 	"testing"
@@ -177,7 +178,32 @@ func testCorruptState(t *testing.T, newTrainer Factory) {
 	if err := victim.Restore(ctx, trainer.MemState{}); err == nil {
 		t.Error("restoring from an empty checkpoint succeeded")
 	}
+	// Storage that verifies while streaming reports corruption at the end of
+	// an object, in place of io.EOF: the backend must read to the end and fail.
+	if err := victim.Restore(ctx, failingAtEOF{good}); !errors.Is(err, errAtEOF) {
+		t.Errorf("restoring objects whose reader fails at EOF: got %v, want the reader's error", err)
+	}
+	if err := sameState(before, save(t, victim)); err != nil {
+		t.Fatalf("a restore whose reader failed at EOF changed the trainer: %v", err)
+	}
 }
+
+var errAtEOF = errors.New("checksum mismatch reported at end of object")
+
+// failingAtEOF serves intact objects whose readers end with errAtEOF.
+type failingAtEOF struct{ trainer.MemState }
+
+func (f failingAtEOF) Open(ctx context.Context, name string) (io.ReadCloser, error) {
+	r, err := f.MemState.Open(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(io.MultiReader(r, errReader{})), nil
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errAtEOF }
 
 func testCancellation(t *testing.T, newTrainer Factory) {
 	tr := newTrainer(t, trainer.Local{})
