@@ -359,17 +359,60 @@ func TestJoinRejectsBadInput(t *testing.T) {
 // finishes and closes at once must not turn its neighbour's completed
 // operation into an error, whichever connection the close notice arrives on first.
 func TestClosingAfterTheLastOperationDoesNotFailTheNeighbour(t *testing.T) {
-	for i := range 10 {
-		groups := gang(t, 2, Options{})
+	for _, world := range []int{2, 4} {
+		for i := range 8 {
+			groups := gang(t, world, Options{})
+			errs := each(groups, func(r int, g *Group) error {
+				// Large enough that a neighbour is still reading or sending its
+				// last chunks when a rank that is done closes.
+				if err := g.AllReduce(context.Background(), make([]float32, 1<<22)); err != nil {
+					return err
+				}
+				err := g.Barrier(context.Background())
+				g.Close()
+				return err
+			})
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("%d ranks, round %d: %v", world, i, err)
+			}
+		}
+	}
+}
+
+func TestTransportsAgreeBitForBit(t *testing.T) {
+	sums := map[string][]float32{}
+	for _, transport := range []string{TransportAuto, TransportTCP} {
+		groups := gang(t, 3, Options{Transport: transport, ChunkBytes: 64 << 10})
+		send, recv := groups[0].Transports()
+		want := "shm"
+		if transport == TransportTCP {
+			want = "tcp"
+		}
+		if send != want || recv != want {
+			t.Fatalf("transport %q: rank 0 sends over %s, receives over %s; want %s", transport, send, recv, want)
+		}
+		bufs := make([][]float32, 3)
 		errs := each(groups, func(r int, g *Group) error {
-			// Large enough that rank 0 is still reading rank 1's last frame
-			// when rank 1, already done, closes.
-			err := g.AllReduce(context.Background(), make([]float32, 1<<22))
-			g.Close()
-			return err
+			bufs[r] = make([]float32, 300_001)
+			rng := rand.New(rand.NewPCG(uint64(r), 9))
+			for i := range bufs[r] {
+				bufs[r][i] = float32(rng.NormFloat64())
+			}
+			for range 3 { // more chunks than slots, several times over
+				if err := g.AllReduce(context.Background(), bufs[r]); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 		if err := errors.Join(errs...); err != nil {
-			t.Fatalf("round %d: %v", i, err)
+			t.Fatal(err)
+		}
+		sums[want] = bufs[2]
+	}
+	for i := range sums["shm"] {
+		if math.Float32bits(sums["shm"][i]) != math.Float32bits(sums["tcp"][i]) {
+			t.Fatalf("element %d: %v over shared memory, %v over TCP", i, sums["shm"][i], sums["tcp"][i])
 		}
 	}
 }

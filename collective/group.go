@@ -49,6 +49,9 @@ type Options struct {
 	SpinWindow time.Duration
 	// SpinMaxBytes is the largest operation that spins. Default 256 KiB.
 	SpinMaxBytes int
+	// Transport is TransportAuto (shared memory with neighbours on the same
+	// host, TCP otherwise) or TransportTCP.
+	Transport string
 	// Logger receives one line per connection refused and per group failure. Default: none.
 	Logger *zap.Logger
 }
@@ -120,8 +123,12 @@ type Group struct {
 
 	leftConn, rightConn net.Conn // data flows left -> us -> right
 	leftReader          *bufio.Reader
+	sendRing, recvRing  *shmRing    // shared memory with the right / left neighbour, if on this host
+	shmSent, shmDrained uint64      // chunks put in sendRing; chunks taken from recvRing
 	inOp                atomic.Bool // an operation is in progress: the left reader may spin
+	rightClosed         atomic.Bool // the right neighbour closed its group gracefully
 	writeMu             sync.Mutex
+	frameBuf            []byte // header and small payload, under writeMu
 	leftWriteMu         sync.Mutex
 	lastWrite           atomic.Int64 // unix nanos of the last frame to the right
 
@@ -130,10 +137,11 @@ type Group struct {
 	jobs    chan *recvJob
 	scratch []float32
 
-	failOnce sync.Once
-	done     chan struct{}
-	err      error
-	wg       sync.WaitGroup
+	failOnce   sync.Once
+	closeRings sync.Once
+	done       chan struct{}
+	err        error
+	wg         sync.WaitGroup
 }
 
 // Join makes this process rank `rank` of the gang: it dials the right
@@ -153,6 +161,8 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		return nil, fmt.Errorf("collective: options.Secret has %d bytes; want at least %d", len(opts.Secret), minSecretLen)
 	case world > 1 && ln == nil:
 		return nil, errors.New("collective: a Listener is required for more than one rank")
+	case opts.Transport != TransportAuto && opts.Transport != TransportTCP:
+		return nil, fmt.Errorf("collective: options.Transport %q; want %q (automatic) or %q", opts.Transport, TransportAuto, TransportTCP)
 	}
 	g := &Group{
 		gang: gang, rank: rank, world: world,
@@ -207,6 +217,11 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 			}
 		}
 		return nil, firstErr
+	}
+	if err := g.negotiateShm(); err != nil {
+		g.leftConn.Close()
+		g.rightConn.Close()
+		return nil, fmt.Errorf("collective: rank %d: %w", rank, err)
 	}
 	spin := opts.SpinWindow
 	if ranksOnHost(gang.Peers, rank) > runtime.NumCPU() {
@@ -286,6 +301,14 @@ func (g *Group) Err() error {
 func (g *Group) Close() error {
 	g.fail(ErrClosed, &PeerError{Rank: g.rank, Reporter: g.rank, Reason: closedReason})
 	g.wg.Wait()
+	g.closeRings.Do(func() {
+		if g.sendRing != nil {
+			g.sendRing.close()
+		}
+		if g.recvRing != nil {
+			g.recvRing.close()
+		}
+	})
 	return nil
 }
 
@@ -298,6 +321,8 @@ const (
 	frameAbort     = 3
 	headerLen      = 16
 	maxAbortMsg    = 1024
+
+	flagShm = 1 // data frame: the payload is in shared-memory slot aux, not on the wire
 )
 
 const (
@@ -306,21 +331,41 @@ const (
 )
 
 type header struct {
-	typ, op byte
-	seq     uint32
-	length  uint32
-	aux     uint32
+	typ, op, flags byte
+	seq            uint32
+	length         uint32
+	aux            uint32
 }
 
 func (h header) put(b []byte) {
-	b[0], b[1], b[2], b[3] = h.typ, h.op, 0, 0
+	b[0], b[1], b[2], b[3] = h.typ, h.op, h.flags, 0
 	binary.LittleEndian.PutUint32(b[4:], h.seq)
 	binary.LittleEndian.PutUint32(b[8:], h.length)
 	binary.LittleEndian.PutUint32(b[12:], h.aux)
 }
 
 func parseHeader(b []byte) header {
-	return header{typ: b[0], op: b[1], seq: binary.LittleEndian.Uint32(b[4:]), length: binary.LittleEndian.Uint32(b[8:]), aux: binary.LittleEndian.Uint32(b[12:])}
+	return header{typ: b[0], op: b[1], flags: b[2], seq: binary.LittleEndian.Uint32(b[4:]), length: binary.LittleEndian.Uint32(b[8:]), aux: binary.LittleEndian.Uint32(b[12:])}
+}
+
+// waitForSlot waits until the right neighbour has drained the chunk in the
+// slot this rank is about to fill: polling briefly, then sleeping in short
+// steps (this only happens when the receiver is behind).
+func (g *Group) waitForSlot() error {
+	consumed := g.sendRing.consumed()
+	for spins := 0; g.shmSent-consumed.Load() >= uint64(g.sendRing.slots); spins++ {
+		select {
+		case <-g.done:
+			return g.err
+		default:
+		}
+		if spins < 200 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	return nil
 }
 
 // writeRight sends one frame to the right neighbour.
@@ -329,11 +374,22 @@ func (g *Group) writeRight(h header, payload []byte) error {
 	h.put(hb[:])
 	g.writeMu.Lock()
 	defer g.writeMu.Unlock()
-	bufs := net.Buffers{hb[:], payload}
-	_, err := bufs.WriteTo(g.rightConn)
+	var err error
+	if len(payload) <= smallFrame {
+		// One write(2) through net.Conn: one syscall, and the runtime records the
+		// happens-before edge of network I/O, which writev does not.
+		g.frameBuf = append(append(g.frameBuf[:0], hb[:]...), payload...)
+		_, err = g.rightConn.Write(g.frameBuf)
+	} else {
+		bufs := net.Buffers{hb[:], payload}
+		_, err = bufs.WriteTo(g.rightConn)
+	}
 	g.lastWrite.Store(time.Now().UnixNano())
 	return err
 }
+
+// smallFrame is the largest payload copied next to its header for a single write.
+const smallFrame = 64 << 10
 
 func (g *Group) keepalive() {
 	defer g.wg.Done()
@@ -347,8 +403,14 @@ func (g *Group) keepalive() {
 			if time.Since(time.Unix(0, g.lastWrite.Load())) < g.opts.KeepaliveInterval/2 {
 				continue
 			}
+			if g.rightClosed.Load() {
+				return // nobody to keep informed
+			}
 			if err := g.writeRight(header{typ: frameKeepalive}, nil); err != nil {
-				g.failPeer(g.right, "sending keepalive", err)
+				time.Sleep(culpritGracePeriod) // a graceful close may be what broke the pipe
+				if !g.rightClosed.Load() {
+					g.failPeer(g.right, "sending keepalive", err)
+				}
 				return
 			}
 		}
@@ -374,6 +436,7 @@ func (g *Group) readRight() {
 			// The right neighbour closed after finishing its operations: what it
 			// sent us is still arriving in order on the left connection, and our
 			// next send to it will fail on its own. Nothing to abort yet.
+			g.rightClosed.Store(true)
 			return
 		}
 		g.readAbort(g.rightConn, h)
@@ -510,6 +573,17 @@ func (g *Group) readLeft() {
 		case frameKeepalive:
 			continue
 		case frameAbort:
+			if h.op == 1 && job == nil {
+				// The left neighbour finished and closed. That fails nothing until
+				// this rank expects data from it again (a pending or later operation).
+				io.CopyN(io.Discard, g.leftReader, int64(h.length))
+				select {
+				case <-g.jobs:
+					g.blame(g.left, closedReason+" before sending this operation's data")
+				case <-g.done:
+				}
+				return
+			}
 			g.readAbort(g.leftReader, h)
 			return
 		case frameData:
@@ -531,6 +605,26 @@ func (g *Group) readLeft() {
 				"received operation #%d kind %d with %d bytes, expected operation #%d kind %d with %d bytes: ranks called collectives in different orders or with different lengths",
 				h.seq, h.op, h.length, job.seq, job.op, 4*len(it.dst)))
 			return
+		}
+		if h.flags&flagShm != 0 {
+			if g.recvRing == nil || int(h.aux) >= g.recvRing.slots || int(h.length) > g.recvRing.slotBytes {
+				g.failPeer(g.left, "protocol error", fmt.Errorf("shared-memory frame for slot %d of %d bytes without a ring for it", h.aux, h.length))
+				return
+			}
+			src := asFloats(g.recvRing.slot(int(h.aux))[:h.length])
+			if it.add {
+				addInto(it.dst, src)
+			} else {
+				copy(it.dst, src)
+			}
+			g.shmDrained++
+			g.recvRing.consumed().Store(g.shmDrained) // the slot is the sender's again
+			job.tokens <- struct{}{}
+			if next++; next == len(job.items) {
+				close(job.finished)
+				job = nil
+			}
+			continue
 		}
 		dst := it.dst
 		if it.add {
@@ -599,7 +693,18 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 				return g.err
 			}
 		}
-		if err := g.writeRight(header{typ: frameData, op: op, seq: job.seq, length: uint32(4 * len(s.src))}, asBytes(s.src)); err != nil {
+		h := header{typ: frameData, op: op, seq: job.seq, length: uint32(4 * len(s.src))}
+		payload := asBytes(s.src)
+		if g.sendRing != nil && len(payload) >= shmMinBytes {
+			if err := g.waitForSlot(); err != nil {
+				return err
+			}
+			slot := int(g.shmSent % uint64(g.sendRing.slots))
+			copy(g.sendRing.slot(slot), payload)
+			g.shmSent++
+			h.flags, h.aux, payload = flagShm, uint32(slot), nil
+		}
+		if err := g.writeRight(h, payload); err != nil {
 			g.failPeer(g.right, "sending", err)
 			<-g.done
 			return g.err

@@ -33,21 +33,23 @@ func newSpinReader(conn net.Conn, window time.Duration, active *atomic.Bool) io.
 	return &spinReader{raw: raw, conn: conn, window: window, active: active}
 }
 
+// Read polls for readability without consuming (recv with MSG_PEEK), then
+// reads through net.Conn, so that the runtime's happens-before bookkeeping for
+// network I/O (which the race detector relies on) stays intact.
 func (s *spinReader) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
+	if len(p) == 0 || !s.active.Load() {
+		return s.conn.Read(p)
 	}
-	var n int
-	var rerr error
+	var peek [1]byte
 	var until time.Time
 	spins := 0
 	err := s.raw.Read(func(fd uintptr) bool {
 		for {
-			n, rerr = syscall.Read(int(fd), p)
+			_, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 			switch {
-			case rerr == syscall.EINTR:
+			case err == syscall.EINTR:
 				continue
-			case rerr == syscall.EAGAIN:
+			case err == syscall.EAGAIN:
 				if !s.active.Load() {
 					return false // park until readable
 				}
@@ -60,17 +62,11 @@ func (s *spinReader) Read(p []byte) (int, error) {
 				runtime.Gosched() // let the goroutine we just woke run on this P
 				continue
 			}
-			return true
+			return true // data, end of stream, or an error: conn.Read reports it
 		}
 	})
 	if err != nil {
 		return 0, err // deadline or closed connection, as net.Conn reports them
 	}
-	if rerr != nil {
-		return 0, &net.OpError{Op: "read", Net: "tcp", Err: rerr}
-	}
-	if n == 0 {
-		return 0, io.EOF
-	}
-	return n, nil
+	return s.conn.Read(p)
 }

@@ -1,0 +1,115 @@
+package collective
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"time"
+	"unsafe"
+)
+
+const (
+	// shmSlots is how many chunks a sender can have in flight through shared memory.
+	shmSlots = 4
+	// shmMinBytes: smaller chunks go inline over TCP, where a descriptor and a
+	// credit frame would cost more than the copy they save.
+	shmMinBytes = 32 << 10
+)
+
+// negotiateShm runs after both handshakes: this rank offers a ring to its left
+// neighbour (who sends us data) and answers its right neighbour's offer. Each
+// side falls back to TCP on any failure; offers and answers are small enough
+// never to block on socket buffers, so all ranks can do this at once.
+func (g *Group) negotiateShm() error {
+	deadline := time.Now().Add(handshakeTimeout)
+	g.leftConn.SetDeadline(deadline)
+	g.rightConn.SetDeadline(deadline)
+	defer g.leftConn.SetDeadline(time.Time{})
+	defer g.rightConn.SetDeadline(time.Time{})
+
+	slotBytes := g.opts.ChunkBytes
+	var offered *shmRing
+	var path string
+	var token []byte
+	offer := binary.BigEndian.AppendUint16(nil, 0)
+	if g.opts.Transport != TransportTCP {
+		var err error
+		if offered, path, token, err = createShmRing(shmSlots, slotBytes); err == nil {
+			defer os.Remove(path)
+			offer = binary.BigEndian.AppendUint16(nil, uint16(len(path)))
+			offer = append(offer, path...)
+			offer = binary.BigEndian.AppendUint32(offer, shmSlots)
+			offer = binary.BigEndian.AppendUint32(offer, uint32(slotBytes))
+			offer = append(offer, token...)
+		}
+	}
+	if _, err := g.leftConn.Write(offer); err != nil {
+		return fmt.Errorf("offering shared memory to rank %d: %w", g.left, err)
+	}
+
+	// Answer the right neighbour's offer.
+	var n [2]byte
+	if _, err := io.ReadFull(g.rightConn, n[:]); err != nil {
+		return fmt.Errorf("reading rank %d's transport offer: %w", g.right, err)
+	}
+	answer := []byte{0}
+	if l := binary.BigEndian.Uint16(n[:]); l > 0 {
+		rest := make([]byte, int(l)+8+shmTokenLen)
+		if _, err := io.ReadFull(g.rightConn, rest); err != nil {
+			return fmt.Errorf("reading rank %d's transport offer: %w", g.right, err)
+		}
+		peerPath := string(rest[:l])
+		slots := int(binary.BigEndian.Uint32(rest[l:]))
+		size := int(binary.BigEndian.Uint32(rest[l+4:]))
+		if size == g.opts.ChunkBytes && slots > 0 && slots <= 64 && g.opts.Transport != TransportTCP {
+			if ring, err := openShmRing(peerPath, slots, size, rest[l+8:]); err == nil {
+				g.sendRing = ring
+				answer[0] = 1
+			}
+		}
+	}
+	if _, err := g.rightConn.Write(answer); err != nil {
+		return fmt.Errorf("answering rank %d's transport offer: %w", g.right, err)
+	}
+
+	// Did the left neighbour take our ring?
+	var got [1]byte
+	if _, err := io.ReadFull(g.leftConn, got[:]); err != nil {
+		return fmt.Errorf("reading rank %d's transport answer: %w", g.left, err)
+	}
+	if offered != nil {
+		if got[0] == 1 {
+			g.recvRing = offered
+		} else {
+			offered.close()
+		}
+	}
+	return nil
+}
+
+// Transport choices for Options.Transport.
+const (
+	TransportAuto = ""    // shared memory with neighbours on the same host, TCP otherwise
+	TransportTCP  = "tcp" // every byte over TCP
+)
+
+func asFloats(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// Transports reports how this rank sends to its right neighbour and receives
+// from its left one: "shm" or "tcp" each.
+func (g *Group) Transports() (send, receive string) {
+	send, receive = "tcp", "tcp"
+	if g.sendRing != nil {
+		send = "shm"
+	}
+	if g.recvRing != nil {
+		receive = "shm"
+	}
+	return send, receive
+}
