@@ -5,6 +5,7 @@ package native
 /*
 #cgo CFLAGS: -O2
 #cgo LDFLAGS: -lm
+#include <float.h>
 #include <math.h>
 #include <immintrin.h>
 
@@ -17,6 +18,8 @@ static inline void dt_adam_scalar(float *p, const float *g, float *m, float *v, 
 		float gi = g[i] + decay * p[i];
 		float mi = b1 * m[i] + (1 - b1) * gi;
 		float vi = b2 * v[i] + (1 - b2) * gi * gi;
+		if (fabsf(mi) < FLT_MIN) mi = 0; // subnormals: see adamStepGo
+		if (vi < FLT_MIN) vi = 0;
 		m[i] = mi;
 		v[i] = vi;
 		float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
@@ -29,12 +32,15 @@ static void dt_adam_avx2(float *p, const float *g, float *m, float *v, long n,
                          float b1, float b2, float decay, float step_size, float inv_sqrt_bc2, float eps) {
 	__m256 B1 = _mm256_set1_ps(b1), B2 = _mm256_set1_ps(b2), C1 = _mm256_set1_ps(1 - b1), C2 = _mm256_set1_ps(1 - b2);
 	__m256 D = _mm256_set1_ps(decay), S = _mm256_set1_ps(step_size), I = _mm256_set1_ps(inv_sqrt_bc2), E = _mm256_set1_ps(eps);
+	__m256 TINY = _mm256_set1_ps(FLT_MIN), ABS = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 	long i = 0;
 	for (; i + 8 <= n; i += 8) {
 		__m256 pi = _mm256_loadu_ps(p + i);
 		__m256 gi = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_mul_ps(D, pi));
 		__m256 mi = _mm256_add_ps(_mm256_mul_ps(B1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(C1, gi));
 		__m256 vi = _mm256_add_ps(_mm256_mul_ps(B2, _mm256_loadu_ps(v + i)), _mm256_mul_ps(_mm256_mul_ps(C2, gi), gi));
+		mi = _mm256_and_ps(mi, _mm256_cmp_ps(_mm256_and_ps(mi, ABS), TINY, _CMP_GE_OQ));
+		vi = _mm256_and_ps(vi, _mm256_cmp_ps(vi, TINY, _CMP_GE_OQ));
 		_mm256_storeu_ps(m + i, mi);
 		_mm256_storeu_ps(v + i, vi);
 		__m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), I), E);
