@@ -358,3 +358,39 @@ func TestLocalDiskObjectsAreFsynced(t *testing.T) {
 		s.Close()
 	}
 }
+
+func TestObjectsOfEveryBlockShapeRoundTripAndDetectCorruption(t *testing.T) {
+	ctx := context.Background()
+	for _, size := range []int{0, 1, BlockSize - 1, BlockSize, BlockSize + 1, 3*BlockSize + 17} {
+		root := t.TempDir()
+		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(i*7 + i/4096)
+		}
+		put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
+		c, err := s.LatestVerified(ctx, "r")
+		if err != nil {
+			t.Fatalf("size %d: %v", size, err)
+		}
+		if got := readObject(t, c, "o"); !bytes.Equal(got, data) {
+			t.Fatalf("size %d: read back %d different bytes", size, len(got))
+		}
+		if size == 0 {
+			s.Close()
+			continue
+		}
+		for _, at := range []int{size - 1, size / 2} {
+			flip(t, filepath.Join(root, "r", ID(1, 0), "o"), at)
+			r, _ := c.Open(ctx, "o")
+			_, err := io.ReadAll(r)
+			r.Close()
+			var corrupt *CorruptError
+			if !errors.As(err, &corrupt) {
+				t.Fatalf("size %d, byte %d flipped: read returned %v, want a CorruptError", size, at, err)
+			}
+			flip(t, filepath.Join(root, "r", ID(1, 0), "o"), at) // restore
+		}
+		s.Close()
+	}
+}

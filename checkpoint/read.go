@@ -3,12 +3,11 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -236,19 +235,19 @@ func (c *Checkpoint) corrupt(format string, args ...any) error {
 }
 
 // verifyingReader streams an object while checking it against its manifest
-// entry. A read-ahead goroutine fills a small ring of buffers from storage and
-// a hashing goroutine hashes each buffer once it is handed out, so reading,
-// hashing and the caller's work overlap. Reading to the end returns an error
-// instead of io.EOF if the size or SHA-256 differs from the manifest.
+// entry. A read-ahead goroutine fills a small ring of block buffers from
+// storage; each block, once handed out, is hashed on a free core. Reading to
+// the end returns a *CorruptError instead of io.EOF if the size or the hash
+// list root differs from the manifest.
 type verifyingReader struct {
 	r      *blob.Reader
 	obj    Object
 	c      *Checkpoint
 	filled chan readChunk
-	toHash chan []byte
 	free   chan []byte
-	hashed chan string // the hex digest, once toHash is closed
 	stop   chan struct{}
+	hashes *hashList
+	blocks int
 	cur    readChunk
 	off    int
 	n      int64
@@ -261,31 +260,21 @@ type readChunk struct {
 	err error
 }
 
-const (
-	readAheadChunk   = 4 << 20
-	readAheadBuffers = 3
-)
+// readBuffers: the block being read into, the one being consumed, and one per core hashing.
+var readBuffers = runtime.GOMAXPROCS(0) + 2
 
 func newVerifyingReader(r *blob.Reader, o Object, c *Checkpoint) *verifyingReader {
-	v := &verifyingReader{r: r, obj: o, c: c,
-		filled: make(chan readChunk, readAheadBuffers), toHash: make(chan []byte, readAheadBuffers),
-		free: make(chan []byte, readAheadBuffers), hashed: make(chan string, 1), stop: make(chan struct{})}
-	size := int(min(o.Size+1, readAheadChunk)) // +1: a grown object reads past its expected end
-	for range readAheadBuffers {
+	v := &verifyingReader{r: r, obj: o, c: c, hashes: newHashList(),
+		filled: make(chan readChunk, readBuffers), free: make(chan []byte, readBuffers), stop: make(chan struct{})}
+	size := int(min(o.Size+1, BlockSize)) // +1: an object that grew reads past its expected end
+	for range readBuffers {
 		v.free <- make([]byte, size)
 	}
 	go v.readAhead()
-	go func() {
-		h := sha256.New()
-		for b := range v.toHash {
-			h.Write(b)
-			v.free <- b[:cap(b)]
-		}
-		v.hashed <- hex.EncodeToString(h.Sum(nil))
-	}()
 	return v
 }
 
+// readAhead reads whole blocks, so that chunk i is block i of the hash list.
 func (v *verifyingReader) readAhead() {
 	for {
 		var buf []byte
@@ -294,7 +283,7 @@ func (v *verifyingReader) readAhead() {
 		case <-v.stop:
 			return
 		}
-		n, err := io.ReadFull(v.r, buf)
+		n, err := io.ReadFull(v.r, buf[:cap(buf)])
 		if err == io.ErrUnexpectedEOF {
 			err = io.EOF
 		}
@@ -311,10 +300,14 @@ func (v *verifyingReader) readAhead() {
 
 func (v *verifyingReader) Read(p []byte) (int, error) {
 	for v.err == nil && v.off == len(v.cur.buf) {
-		if v.cur.buf != nil {
-			v.toHash <- v.cur.buf
-			v.cur.buf = nil
+		if v.cur.buf != nil && (len(v.cur.buf) > 0 || v.blocks == 0) {
+			b := v.cur.buf
+			v.hashes.hash(v.blocks, b, func() { v.free <- b })
+			v.blocks++
+		} else if v.cur.buf != nil {
+			v.free <- v.cur.buf
 		}
+		v.cur.buf = nil
 		if v.cur.err != nil {
 			v.err = v.finish(v.cur.err)
 			break
@@ -330,17 +323,16 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// finish checks the whole object once storage has reported the end (or an error).
+// finish checks the whole object once storage has reported its end (or an error).
 func (v *verifyingReader) finish(readErr error) error {
-	close(v.toHash)
-	got := <-v.hashed
+	got := v.hashes.root(v.blocks)
 	switch {
 	case readErr != io.EOF:
 		return fmt.Errorf("reading object %s: %w", v.obj.Name, readErr)
 	case v.n != v.obj.Size:
 		return v.c.corrupt("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
 	case got != v.obj.SHA256:
-		return v.c.corrupt("object %s has SHA-256 %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
+		return v.c.corrupt("object %s has SHA-256 hash list root %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
 	}
 	return io.EOF
 }
@@ -349,13 +341,7 @@ func (v *verifyingReader) Close() error {
 	if !v.closed {
 		v.closed = true
 		close(v.stop)
-		if v.err == nil { // abandoned early: let the hasher finish
-			if v.cur.buf != nil {
-				v.toHash <- v.cur.buf
-			}
-			close(v.toHash)
-			<-v.hashed
-		}
+		v.hashes.wait()
 	}
 	return v.r.Close()
 }

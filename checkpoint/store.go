@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -73,7 +73,7 @@ type Manifest struct {
 type Object struct {
 	Name   string `json:"name"`
 	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	SHA256 string `json:"sha256"` // hash list root over BlockSize blocks; see BlockSize
 }
 
 // Info is what the caller states about a checkpoint when committing it.
@@ -144,7 +144,11 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: creating %s: %w", name, err)
 	}
-	ow := &objectWriter{w: w, obj: &Object{Name: name}, hash: sha256.New(), sw: sw}
+	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(), sw: sw, free: make(chan []byte, writeBuffers)}
+	for range writeBuffers {
+		ow.free <- make([]byte, 0, BlockSize)
+	}
+	ow.block = <-ow.free
 	w.objects[name] = ow.obj
 	w.open++
 	return ow, nil
@@ -204,57 +208,56 @@ func (sw *syncedWriter) Close(failed error) error {
 }
 
 type objectWriter struct {
-	w    *Writer
-	obj  *Object
-	sw   *syncedWriter
-	hash hash.Hash
-	err  error
+	w      *Writer
+	obj    *Object
+	sw     *syncedWriter
+	hashes *hashList
+	block  []byte      // the block being filled
+	blocks int         // blocks handed to the hashers
+	free   chan []byte // block buffers not being hashed
+	err    error
 }
 
-// Write hashes p while it is written: both only read p, and on two cores the
-// pair takes as long as the slower one rather than their sum.
+// writeBuffers bounds the memory of one object being written: the block being
+// filled plus one per block being hashed.
+var writeBuffers = runtime.GOMAXPROCS(0) + 1
+
+// Write writes p to storage while earlier blocks hash on other cores, then
+// copies p into the block buffers it hashes next.
 func (o *objectWriter) Write(p []byte) (int, error) {
-	if len(p) < parallelHashMin {
-		n, err := o.sw.Write(p)
-		return o.account(p, n, err)
-	}
-	hashed := make(chan struct{})
-	go func() {
-		o.hash.Write(p)
-		close(hashed)
-	}()
 	n, err := o.sw.Write(p)
-	<-hashed
-	if n < len(p) { // a short write: hash what was written, not what was given
-		o.hash.Reset()
-		o.err = errors.Join(err, errors.New("short write; the object is discarded"))
-		return n, o.err
-	}
 	o.obj.Size += int64(n)
+	for rest := p[:n]; len(rest) > 0; {
+		k := min(len(rest), BlockSize-len(o.block))
+		o.block = append(o.block, rest[:k]...)
+		rest = rest[k:]
+		if len(o.block) == BlockSize {
+			o.flushBlock()
+		}
+	}
 	if err != nil {
 		o.err = err
 	}
 	return n, err
 }
 
-// parallelHashMin is the smallest write worth hashing on a second goroutine.
-const parallelHashMin = 256 << 10
-
-func (o *objectWriter) account(p []byte, n int, err error) (int, error) {
-	o.hash.Write(p[:n])
-	o.obj.Size += int64(n)
-	if err != nil {
-		o.err = err
-	}
-	return n, err
+func (o *objectWriter) flushBlock() {
+	b := o.block
+	o.hashes.hash(o.blocks, b, func() { o.free <- b[:0] })
+	o.blocks++
+	o.block = <-o.free
 }
 
 func (o *objectWriter) Close() error {
 	err := o.sw.Close(o.err)
+	if len(o.block) > 0 || o.blocks == 0 {
+		o.flushBlock()
+	}
+	root := o.hashes.root(o.blocks)
 	o.w.mu.Lock()
 	defer o.w.mu.Unlock()
 	o.w.open--
-	o.obj.SHA256 = hex.EncodeToString(o.hash.Sum(nil))
+	o.obj.SHA256 = root
 	if err != nil {
 		err = fmt.Errorf("checkpoint: writing %s: %w", o.obj.Name, err)
 		o.w.failed = errors.Join(o.w.failed, err)
