@@ -161,17 +161,11 @@ func medians(runs []map[int]float64) map[int]float64 {
 }
 
 func runOurAllReduce(ctx context.Context, world int, sizes []int) (map[int]float64, error) {
-	addrs, err := freeAddrs(world)
+	cmds, err := selfRanks(ctx, world, func(rank int, peers string) []string {
+		return append([]string{"allreduce-rank", strconv.Itoa(rank), peers}, sizeSpecs(sizes)...)
+	})
 	if err != nil {
 		return nil, err
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmds := make([]*exec.Cmd, world)
-	for r := range world {
-		cmds[r] = exec.CommandContext(ctx, self, append([]string{"allreduce-rank", strconv.Itoa(r), strings.Join(addrs, ",")}, sizeSpecs(sizes)...)...)
 	}
 	lines, err := runRanks(ctx, cmds, nil)
 	return perOp(lines), err
@@ -222,11 +216,10 @@ func allReduceRank(args []string) error {
 }
 
 func runGlooAllReduce(ctx context.Context, dir string, world int, sizes []int) (map[int]float64, error) {
-	addrs, err := freeAddrs(1)
+	port, err := masterPort()
 	if err != nil {
 		return nil, err
 	}
-	port := addrs[0][strings.LastIndex(addrs[0], ":")+1:]
 	cmds := make([]*exec.Cmd, world)
 	for r := range world {
 		cmds[r] = exec.CommandContext(ctx, "/usr/bin/python3", append([]string{filepath.Join(dir, "gloo_allreduce.py")}, sizeSpecs(sizes)...)...)

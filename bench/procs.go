@@ -52,6 +52,33 @@ func freeAddrs(n int) ([]string, error) {
 	return addrs, nil
 }
 
+// selfRanks makes one command per rank that runs this binary again, with the
+// arguments args gives for that rank and the comma-separated rank addresses.
+func selfRanks(ctx context.Context, world int, args func(rank int, peers string) []string) ([]*exec.Cmd, error) {
+	addrs, err := freeAddrs(world)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmds := make([]*exec.Cmd, world)
+	for r := range world {
+		cmds[r] = exec.CommandContext(ctx, self, args(r, strings.Join(addrs, ","))...)
+	}
+	return cmds, nil
+}
+
+// masterPort is a free loopback port for torch.distributed's rendezvous.
+func masterPort() (string, error) {
+	addrs, err := freeAddrs(1)
+	if err != nil {
+		return "", err
+	}
+	return addrs[0][strings.LastIndex(addrs[0], ":")+1:], nil
+}
+
 // runRanks starts one command per rank and collects the JSON lines they print;
 // lines that are not JSON objects go to onText (progress), if given.
 func runRanks(ctx context.Context, cmds []*exec.Cmd, onText func(rank int, line string)) ([]map[string]any, error) {

@@ -94,19 +94,15 @@ func meanOf(rows []map[string]any, key string) float64 {
 
 // runOurTraining trains with `ranks` rank processes and returns rank 0's epoch reports.
 func runOurTraining(ctx context.Context, f trainFlags, ranks, epochs int, show bool) ([]map[string]any, error) {
-	addrs, err := freeAddrs(ranks)
+	cmds, err := selfRanks(ctx, ranks, func(rank int, peers string) []string {
+		return []string{"train-rank", "-rank", strconv.Itoa(rank), "-peers", peers,
+			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data}
+	})
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmds := make([]*exec.Cmd, ranks)
-	for r := range ranks {
-		cmds[r] = exec.CommandContext(ctx, self, "train-rank", "-rank", strconv.Itoa(r), "-peers", strings.Join(addrs, ","),
-			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data)
-		cmds[r].Env = append(os.Environ(), "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "GOMAXPROCS=1")
+	for _, c := range cmds {
+		c.Env = append(os.Environ(), "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "GOMAXPROCS=1")
 	}
 	onText := func(rank int, line string) {
 		if show && rank == 0 {
@@ -130,11 +126,10 @@ func runOurTraining(ctx context.Context, f trainFlags, ranks, epochs int, show b
 }
 
 func runTorchTraining(ctx context.Context, dir, dataDir string, f trainFlags, ranks, epochs int) ([]map[string]any, error) {
-	addrs, err := freeAddrs(1)
+	port, err := masterPort()
 	if err != nil {
 		return nil, err
 	}
-	port := addrs[0][strings.LastIndex(addrs[0], ":")+1:]
 	cmds := make([]*exec.Cmd, ranks)
 	for r := range ranks {
 		cmds[r] = exec.CommandContext(ctx, "/usr/bin/python3", filepath.Join(dir, "torch_mlp.py"), "--data", dataDir,
