@@ -1,0 +1,106 @@
+package spec
+
+// Names shared by the workflows and the activities that serve them.
+const (
+	WorkflowTraining = "TrainingWorkflow"
+
+	ActivityHoldSlot       = "HoldSlot"       // reserves one GPU slot for a gang and holds it
+	ActivityRunEpoch       = "RunEpoch"       // one rank trains one epoch
+	ActivitySaveCheckpoint = "SaveCheckpoint" // rank 0 checkpoints its warm replica now
+
+	SignalSlotGranted = "slot-granted" // HoldSlot -> workflow: where the slot is
+	SignalStop        = "stop"         // user -> workflow: finish the epoch, checkpoint, complete
+	QueryProgress     = "progress"     // the run's Progress
+
+	// Application error types the workflow classifies failures by.
+	ErrUser      = "durabletrain.UserError" // bad spec, missing data, diverged: fail the run
+	ErrPreempted = "durabletrain.Preempted" // the worker is shutting down: its own budget
+)
+
+// Placement is where one rank of a gang runs, as its slot reports it.
+type Placement struct {
+	Rank       int    `json:"rank"`
+	Worker     string `json:"worker"`        // the worker's identity
+	HostQueue  string `json:"host_queue"`    // a task queue only that worker polls
+	Collective string `json:"collective"`    // its collective listener address
+	Slot       int    `json:"slot"`          // slot index on that worker
+	GPU        string `json:"gpu,omitempty"` // name and UUID; empty for a CPU slot
+}
+
+// HoldSlotInput asks a GPU agent for one slot of a gang.
+type HoldSlotInput struct {
+	WorkflowID string `json:"workflow_id"`
+	RunID      string `json:"run_id"`
+	Generation int    `json:"generation"`
+	Request    int    `json:"request"` // which of the gang's slots this is
+}
+
+// SlotGranted is the signal a held slot sends its workflow.
+type SlotGranted struct {
+	Generation int       `json:"generation"`
+	Request    int       `json:"request"`
+	Placement  Placement `json:"placement"`
+}
+
+// CheckpointRef points at a committed checkpoint; only references travel through Temporal.
+type CheckpointRef struct {
+	URL   string `json:"url"`
+	Run   string `json:"run"`
+	ID    string `json:"id"`
+	Epoch int    `json:"epoch"` // the cursor it resumes at
+	Step  int    `json:"step"`
+}
+
+// EpochInput is one rank's work for one epoch.
+type EpochInput struct {
+	Run        string   `json:"run"` // checkpoint run name
+	Generation int      `json:"generation"`
+	Rank       int      `json:"rank"`
+	Peers      []string `json:"peers"` // collective addresses by rank
+	Secret     []byte   `json:"secret"`
+	Epoch      int      `json:"epoch"`
+	Spec       Training `json:"spec"`
+	// Restore: where to start if the rank's warm replica is not at (Epoch, 0).
+	// Nil with a cold replica means a fresh start (or spec.ResumeFrom).
+	Restore *CheckpointRef `json:"restore,omitempty"`
+	// Checkpoint: rank 0 commits a checkpoint after the epoch.
+	Checkpoint bool `json:"checkpoint"`
+}
+
+// EpochResult is what a rank reports; rank 0's carries the checkpoint.
+type EpochResult struct {
+	Rank       int            `json:"rank"`
+	Metrics    EpochMetrics   `json:"metrics"`
+	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
+	Restored   *RestoreReport `json:"restored,omitempty"`
+}
+
+// EpochMetrics is one epoch's record in the run's history.
+type EpochMetrics struct {
+	Epoch            int     `json:"epoch"`
+	Steps            int     `json:"steps"`
+	TrainLoss        float64 `json:"train_loss"`
+	TestLoss         float64 `json:"test_loss"`
+	TestAccuracy     float64 `json:"test_accuracy"`
+	SamplesPerSecond float64 `json:"samples_per_second"`
+	Seconds          float64 `json:"seconds"`
+}
+
+// RestoreReport says where a rank's state came from, and which newer
+// checkpoints were skipped as corrupt (visible in the workflow's history).
+type RestoreReport struct {
+	From    CheckpointRef       `json:"from"`
+	Skipped []SkippedCheckpoint `json:"skipped,omitempty"`
+}
+
+type SkippedCheckpoint struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// SaveCheckpointInput asks rank 0 to checkpoint its warm replica.
+type SaveCheckpointInput struct {
+	Run        string   `json:"run"`
+	Generation int      `json:"generation"`
+	Spec       Training `json:"spec"`
+}

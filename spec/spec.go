@@ -1,0 +1,261 @@
+// Package spec owns the types that travel through Temporal between the
+// workflows and the activities of a training run: the user's Training spec
+// (JSON, with Ray Train's vocabulary), its defaults and validation, and the
+// inputs and results of the activities. It imports no Temporal package and
+// does no I/O, so workflows and activities can both depend on it.
+package spec
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Training is one training run, as `temporal workflow start --input` or the
+// starter gives it. Sections follow Ray Train: scaling (ScalingConfig),
+// checkpoint (CheckpointConfig), failure (FailureConfig).
+type Training struct {
+	// Name names the run's checkpoints in storage; default: the workflow ID.
+	Name string `json:"name,omitempty"`
+	// Trainer is the backend: "native" (default).
+	Trainer    string     `json:"trainer,omitempty"`
+	Model      Model      `json:"model"`
+	Dataset    Dataset    `json:"dataset"`
+	Hyper      Hyper      `json:"hyper"`
+	Scaling    Scaling    `json:"scaling"`
+	Checkpoint Checkpoint `json:"checkpoint"`
+	Failure    Failure    `json:"failure"`
+	// ResumeFrom starts from the latest verified checkpoint of another run (by name).
+	ResumeFrom string `json:"resume_from,omitempty"`
+}
+
+type Model struct {
+	Hidden []int `json:"hidden,omitempty"` // hidden layer widths; default [256, 128]
+}
+
+type Dataset struct {
+	URL string `json:"url,omitempty"` // gocloud.dev/blob URL of the Fashion-MNIST files
+}
+
+type Hyper struct {
+	Epochs      int     `json:"epochs,omitempty"`       // default 10
+	BatchSize   int     `json:"batch_size,omitempty"`   // per rank; default 128
+	Optimizer   string  `json:"optimizer,omitempty"`    // "adam" (default) or "sgd"
+	LR          float64 `json:"lr,omitempty"`           // default 1e-3 (adam), 0.01 (sgd)
+	Momentum    float64 `json:"momentum,omitempty"`     // sgd; default 0.9
+	WeightDecay float64 `json:"weight_decay,omitempty"` // default 0
+	Seed        uint64  `json:"seed,omitempty"`         // weights and data order
+}
+
+type Scaling struct {
+	Workers       int      `json:"workers,omitempty"`         // ranks; default 1
+	GPUsPerWorker int      `json:"gpus_per_worker,omitempty"` // slots per rank; default 1
+	TaskQueue     string   `json:"task_queue,omitempty"`      // the GPU agents' queue; default "durabletrain-gpu"
+	GangTimeout   Duration `json:"gang_timeout,omitempty"`    // to reserve every slot at once; default 2m
+}
+
+type Checkpoint struct {
+	URL         string `json:"url,omitempty"`          // gocloud.dev/blob URL; default DefaultCheckpointURL
+	EveryEpochs int    `json:"every_epochs,omitempty"` // default 1
+	KeepLast    int    `json:"keep_last,omitempty"`    // default 2; 0 is not allowed (use a large number)
+	KeepBest    int    `json:"keep_best,omitempty"`    // default 0
+	Score       string `json:"score,omitempty"`        // metric for keep_best; default "test_accuracy"
+	Mode        string `json:"mode,omitempty"`         // "max" (default) or "min"
+}
+
+type Failure struct {
+	MaxFailures      int      `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3
+	MaxPreemptions   int      `json:"max_preemptions,omitempty"`   // SIGTERMed workers tolerated; default 20
+	HeartbeatTimeout Duration `json:"heartbeat_timeout,omitempty"` // a rank silent this long is lost; default 10s
+}
+
+const (
+	DefaultTaskQueue     = "durabletrain-gpu"
+	DefaultDatasetURL    = "file:///usr/share/datasets/fashion-mnist"
+	DefaultCheckpointURL = "file:///var/lib/durabletrain/checkpoints?create_dir=1"
+	MaxWorkers           = 1024
+)
+
+// Parse decodes a spec strictly: a field it does not know is an error naming
+// it, so a typo cannot silently fall back to a default.
+func Parse(data []byte) (Training, error) {
+	var t Training
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return t, fmt.Errorf("spec: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return t, errors.New("spec: more than one JSON value")
+	}
+	return t, nil
+}
+
+// WithDefaults fills what was left out.
+func (t Training) WithDefaults() Training {
+	if t.Trainer == "" {
+		t.Trainer = "native"
+	}
+	if t.Model.Hidden == nil {
+		t.Model.Hidden = []int{256, 128}
+	}
+	if t.Dataset.URL == "" {
+		t.Dataset.URL = DefaultDatasetURL
+	}
+	h := &t.Hyper
+	if h.Epochs == 0 {
+		h.Epochs = 10
+	}
+	if h.BatchSize == 0 {
+		h.BatchSize = 128
+	}
+	if h.Optimizer == "" {
+		h.Optimizer = "adam"
+	}
+	if h.LR == 0 {
+		h.LR = map[string]float64{"adam": 1e-3, "sgd": 0.01}[h.Optimizer]
+	}
+	if h.Momentum == 0 && h.Optimizer == "sgd" {
+		h.Momentum = 0.9
+	}
+	s := &t.Scaling
+	if s.Workers == 0 {
+		s.Workers = 1
+	}
+	if s.GPUsPerWorker == 0 {
+		s.GPUsPerWorker = 1
+	}
+	if s.TaskQueue == "" {
+		s.TaskQueue = DefaultTaskQueue
+	}
+	if s.GangTimeout == 0 {
+		s.GangTimeout = Duration(2 * time.Minute)
+	}
+	c := &t.Checkpoint
+	if c.URL == "" {
+		c.URL = DefaultCheckpointURL
+	}
+	if c.EveryEpochs == 0 {
+		c.EveryEpochs = 1
+	}
+	if c.KeepLast == 0 {
+		c.KeepLast = 2
+	}
+	if c.Score == "" {
+		c.Score = "test_accuracy"
+	}
+	if c.Mode == "" {
+		c.Mode = "max"
+	}
+	f := &t.Failure
+	if f.MaxFailures == 0 {
+		f.MaxFailures = 3
+	}
+	if f.MaxPreemptions == 0 {
+		f.MaxPreemptions = 20
+	}
+	if f.HeartbeatTimeout == 0 {
+		f.HeartbeatTimeout = Duration(10 * time.Second)
+	}
+	return t
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@-]{0,199}$`)
+
+// urlPattern accepts the blob URL schemes gocloud.dev knows.
+var urlPattern = regexp.MustCompile(`^(file|mem|s3|gs|azblob)://`)
+
+// Validate names the first field out of range, its value, and what is
+// accepted. Call it on a spec with defaults filled.
+func (t Training) Validate() error {
+	bad := func(field string, value any, want string) error {
+		return fmt.Errorf("spec: %s is %v; want %s", field, value, want)
+	}
+	h, s, c, f := t.Hyper, t.Scaling, t.Checkpoint, t.Failure
+	switch {
+	case t.Name != "" && !namePattern.MatchString(t.Name):
+		return bad("name", fmt.Sprintf("%q", t.Name), "1-200 letters, digits or ._=+@-, starting with a letter or digit")
+	case t.Trainer != "native":
+		return bad("trainer", fmt.Sprintf("%q", t.Trainer), `"native"`)
+	case len(t.Model.Hidden) > 16:
+		return bad("model.hidden", t.Model.Hidden, "at most 16 hidden layers")
+	case !urlPattern.MatchString(t.Dataset.URL):
+		return bad("dataset.url", fmt.Sprintf("%q", t.Dataset.URL), "a file://, s3://, gs://, azblob:// or mem:// URL")
+	case h.Epochs < 1 || h.Epochs > 100000:
+		return bad("hyper.epochs", h.Epochs, "1 to 100000")
+	case h.BatchSize < 1 || h.BatchSize > 65536:
+		return bad("hyper.batch_size", h.BatchSize, "1 to 65536 examples per rank")
+	case h.Optimizer != "adam" && h.Optimizer != "sgd":
+		return bad("hyper.optimizer", fmt.Sprintf("%q", h.Optimizer), `"adam" or "sgd"`)
+	case !(h.LR > 0 && h.LR < 10) || math.IsNaN(h.LR):
+		return bad("hyper.lr", h.LR, "a number in (0, 10)")
+	case h.Momentum < 0 || h.Momentum >= 1:
+		return bad("hyper.momentum", h.Momentum, "a number in [0, 1)")
+	case h.WeightDecay < 0 || h.WeightDecay >= 1:
+		return bad("hyper.weight_decay", h.WeightDecay, "a number in [0, 1)")
+	case s.Workers < 1 || s.Workers > MaxWorkers:
+		return bad("scaling.workers", s.Workers, fmt.Sprintf("1 to %d ranks", MaxWorkers))
+	case s.GPUsPerWorker != 1:
+		return bad("scaling.gpus_per_worker", s.GPUsPerWorker, "1 (one rank per GPU slot)")
+	case s.TaskQueue == "" || strings.ContainsAny(s.TaskQueue, " /"):
+		return bad("scaling.task_queue", fmt.Sprintf("%q", s.TaskQueue), "a task queue name without spaces or slashes")
+	case s.GangTimeout < Duration(time.Second):
+		return bad("scaling.gang_timeout", s.GangTimeout, "at least 1s")
+	case !urlPattern.MatchString(c.URL):
+		return bad("checkpoint.url", fmt.Sprintf("%q", c.URL), "a file://, s3://, gs://, azblob:// or mem:// URL")
+	case c.EveryEpochs < 1:
+		return bad("checkpoint.every_epochs", c.EveryEpochs, "1 or more")
+	case c.KeepLast < 1:
+		return bad("checkpoint.keep_last", c.KeepLast, "1 or more")
+	case c.KeepBest < 0:
+		return bad("checkpoint.keep_best", c.KeepBest, "0 or more")
+	case c.Score != "test_accuracy" && c.Score != "test_loss" && c.Score != "train_loss":
+		return bad("checkpoint.score", fmt.Sprintf("%q", c.Score), `"test_accuracy", "test_loss" or "train_loss"`)
+	case c.Mode != "max" && c.Mode != "min":
+		return bad("checkpoint.mode", fmt.Sprintf("%q", c.Mode), `"max" or "min"`)
+	case f.MaxFailures < 0:
+		return bad("failure.max_failures", f.MaxFailures, "0 or more")
+	case f.MaxPreemptions < 0:
+		return bad("failure.max_preemptions", f.MaxPreemptions, "0 or more")
+	case f.HeartbeatTimeout < Duration(time.Second) || f.HeartbeatTimeout > Duration(10*time.Minute):
+		return bad("failure.heartbeat_timeout", f.HeartbeatTimeout, "1s to 10m")
+	case t.ResumeFrom != "" && !namePattern.MatchString(t.ResumeFrom):
+		return bad("resume_from", fmt.Sprintf("%q", t.ResumeFrom), "the name of an earlier run")
+	}
+	for i, w := range t.Model.Hidden {
+		if w < 1 || w > 65536 {
+			return bad(fmt.Sprintf("model.hidden[%d]", i), w, "a width from 1 to 65536")
+		}
+	}
+	return nil
+}
+
+// Duration is a time.Duration written in JSON as "10s", "2m30s" (or a number of seconds).
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: want a Go duration such as \"10s\" or \"2m\"", s)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err != nil {
+		return fmt.Errorf("duration %s: want a string such as \"10s\" or a number of seconds", b)
+	}
+	*d = Duration(secs * float64(time.Second))
+	return nil
+}

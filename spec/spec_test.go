@@ -1,0 +1,58 @@
+package spec
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFillsDefaultsAndValidates(t *testing.T) {
+	s, err := Parse([]byte(`{"scaling": {"workers": 2, "gang_timeout": "30s"}, "failure": {"heartbeat_timeout": 5}, "hyper": {"epochs": 3}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = s.WithDefaults()
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Scaling.Workers != 2 || s.Scaling.GangTimeout != Duration(30*time.Second) || s.Failure.HeartbeatTimeout != Duration(5*time.Second) {
+		t.Fatalf("parsed %+v", s)
+	}
+	if s.Hyper.Epochs != 3 || s.Hyper.BatchSize != 128 || s.Hyper.LR != 1e-3 || s.Scaling.TaskQueue != DefaultTaskQueue || s.Checkpoint.KeepLast != 2 {
+		t.Fatalf("defaults %+v", s)
+	}
+}
+
+func TestParseNamesUnknownFields(t *testing.T) {
+	_, err := Parse([]byte(`{"model": {"hiden": [64]}}`))
+	if err == nil || !strings.Contains(err.Error(), `unknown field "hiden"`) {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := Parse([]byte(`{"failure": {"heartbeat_timeout": "ten seconds"}}`)); err == nil || !strings.Contains(err.Error(), `"10s"`) {
+		t.Fatalf("bad duration: %v", err)
+	}
+}
+
+func TestValidateNamesFieldValueAndWhatIsAccepted(t *testing.T) {
+	for _, tc := range []struct {
+		edit func(*Training)
+		want string
+	}{
+		{func(s *Training) { s.Scaling.Workers = -1 }, "scaling.workers is -1; want 1 to 1024 ranks"},
+		{func(s *Training) { s.Hyper.Optimizer = "lbfgs" }, `hyper.optimizer is "lbfgs"; want "adam" or "sgd"`},
+		{func(s *Training) { s.Hyper.LR = 12 }, "hyper.lr is 12; want a number in (0, 10)"},
+		{func(s *Training) { s.Model.Hidden = []int{64, 0} }, "model.hidden[1] is 0"},
+		{func(s *Training) { s.Checkpoint.URL = "/tmp/x" }, `checkpoint.url is "/tmp/x"; want a file://`},
+		{func(s *Training) { s.Checkpoint.Mode = "up" }, `checkpoint.mode is "up"`},
+		{func(s *Training) { s.Failure.HeartbeatTimeout = Duration(time.Hour) }, "failure.heartbeat_timeout is 1h0m0s; want 1s to 10m"},
+		{func(s *Training) { s.Name = "a/b" }, `name is "a/b"`},
+		{func(s *Training) { s.Trainer = "jax" }, `trainer is "jax"; want "native"`},
+		{func(s *Training) { s.Scaling.GPUsPerWorker = 2 }, "scaling.gpus_per_worker is 2"},
+	} {
+		s := Training{}.WithDefaults()
+		tc.edit(&s)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+}
