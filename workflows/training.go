@@ -1,0 +1,482 @@
+package workflows
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// Run states shown by the progress query and the Temporal UI.
+const (
+	StateFormingGang = "forming-gang"
+	StateTraining    = "training"
+	StateRecovering  = "recovering"
+	StateCompleted   = "completed"
+	StateStopped     = "stopped"
+	StateFailed      = "failed"
+)
+
+// Progress is the run as the progress query shows it; it is also the state
+// that continue-as-new carries and the workflow's result.
+type Progress struct {
+	State       string              `json:"state"`
+	Run         string              `json:"run"`   // checkpoint run name
+	Epoch       int                 `json:"epoch"` // epochs done
+	Epochs      int                 `json:"epochs"`
+	Generation  int                 `json:"generation"` // gangs formed so far
+	Gang        []spec.Placement    `json:"gang,omitempty"`
+	Metrics     []spec.EpochMetrics `json:"metrics,omitempty"`
+	Failures    int                 `json:"failures"`
+	Preemptions int                 `json:"preemptions"`
+	Incidents   []Incident          `json:"incidents,omitempty"`
+	Latest      *spec.CheckpointRef `json:"latest_checkpoint,omitempty"`
+	Stopping    bool                `json:"stopping,omitempty"`
+}
+
+// Incident records a failure, a preemption, or a checkpoint skipped as corrupt.
+type Incident struct {
+	Generation int    `json:"generation"`
+	Epoch      int    `json:"epoch"`
+	Kind       string `json:"kind"` // "failure", "preemption", "gang-timeout", "corrupt-checkpoint"
+	Detail     string `json:"detail"`
+}
+
+// input is what the workflow decodes: a spec, and on continue-as-new the state.
+const continuedKey = "continued"
+
+// ContinueAsNewAfterEvents bounds the history of one run (Temporal caps it at
+// 51,200 events): past it, at an epoch boundary, the run continues as new.
+var ContinueAsNewAfterEvents = 10000
+
+var (
+	gangBackoffBase = 5 * time.Second
+	gangBackoffMax  = 2 * time.Minute
+)
+
+// TrainingWorkflow runs one training run. Its input is the JSON spec (see
+// package spec): `temporal workflow start --type TrainingWorkflow --input '{...}'`.
+func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*Progress, error) {
+	s, p, err := decodeInput(input)
+	if err == nil {
+		s = s.WithDefaults()
+		err = s.Validate()
+	}
+	if err != nil {
+		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
+	}
+	info := workflow.GetInfo(ctx)
+	if p == nil {
+		p = &Progress{Run: s.Name, Epochs: s.Hyper.Epochs}
+		if p.Run == "" {
+			p.Run = runName(info.WorkflowExecution.ID)
+		}
+	}
+	r := &run{spec: s, p: p, stop: workflow.GetSignalChannel(ctx, spec.SignalStop),
+		grants: workflow.GetSignalChannel(ctx, spec.SignalSlotGranted)}
+	if err := workflow.SetQueryHandler(ctx, spec.QueryProgress, func() (*Progress, error) { return r.p, nil }); err != nil {
+		return nil, err
+	}
+	return r.train(ctx)
+}
+
+type run struct {
+	spec   spec.Training
+	p      *Progress
+	stop   workflow.ReceiveChannel
+	grants workflow.ReceiveChannel
+	gang   *gang
+}
+
+// gang is a reserved set of slots, one per rank, held by HoldSlot activities.
+type gang struct {
+	generation int
+	placements []spec.Placement
+	holds      []workflow.Future
+	release    workflow.CancelFunc
+	secret     []byte
+	warm       bool // the ranks hold the model in memory at the current cursor
+}
+
+func (r *run) train(ctx workflow.Context) (*Progress, error) {
+	logger := workflow.GetLogger(ctx)
+	for r.p.Epoch < r.p.Epochs {
+		r.checkStop()
+		if r.p.Stopping {
+			break
+		}
+		if r.gang == nil {
+			r.setState(ctx, StateFormingGang)
+			if err := r.formGang(ctx); err != nil {
+				if errors.Is(err, errStopped) {
+					break
+				}
+				return r.fail(ctx, err)
+			}
+		}
+		r.setState(ctx, StateTraining)
+		epoch := r.p.Epoch
+		res, err := r.runEpoch(ctx, epoch)
+		if err != nil {
+			r.releaseGang()
+			if budgetErr := r.countFailure(ctx, epoch, err); budgetErr != nil {
+				return r.fail(ctx, budgetErr)
+			}
+			r.setState(ctx, StateRecovering)
+			logger.Warn("epoch failed; forming a new gang", "epoch", epoch, "error", err)
+			continue
+		}
+		r.record(ctx, res)
+		if n := workflow.GetInfo(ctx).GetCurrentHistoryLength(); r.p.Epoch < r.p.Epochs && !r.p.Stopping &&
+			(n >= ContinueAsNewAfterEvents || workflow.GetInfo(ctx).GetContinueAsNewSuggested()) {
+			r.releaseGang()
+			next, err := encodeInput(r.spec, r.p)
+			if err != nil {
+				return nil, err
+			}
+			return nil, workflow.NewContinueAsNewError(ctx, spec.WorkflowTraining, next)
+		}
+	}
+	r.checkStop()
+	if r.p.Stopping && r.gang != nil && (r.p.Latest == nil || r.p.Latest.Epoch < r.p.Epoch) && r.p.Epoch > 0 {
+		if err := r.saveCheckpoint(ctx); err != nil {
+			logger.Warn("final checkpoint on stop failed", "error", err)
+		}
+	}
+	r.releaseGang()
+	if r.p.Stopping && r.p.Epoch < r.p.Epochs {
+		r.setState(ctx, StateStopped)
+	} else {
+		r.setState(ctx, StateCompleted)
+	}
+	return r.p, nil
+}
+
+func (r *run) checkStop() {
+	for r.stop.ReceiveAsync(nil) {
+		r.p.Stopping = true
+	}
+}
+
+var errStopped = errors.New("stopped while forming a gang")
+
+// formGang reserves every slot at once or none: on timeout it releases what it
+// holds and backs off with jitter, so that runs competing for too few slots
+// take turns instead of each holding part of a gang.
+func (r *run) formGang(ctx workflow.Context) error {
+	for attempt := 0; ; attempt++ {
+		r.p.Generation++
+		gen := r.p.Generation
+		g, err := r.reserve(ctx, gen)
+		if err == nil {
+			r.gang = g
+			r.p.Gang = g.placements
+			return nil
+		}
+		if errors.Is(err, errStopped) {
+			return err
+		}
+		r.p.Incidents = append(r.p.Incidents, Incident{Generation: gen, Epoch: r.p.Epoch, Kind: "gang-timeout", Detail: err.Error()})
+		var jitter time.Duration
+		workflow.SideEffect(ctx, func(workflow.Context) any {
+			return time.Duration(time.Now().UnixNano() % int64(gangBackoffBase))
+		}).Get(&jitter)
+		backoff := min(gangBackoffBase<<min(attempt, 5), gangBackoffMax) + jitter
+		workflow.GetLogger(ctx).Info("gang not formed; backing off", "generation", gen, "backoff", backoff, "error", err)
+		sel := workflow.NewSelector(ctx)
+		sel.AddFuture(workflow.NewTimer(ctx, backoff), func(workflow.Future) {})
+		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
+		sel.Select(ctx)
+		if r.p.Stopping {
+			return errStopped
+		}
+	}
+}
+
+// reserve starts one HoldSlot per rank and waits until each has signalled its
+// placement, one of them fails, the gang timeout passes, or a stop arrives.
+func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
+	workers := r.spec.Scaling.Workers
+	holdCtx, release := workflow.WithCancel(ctx)
+	holdCtx = workflow.WithActivityOptions(holdCtx, workflow.ActivityOptions{
+		TaskQueue:              r.spec.Scaling.TaskQueue,
+		ScheduleToStartTimeout: time.Duration(r.spec.Scaling.GangTimeout),
+		StartToCloseTimeout:    365 * 24 * time.Hour,
+		HeartbeatTimeout:       time.Duration(r.spec.Failure.HeartbeatTimeout),
+		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1},
+	})
+	info := workflow.GetInfo(ctx)
+	g := &gang{generation: gen, release: release, placements: make([]spec.Placement, workers), holds: make([]workflow.Future, workers)}
+	granted := make([]bool, workers)
+	for i := range workers {
+		g.holds[i] = workflow.ExecuteActivity(holdCtx, spec.ActivityHoldSlot, spec.HoldSlotInput{
+			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: i})
+	}
+	var secret []byte
+	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
+	g.secret = secret
+
+	timedOut := false
+	var holdErr error
+	timerCtx, cancelTimer := workflow.WithCancel(ctx)
+	defer cancelTimer()
+	timer := workflow.NewTimer(timerCtx, time.Duration(r.spec.Scaling.GangTimeout))
+	count := 0
+	for count < workers && !timedOut && holdErr == nil && !r.p.Stopping {
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
+			var s spec.SlotGranted
+			c.Receive(ctx, &s)
+			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] {
+				return // a slot of an older gang, or a duplicate
+			}
+			granted[s.Request] = true
+			g.placements[s.Request] = s.Placement
+			count++
+		})
+		sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
+		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
+		for i, h := range g.holds {
+			sel.AddFuture(h, func(f workflow.Future) {
+				err := f.Get(ctx, nil)
+				holdErr = fmt.Errorf("slot %d ended before the gang formed: %v", i, err)
+			})
+		}
+		sel.Select(ctx)
+	}
+	switch {
+	case r.p.Stopping:
+		release()
+		return nil, errStopped
+	case holdErr != nil:
+		release()
+		return nil, holdErr
+	case timedOut:
+		release()
+		return nil, fmt.Errorf("only %d of %d slots on task queue %q within scaling.gang_timeout %v", count, workers, r.spec.Scaling.TaskQueue, r.spec.Scaling.GangTimeout)
+	}
+	for i := range g.placements {
+		g.placements[i].Rank = i
+	}
+	return g, nil
+}
+
+func (r *run) releaseGang() {
+	if r.gang != nil {
+		r.gang.release()
+		r.gang = nil
+		r.p.Gang = nil
+	}
+}
+
+// runEpoch runs one RunEpoch per rank on the rank's own worker, in parallel.
+// The first failure of a rank, or the loss of a slot's lease, cancels the rest.
+func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error) {
+	g := r.gang
+	epochCtx, cancel := workflow.WithCancel(ctx)
+	defer cancel()
+	peers := make([]string, len(g.placements))
+	for i, pl := range g.placements {
+		peers[i] = pl.Collective
+	}
+	checkpoint := (epoch+1)%r.spec.Checkpoint.EveryEpochs == 0 || epoch+1 == r.p.Epochs
+	futures := make([]workflow.Future, len(g.placements))
+	for rank, pl := range g.placements {
+		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
+			TaskQueue:           pl.HostQueue,
+			StartToCloseTimeout: 7 * 24 * time.Hour,
+			HeartbeatTimeout:    time.Duration(r.spec.Failure.HeartbeatTimeout),
+			RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
+		})
+		futures[rank] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, spec.EpochInput{
+			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, Secret: g.secret,
+			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Checkpoint: checkpoint,
+		})
+	}
+	results := make([]spec.EpochResult, len(futures))
+	done := 0
+	var firstErr error
+	sel := workflow.NewSelector(ctx)
+	for rank, f := range futures {
+		sel.AddFuture(f, func(f workflow.Future) {
+			done++
+			if err := f.Get(ctx, &results[rank]); err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("rank %d on %s: %w", rank, g.placements[rank].Worker, err)
+			}
+		})
+	}
+	for i, h := range g.holds {
+		sel.AddFuture(h, func(f workflow.Future) {
+			err := f.Get(ctx, nil)
+			if firstErr == nil {
+				firstErr = fmt.Errorf("lost the slot of rank %d on %s: %w", i, g.placements[i].Worker, leaseErr(err))
+			}
+		})
+	}
+	for done < len(futures) && firstErr == nil {
+		sel.Select(ctx)
+	}
+	if firstErr != nil {
+		return spec.EpochResult{}, firstErr
+	}
+	return results[0], nil
+}
+
+func leaseErr(err error) error {
+	if err == nil {
+		return errors.New("the slot was released by its worker")
+	}
+	return err
+}
+
+func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
+	r.p.Metrics = append(r.p.Metrics, res.Metrics)
+	r.p.Epoch++
+	if res.Checkpoint != nil {
+		r.p.Latest = res.Checkpoint
+	}
+	if res.Restored != nil {
+		for _, s := range res.Restored.Skipped {
+			r.p.Incidents = append(r.p.Incidents, Incident{Generation: r.p.Generation, Epoch: res.Metrics.Epoch, Kind: "corrupt-checkpoint", Detail: s.ID + ": " + s.Reason})
+		}
+	}
+	r.gang.warm = true
+	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
+		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
+}
+
+// countFailure charges an epoch's failure to the right budget, or returns the
+// error that ends the run: a user error, or an exhausted budget.
+func (r *run) countFailure(ctx workflow.Context, epoch int, err error) error {
+	kind := classify(err)
+	inc := Incident{Generation: r.p.Generation, Epoch: epoch, Detail: err.Error()}
+	switch kind {
+	case spec.ErrUser:
+		return err
+	case spec.ErrPreempted:
+		inc.Kind = "preemption"
+		r.p.Preemptions++
+		r.p.Incidents = append(r.p.Incidents, inc)
+		if r.p.Preemptions > r.spec.Failure.MaxPreemptions {
+			return fmt.Errorf("%d preemptions exceed failure.max_preemptions %d; last: %w", r.p.Preemptions, r.spec.Failure.MaxPreemptions, err)
+		}
+	default:
+		inc.Kind = "failure"
+		r.p.Failures++
+		r.p.Incidents = append(r.p.Incidents, inc)
+		if r.p.Failures > r.spec.Failure.MaxFailures {
+			return fmt.Errorf("%d failures exceed failure.max_failures %d; last: %w", r.p.Failures, r.spec.Failure.MaxFailures, err)
+		}
+	}
+	return nil
+}
+
+// classify tells user errors and preemptions from infrastructure failures.
+func classify(err error) string {
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) {
+		switch app.Type() {
+		case spec.ErrUser, spec.ErrPreempted:
+			return app.Type()
+		}
+	}
+	return "infrastructure"
+}
+
+func (r *run) saveCheckpoint(ctx workflow.Context) error {
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		TaskQueue:           r.gang.placements[0].HostQueue,
+		StartToCloseTimeout: time.Hour,
+		HeartbeatTimeout:    time.Duration(r.spec.Failure.HeartbeatTimeout),
+		RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
+	})
+	var ref spec.CheckpointRef
+	if err := workflow.ExecuteActivity(actx, spec.ActivitySaveCheckpoint, spec.SaveCheckpointInput{
+		Run: r.p.Run, Generation: r.gang.generation, Spec: r.spec}).Get(ctx, &ref); err != nil {
+		return err
+	}
+	r.p.Latest = &ref
+	return nil
+}
+
+func (r *run) fail(ctx workflow.Context, err error) (*Progress, error) {
+	r.releaseGang()
+	r.setState(ctx, StateFailed)
+	if classify(err) == spec.ErrUser {
+		return r.p, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, err)
+	}
+	return r.p, temporal.NewNonRetryableApplicationError(err.Error(), "durabletrain.BudgetExhausted", err)
+}
+
+// setState updates the state and the text the Temporal UI shows for the run.
+func (r *run) setState(ctx workflow.Context, state string) {
+	r.p.State = state
+	var b strings.Builder
+	fmt.Fprintf(&b, "**%s** · epoch %d/%d", state, r.p.Epoch, r.p.Epochs)
+	if n := len(r.p.Metrics); n > 0 {
+		m := r.p.Metrics[n-1]
+		fmt.Fprintf(&b, " · test accuracy %.4f · loss %.4f · %.0f samples/s", m.TestAccuracy, m.TrainLoss, m.SamplesPerSecond)
+	}
+	if len(r.p.Gang) > 0 {
+		workers := make([]string, len(r.p.Gang))
+		for i, pl := range r.p.Gang {
+			workers[i] = pl.Worker
+		}
+		fmt.Fprintf(&b, " · gang %d on %s", r.p.Generation, strings.Join(workers, ", "))
+	}
+	if r.p.Failures+r.p.Preemptions > 0 {
+		fmt.Fprintf(&b, " · %d failures, %d preemptions", r.p.Failures, r.p.Preemptions)
+	}
+	workflow.SetCurrentDetails(ctx, b.String())
+}
+
+var unsafeRunChars = regexp.MustCompile(`[^A-Za-z0-9._=+@-]`)
+
+// runName turns a workflow ID into a checkpoint run name.
+func runName(workflowID string) string {
+	n := unsafeRunChars.ReplaceAllString(workflowID, "-")
+	n = strings.TrimLeft(n, "._=+@-")
+	if n == "" {
+		n = "run"
+	}
+	if len(n) > 200 {
+		n = n[:200]
+	}
+	return n
+}
+
+// decodeInput reads the spec strictly, and the carried state if this run continues another.
+func decodeInput(raw json.RawMessage) (spec.Training, *Progress, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return spec.Training{}, nil, fmt.Errorf("spec: the input is not a JSON object: %v", err)
+	}
+	var p *Progress
+	if c, ok := fields[continuedKey]; ok {
+		if err := json.Unmarshal(c, &p); err != nil {
+			return spec.Training{}, nil, fmt.Errorf("continued state: %v", err)
+		}
+		delete(fields, continuedKey)
+		raw, _ = json.Marshal(fields)
+	}
+	s, err := spec.Parse(raw)
+	return s, p, err
+}
+
+func encodeInput(s spec.Training, p *Progress) (json.RawMessage, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	json.Unmarshal(b, &fields)
+	fields[continuedKey], _ = json.Marshal(p)
+	return json.Marshal(fields)
+}

@@ -1,0 +1,317 @@
+package workflows
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// harness runs TrainingWorkflow on the SDK's test environment with fake GPU
+// agents: HoldSlot blocks until released, and grants arrive as signals.
+type harness struct {
+	t    *testing.T
+	env  *testsuite.TestWorkflowEnvironment
+	mu   sync.Mutex
+	runs []spec.EpochInput // RunEpoch calls, in order
+	// epoch decides each RunEpoch call's outcome; nil means success.
+	epoch func(in spec.EpochInput) error
+	// hold is what a HoldSlot does; nil holds the slot until released.
+	hold  func(ctx context.Context, in spec.HoldSlotInput) error
+	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
+	grants map[int]int
+	saves int
+}
+
+func newHarness(t *testing.T) *harness {
+	var suite testsuite.WorkflowTestSuite
+	h := &harness{t: t, env: suite.NewTestWorkflowEnvironment(), grants: map[int]int{}}
+	h.env.SetTestTimeout(20 * time.Second)
+	h.env.RegisterWorkflowWithOptions(TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.HoldSlotInput) error {
+		h.mu.Lock()
+		grant := h.grants[in.Generation]
+		h.mu.Unlock()
+		if in.Request < grant { // this fake agent has a slot for it: tell the workflow where
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: spec.Placement{
+				Worker: fmt.Sprintf("host-%d", (in.Request+in.Generation)%3), HostQueue: fmt.Sprintf("q-%d-%d", in.Generation, in.Request),
+				Collective: fmt.Sprintf("10.0.0.%d:7070", in.Request)}})
+		}
+		if h.hold != nil {
+			return h.hold(ctx, in)
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
+	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.EpochInput) (spec.EpochResult, error) {
+		h.mu.Lock()
+		h.runs = append(h.runs, in)
+		h.mu.Unlock()
+		if h.epoch != nil {
+			if err := h.epoch(in); err != nil {
+				return spec.EpochResult{}, err
+			}
+		}
+		res := spec.EpochResult{Rank: in.Rank, Metrics: spec.EpochMetrics{Epoch: in.Epoch, Steps: 10, TestAccuracy: 0.5 + 0.01*float64(in.Epoch)}}
+		if in.Rank == 0 && in.Checkpoint {
+			res.Checkpoint = &spec.CheckpointRef{URL: in.Spec.Checkpoint.URL, Run: in.Run, ID: fmt.Sprintf("ckpt-e%06d", in.Epoch+1), Epoch: in.Epoch + 1}
+		}
+		return res, nil
+	}, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
+	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.SaveCheckpointInput) (spec.CheckpointRef, error) {
+		h.mu.Lock()
+		h.saves++
+		h.mu.Unlock()
+		return spec.CheckpointRef{Run: in.Run, ID: "ckpt-on-stop"}, nil
+	}, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
+	return h
+}
+
+// grant makes the fake agents grant `slots` of generation gen's slot requests.
+func (h *harness) grant(gen, slots int, _ time.Duration) {
+	h.mu.Lock()
+	h.grants[gen] = slots
+	h.mu.Unlock()
+}
+
+func (h *harness) start(specJSON string) (*Progress, error) {
+	h.env.ExecuteWorkflow(spec.WorkflowTraining, json.RawMessage(specJSON))
+	if !h.env.IsWorkflowCompleted() {
+		h.t.Fatal("the workflow did not complete")
+	}
+	var p *Progress
+	err := h.env.GetWorkflowResult(&p)
+	return p, err
+}
+
+func TestHappyPath(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, time.Second)
+	p, err := h.start(`{"name": "demo", "hyper": {"epochs": 3}, "scaling": {"workers": 2}, "checkpoint": {"every_epochs": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != StateCompleted || p.Epoch != 3 || len(p.Metrics) != 3 || p.Generation != 1 || p.Failures != 0 {
+		t.Fatalf("progress %+v", p)
+	}
+	if len(h.runs) != 6 {
+		t.Fatalf("%d RunEpoch calls, want 6", len(h.runs))
+	}
+	for _, in := range h.runs {
+		if in.Run != "demo" || len(in.Peers) != 2 || len(in.Secret) != 32 || in.Generation != 1 {
+			t.Fatalf("epoch input %+v", in)
+		}
+		// every_epochs 2: checkpoints after epoch 1 (the 2nd) and after the last.
+		if want := in.Epoch == 1 || in.Epoch == 2; in.Checkpoint != want {
+			t.Fatalf("epoch %d checkpoint=%v", in.Epoch, in.Checkpoint)
+		}
+		if in.Peers[in.Rank] != fmt.Sprintf("10.0.0.%d:7070", in.Rank) {
+			t.Fatalf("rank %d sent to peers %v", in.Rank, in.Peers)
+		}
+	}
+	if p.Latest == nil || p.Latest.Epoch != 3 {
+		t.Fatalf("latest checkpoint %+v", p.Latest)
+	}
+}
+
+func TestBadSpecFailsAtOnceNamingTheField(t *testing.T) {
+	for spec, want := range map[string]string{
+		`{"scaling": {"workers": 0, "gang_timeout": "1ms"}}`: "scaling.gang_timeout is 1ms; want at least 1s",
+		`{"model": {"hiden": [3]}}`:                          `unknown field "hiden"`,
+		`[1, 2]`:                                             "not a JSON object",
+	} {
+		h := newHarness(t)
+		_, err := h.start(spec)
+		var app *temporal.ApplicationError
+		if !errors.As(err, &app) || !app.NonRetryable() || !strings.Contains(err.Error(), want) {
+			t.Errorf("spec %s: got %v, want a non-retryable error containing %q", spec, err, want)
+		}
+		if len(h.runs) != 0 {
+			t.Errorf("spec %s: %d epochs ran", spec, len(h.runs))
+		}
+	}
+}
+
+func TestRankFailureReformsTheGangAndResumes(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, time.Second)
+	h.grant(2, 2, 10*time.Second)
+	failed := false
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 2 && in.Rank == 1 && !failed {
+			failed = true
+			return errors.New("collective: rank 0 failed: connection lost")
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 4}, "scaling": {"workers": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != StateCompleted || p.Epoch != 4 || p.Failures != 1 || p.Generation != 2 {
+		t.Fatalf("progress %+v", p)
+	}
+	if len(p.Incidents) != 1 || p.Incidents[0].Kind != "failure" || !strings.Contains(p.Incidents[0].Detail, "rank 1") {
+		t.Fatalf("incidents %+v", p.Incidents)
+	}
+	// The retried epoch 2 runs on the new gang and resumes from the epoch-2 checkpoint.
+	last := h.runs[len(h.runs)-3]
+	if last.Epoch != 2 || last.Generation != 2 || last.Restore == nil || last.Restore.Epoch != 2 {
+		t.Fatalf("retried epoch input %+v", last)
+	}
+}
+
+func TestLostLeaseFailsTheEpoch(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, time.Second)
+	h.grant(2, 2, 10*time.Second)
+	// Generation 1's slot 1 lease times out (its worker died) while epoch 0 trains.
+	var once sync.Once
+	h.hold = func(ctx context.Context, in spec.HoldSlotInput) error {
+		if in.Generation == 1 && in.Request == 1 {
+			dead := false
+			once.Do(func() { dead = true })
+			if dead {
+				time.Sleep(50 * time.Millisecond)
+				return temporal.NewTimeoutError(0, errors.New("heartbeat timeout"))
+			}
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Generation == 1 {
+			time.Sleep(200 * time.Millisecond) // training while the lease expires
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 2}, "scaling": {"workers": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Failures != 1 || p.Generation != 2 || p.Epoch != 2 || !strings.Contains(p.Incidents[0].Detail, "lost the slot of rank 1") {
+		t.Fatalf("progress %+v", p)
+	}
+}
+
+func TestFailureBudgetExhaustedFailsTheRun(t *testing.T) {
+	h := newHarness(t)
+	for gen := 1; gen <= 3; gen++ {
+		h.grant(gen, 1, time.Duration(gen)*10*time.Second)
+	}
+	h.epoch = func(in spec.EpochInput) error { return errors.New("worker lost") }
+	p, err := h.start(`{"hyper": {"epochs": 2}, "failure": {"max_failures": 1}}`)
+	if err == nil || !strings.Contains(err.Error(), "2 failures exceed failure.max_failures 1") {
+		t.Fatalf("got %v", err)
+	}
+	_ = p
+}
+
+func TestUserErrorFailsFast(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, time.Second)
+	h.epoch = func(in spec.EpochInput) error {
+		return temporal.NewNonRetryableApplicationError("training diverged: loss is NaN", spec.ErrUser, nil)
+	}
+	_, err := h.start(`{"scaling": {"workers": 2}}`)
+	if err == nil || !strings.Contains(err.Error(), "diverged") {
+		t.Fatalf("got %v", err)
+	}
+	for _, in := range h.runs {
+		if in.Generation != 1 || in.Epoch != 0 {
+			t.Fatalf("epoch %d ran on generation %d: a user error must not be retried", in.Epoch, in.Generation)
+		}
+	}
+}
+
+func TestPreemptionsHaveTheirOwnBudget(t *testing.T) {
+	h := newHarness(t)
+	for gen := 1; gen <= 4; gen++ {
+		h.grant(gen, 1, time.Duration(gen)*10*time.Second)
+	}
+	preempted := 0
+	h.epoch = func(in spec.EpochInput) error {
+		if preempted < 3 {
+			preempted++
+			return temporal.NewApplicationError("worker is shutting down", spec.ErrPreempted)
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 1}, "failure": {"max_failures": 1}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Preemptions != 3 || p.Failures != 0 || p.State != StateCompleted {
+		t.Fatalf("progress %+v", p)
+	}
+}
+
+func TestStopFinishesTheEpochCheckpointsAndCompletes(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 1, time.Second)
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 1 {
+			h.env.SignalWorkflow(spec.SignalStop, nil)
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 10}, "checkpoint": {"every_epochs": 5}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != StateStopped || p.Epoch != 2 || h.saves != 1 || p.Latest == nil || p.Latest.ID != "ckpt-on-stop" {
+		t.Fatalf("progress %+v, %d saves", p, h.saves)
+	}
+}
+
+func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
+	old := gangBackoffBase
+	gangBackoffBase = 50 * time.Millisecond // held slots keep the test clock at real time
+	defer func() { gangBackoffBase = old }()
+	h := newHarness(t)
+	h.grant(1, 1, time.Second) // only one of two slots in generation 1
+	h.grant(2, 2, 5*time.Minute)
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 2, "gang_timeout": "1s"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Generation != 2 || p.Failures != 0 || len(p.Incidents) != 1 || p.Incidents[0].Kind != "gang-timeout" {
+		t.Fatalf("progress %+v", p)
+	}
+}
+
+func TestContinueAsNewCarriesTheState(t *testing.T) {
+	old := ContinueAsNewAfterEvents
+	ContinueAsNewAfterEvents = 0 // the test environment reports no history length
+	defer func() { ContinueAsNewAfterEvents = old }()
+	h := newHarness(t)
+	h.grant(1, 1, time.Second)
+	h.env.ExecuteWorkflow(spec.WorkflowTraining, json.RawMessage(`{"name": "long", "hyper": {"epochs": 5}}`))
+	err := h.env.GetWorkflowError()
+	var can *workflow.ContinueAsNewError
+	if !errors.As(err, &can) {
+		t.Fatalf("got %v, want continue-as-new", err)
+	}
+	var next json.RawMessage
+	if err := converterDecode(can, &next); err != nil {
+		t.Fatal(err)
+	}
+	s, p, err := decodeInput(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "long" || p == nil || p.Epoch != 1 || len(p.Metrics) != 1 || p.Latest == nil || p.Run != "long" {
+		t.Fatalf("carried spec %+v, state %+v", s, p)
+	}
+}
