@@ -338,7 +338,9 @@ func leaseErr(err error) error {
 
 func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	r.p.Metrics = append(r.p.Metrics, res.Metrics)
-	r.p.Epoch++
+	// The ranks train the epoch their state is at: after a failure that is the
+	// latest checkpoint's, which may be behind the epochs counted so far.
+	r.p.Epoch = res.Metrics.Epoch + 1
 	if res.Checkpoint != nil {
 		r.p.Latest = res.Checkpoint
 	}

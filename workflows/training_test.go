@@ -28,10 +28,12 @@ type harness struct {
 	// epoch decides each RunEpoch call's outcome; nil means success.
 	epoch func(in spec.EpochInput) error
 	// hold is what a HoldSlot does; nil holds the slot until released.
-	hold  func(ctx context.Context, in spec.HoldSlotInput) error
+	hold func(ctx context.Context, in spec.HoldSlotInput) error
+	// restoredEpoch: the epoch a rank's state is at (default: the one asked for).
+	restoredEpoch func(in spec.EpochInput) int
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
 	grants map[int]int
-	saves int
+	saves  int
 }
 
 func newHarness(t *testing.T) *harness {
@@ -63,9 +65,13 @@ func newHarness(t *testing.T) *harness {
 				return spec.EpochResult{}, err
 			}
 		}
-		res := spec.EpochResult{Rank: in.Rank, Metrics: spec.EpochMetrics{Epoch: in.Epoch, Steps: 10, TestAccuracy: 0.5 + 0.01*float64(in.Epoch)}}
-		if in.Rank == 0 && in.Checkpoint {
-			res.Checkpoint = &spec.CheckpointRef{URL: in.Spec.Checkpoint.URL, Run: in.Run, ID: fmt.Sprintf("ckpt-e%06d", in.Epoch+1), Epoch: in.Epoch + 1}
+		epoch := in.Epoch
+		if h.restoredEpoch != nil {
+			epoch = h.restoredEpoch(in)
+		}
+		res := spec.EpochResult{Rank: in.Rank, Metrics: spec.EpochMetrics{Epoch: epoch, Steps: 10, TestAccuracy: 0.5 + 0.01*float64(epoch)}}
+		if in.Rank == 0 && (in.Checkpoint || (epoch+1)%in.Spec.Checkpoint.EveryEpochs == 0) {
+			res.Checkpoint = &spec.CheckpointRef{URL: in.Spec.Checkpoint.URL, Run: in.Run, ID: fmt.Sprintf("ckpt-e%06d", epoch+1), Epoch: epoch + 1}
 		}
 		return res, nil
 	}, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
@@ -169,6 +175,39 @@ func TestRankFailureReformsTheGangAndResumes(t *testing.T) {
 	last := h.runs[len(h.runs)-3]
 	if last.Epoch != 2 || last.Generation != 2 || last.Restore == nil || last.Restore.Epoch != 2 {
 		t.Fatalf("retried epoch input %+v", last)
+	}
+}
+
+func TestFailureRollsBackToTheLatestCheckpoint(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 1, 0)
+	h.grant(2, 1, 0)
+	// Checkpoints every 2 epochs; epoch 3 fails. The new gang restores the
+	// epoch-2 checkpoint, so epoch 2 is trained again, then 3.
+	failed := false
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 3 && !failed {
+			failed = true
+			return errors.New("worker lost")
+		}
+		return nil
+	}
+	h.restoredEpoch = func(in spec.EpochInput) int {
+		if in.Generation == 2 && in.Restore != nil {
+			return in.Restore.Epoch
+		}
+		return in.Epoch
+	}
+	p, err := h.start(`{"hyper": {"epochs": 5}, "checkpoint": {"every_epochs": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trained []int
+	for _, m := range p.Metrics {
+		trained = append(trained, m.Epoch)
+	}
+	if fmt.Sprint(trained) != "[0 1 2 2 3 4]" || p.Epoch != 5 {
+		t.Fatalf("epochs trained %v, progress epoch %d", trained, p.Epoch)
 	}
 }
 
