@@ -1,0 +1,107 @@
+package activities
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+
+	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+func newAgents(t *testing.T, n int) ([]*Agent, []string) {
+	agents := make([]*Agent, n)
+	peers := make([]string, n)
+	for i := range n {
+		ln, err := collective.Listen("127.0.0.1:0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		agents[i] = &Agent{Identity: fmt.Sprintf("worker-%d", i), HostQueue: fmt.Sprintf("q-%d", i), Listener: ln, Slots: []Slot{{Index: 0}}}
+		peers[i] = ln.Addr()
+	}
+	return agents, peers
+}
+
+// runEpochOnAll runs RunEpoch for every rank at once, each in its own activity environment.
+func runEpochOnAll(t *testing.T, agents []*Agent, in spec.EpochInput) ([]spec.EpochResult, []error) {
+	var suite testsuite.WorkflowTestSuite
+	results := make([]spec.EpochResult, len(agents))
+	errs := make([]error, len(agents))
+	var wg sync.WaitGroup
+	for rank, a := range agents {
+		wg.Go(func() {
+			env := suite.NewTestActivityEnvironment()
+			env.RegisterActivity(a.RunEpoch)
+			rin := in
+			rin.Rank = rank
+			v, err := env.ExecuteActivity(a.RunEpoch, rin)
+			if err == nil {
+				err = v.Get(&results[rank])
+			}
+			errs[rank] = err
+		})
+	}
+	wg.Wait()
+	return results, errs
+}
+
+func TestTwoRanksTrainStayWarmAndRestoreInANewGang(t *testing.T) {
+	agents, peers := newAgents(t, 2)
+	s := spec.Training{
+		Model:      spec.Model{Hidden: []int{32}},
+		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
+		Hyper:      spec.Hyper{Epochs: 3},
+		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
+	}.WithDefaults()
+	in := spec.EpochInput{Run: "act-test", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
+
+	res, errs := runEpochOnAll(t, agents, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Checkpoint == nil || res[0].Checkpoint.Epoch != 1 || res[1].Checkpoint != nil {
+		t.Fatalf("epoch 0: rank 0 checkpoint %+v, rank 1 checkpoint %+v", res[0].Checkpoint, res[1].Checkpoint)
+	}
+	if res[0].Metrics != res[1].Metrics && res[0].Metrics.TestAccuracy != res[1].Metrics.TestAccuracy {
+		t.Fatalf("ranks evaluate differently: %+v vs %+v", res[0].Metrics, res[1].Metrics)
+	}
+	// Epoch 1 on the same gang: warm replicas, no restore.
+	in.Epoch, in.Restore = 1, res[0].Checkpoint
+	res, errs = runEpochOnAll(t, agents, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Metrics.Epoch != 1 || res[0].Restored != nil {
+		t.Fatalf("epoch 1 on a warm gang: %+v", res[0])
+	}
+	warmAccuracy := res[0].Metrics.TestAccuracy
+	// A new gang (generation 2): cold replicas restore the epoch-2 checkpoint and train epoch 2.
+	in.Generation, in.Epoch, in.Restore = 2, 2, res[0].Checkpoint
+	res, errs = runEpochOnAll(t, agents, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Metrics.Epoch != 2 || res[0].Restored == nil || res[0].Restored.From.Epoch != 2 {
+		t.Fatalf("epoch 2 on a new gang: %+v", res[0])
+	}
+	if res[0].Metrics.TestAccuracy < warmAccuracy-0.05 {
+		t.Fatalf("accuracy fell from %.3f to %.3f after restoring: the restore lost the training", warmAccuracy, res[0].Metrics.TestAccuracy)
+	}
+}
+
+func TestMissingDataIsAUserError(t *testing.T) {
+	agents, peers := newAgents(t, 1)
+	s := spec.Training{Dataset: spec.Dataset{URL: "file:///nonexistent/fashion"}, Checkpoint: spec.Checkpoint{URL: "mem://"}}.WithDefaults()
+	_, errs := runEpochOnAll(t, agents, spec.EpochInput{Run: "r", Generation: 1, Peers: peers[:1], Secret: []byte("0123456789abcdef"), Spec: s})
+	var app *temporal.ApplicationError
+	if !errors.As(errs[0], &app) || app.Type() != spec.ErrUser || !app.NonRetryable() {
+		t.Fatalf("got %v, want a non-retryable user error", errs[0])
+	}
+}
