@@ -109,8 +109,9 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// Released by the workflow (the gang ended): the expected end of a hold.
 			a.Log.Info("slot released", zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slot.Index))
-			return ctx.Err()
+			return nil
 		case <-activity.GetWorkerStopChannel(ctx):
 			return preempted(a.Identity)
 		case <-t.C:

@@ -16,7 +16,7 @@ import (
 
 func TestLoadCommittedSubset(t *testing.T) {
 	ctx := context.Background()
-	for split, want := range map[Split]int{Train: 4000, Test: 1000} {
+	for split, want := range map[Split]int{Train: 10000, Test: 1000} {
 		s, err := Load(ctx, testdata.FashionMNISTSmall(), split)
 		if err != nil {
 			t.Fatal(err)

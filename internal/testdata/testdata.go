@@ -8,7 +8,7 @@ import (
 )
 
 // FashionMNISTSmall is the file:// URL of the committed Fashion-MNIST subset:
-// the first 4000 training and 1000 test examples of the real data set.
+// the first 10000 training and 1000 test examples of the real data set.
 func FashionMNISTSmall() string {
 	_, here, _, _ := runtime.Caller(0)
 	return "file://" + filepath.Join(filepath.Dir(here), "..", "..", "testdata", "fashion-mnist-small")

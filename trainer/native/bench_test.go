@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// BenchmarkTrainEpoch is one epoch over the 4000-example subset, one rank;
+// BenchmarkTrainEpoch is one epoch over the committed subset (10000 examples), one rank;
 // compare builds with and without -tags openblas.
 func BenchmarkTrainEpoch(b *testing.B) {
 	tr, te := subset(b)

@@ -2,7 +2,7 @@
 // the small real data set committed under testdata/ (tests run without the
 // Debian package and in seconds).
 //
-//	go run ./dataset/internal/mksubset -train 4000 -test 1000 -out testdata/fashion-mnist-small
+//	go run ./dataset/internal/mksubset -train 10000 -test 1000 -out testdata/fashion-mnist-small
 package main
 
 import (
@@ -18,7 +18,7 @@ import (
 func main() {
 	from := flag.String("from", dataset.DefaultURL, "bucket URL holding the full data set")
 	out := flag.String("out", "testdata/fashion-mnist-small", "folder to write the subset to")
-	train := flag.Int("train", 4000, "training examples to keep")
+	train := flag.Int("train", 10000, "training examples to keep")
 	test := flag.Int("test", 1000, "test examples to keep")
 	flag.Parse()
 	ctx := context.Background()

@@ -1,0 +1,45 @@
+// Command devserver runs an embedded Temporal server with the Web UI and a
+// SQLite file, with the namespace and search attributes durabletrain uses.
+//
+//	devserver -db .durabletrain/temporal.db -port 7233 -ui-port 8233
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/internal/devserver"
+)
+
+func main() {
+	ip := flag.String("ip", "127.0.0.1", "address to bind the frontend and the UI to")
+	port := flag.Int("port", 7233, "frontend gRPC port")
+	uiPort := flag.Int("ui-port", 8233, "Web UI port (0: no UI)")
+	db := flag.String("db", ".durabletrain/temporal.db", "SQLite file (empty: in memory, lost on exit)")
+	ns := flag.String("namespace", "default", "namespace to create")
+	verbose := flag.Bool("v", false, "log the server's own lines")
+	flag.Parse()
+	log := zap.NewNop()
+	if *verbose {
+		log, _ = zap.NewDevelopment()
+	}
+	srv, err := devserver.Start(devserver.Options{IP: *ip, Port: *port, UIPort: *uiPort, Namespace: *ns, DBFile: *db, Log: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "devserver:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("devserver: Temporal frontend on %s, namespace %q", srv.Addr(), *ns)
+	if srv.UIURL() != "" {
+		fmt.Printf(", Web UI at %s", srv.UIURL())
+	}
+	fmt.Println()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	srv.Stop()
+}

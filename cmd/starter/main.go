@@ -1,0 +1,355 @@
+// Command starter starts and watches durabletrain runs.
+//
+//	starter train -workers 2 -epochs 10 -wait      start a run (flags, or -f spec.json) and watch it
+//	starter status -id RUN                         the run's progress
+//	starter stop -id RUN                           finish the epoch, checkpoint, complete
+//	starter list                                   recent runs
+//	starter checkpoints -id RUN                    the run's checkpoints
+//	starter resume -id RUN -wait                   a new run from RUN's latest verified checkpoint
+//
+// Exit codes: 0 done, 1 the run failed, 2 bad input, 3 Temporal unreachable.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+	"go.uber.org/zap"
+
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+const (
+	exitFailed      = 1
+	exitUsage       = 2
+	exitUnreachable = 3
+)
+
+type common struct {
+	address, namespace, queue string
+	tls                       bool
+}
+
+func (c *common) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.address, "address", "127.0.0.1:7233", "Temporal frontend host:port")
+	fs.StringVar(&c.namespace, "namespace", "default", "Temporal namespace")
+	fs.StringVar(&c.queue, "control-queue", gpuworker.DefaultControlQueue, "task queue of the workflows")
+	fs.BoolVar(&c.tls, "tls", false, "connect with TLS")
+}
+
+func (c *common) dial() client.Client {
+	cl, err := gpuworker.Dial(c.address, c.namespace, c.tls, os.Getenv("TEMPORAL_API_KEY"), zap.NewNop())
+	if err != nil {
+		fail(exitUnreachable, "cannot reach Temporal at %s: %v (is the dev server or your cluster up?)", c.address, err)
+	}
+	return cl
+}
+
+func fail(code int, format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "starter: "+format+"\n", args...)
+	os.Exit(code)
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		fail(exitUsage, "usage: starter train|status|stop|list|checkpoints|resume [flags]; starter CMD -h for its flags")
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	switch cmd {
+	case "train", "resume":
+		train(cmd, args)
+	case "status":
+		status(args)
+	case "stop":
+		stop(args)
+	case "list":
+		list(args)
+	case "checkpoints":
+		checkpoints(args)
+	default:
+		fail(exitUsage, "unknown command %q; want train, status, stop, list, checkpoints or resume", cmd)
+	}
+}
+
+func train(cmd string, args []string) {
+	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+	var c common
+	c.flags(fs)
+	file := fs.String("f", "", "spec file (JSON); flags below override it")
+	id := fs.String("id", "", "workflow ID (default: train-<time>); for resume, the run to resume")
+	wait := fs.Bool("wait", false, "draw the progress until the run ends")
+	workers := fs.Int("workers", 0, "scaling.workers")
+	epochs := fs.Int("epochs", 0, "hyper.epochs")
+	lr := fs.Float64("lr", 0, "hyper.lr")
+	batch := fs.Int("batch", 0, "hyper.batch_size")
+	data := fs.String("dataset", "", "dataset.url")
+	ckpt := fs.String("checkpoint", "", "checkpoint.url")
+	fs.Parse(args)
+	var s spec.Training
+	if *file != "" {
+		raw, err := os.ReadFile(*file)
+		if err != nil {
+			fail(exitUsage, "%v", err)
+		}
+		if s, err = spec.Parse(raw); err != nil {
+			fail(exitUsage, "%s: %v", *file, err)
+		}
+	}
+	set := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	set(&s.Scaling.Workers, *workers)
+	set(&s.Hyper.Epochs, *epochs)
+	set(&s.Hyper.BatchSize, *batch)
+	if *lr != 0 {
+		s.Hyper.LR = *lr
+	}
+	if *data != "" {
+		s.Dataset.URL = *data
+	}
+	if *ckpt != "" {
+		s.Checkpoint.URL = *ckpt
+	}
+	workflowID := *id
+	if cmd == "resume" {
+		if *id == "" {
+			fail(exitUsage, "resume needs -id, the run to resume")
+		}
+		cl := c.dial()
+		p, err := query(cl, *id)
+		cl.Close()
+		if err != nil {
+			fail(exitFailed, "%v", err)
+		}
+		s.ResumeFrom = p.Run
+		workflowID = *id + "-resumed-" + time.Now().UTC().Format("20060102T150405")
+	}
+	if workflowID == "" {
+		workflowID = "train-" + time.Now().UTC().Format("20060102T150405")
+	}
+	if err := s.WithDefaults().Validate(); err != nil {
+		fail(exitUsage, "%v", err)
+	}
+	cl := c.dial()
+	defer cl.Close()
+	input, _ := json.Marshal(s)
+	run, err := cl.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: workflowID, TaskQueue: c.queue},
+		spec.WorkflowTraining, json.RawMessage(input))
+	if err != nil {
+		fail(exitFailed, "starting the run: %v", err)
+	}
+	fmt.Printf("started run %s (workflow %s, run ID %s)\n", workflowID, workflowID, run.GetRunID())
+	if !*wait {
+		return
+	}
+	watch(cl, workflowID)
+}
+
+// watch redraws one progress line until the run ends, then prints a summary.
+func watch(cl client.Client, id string) {
+	start := time.Now()
+	tty := isTerminal()
+	for {
+		p, err := query(cl, id)
+		if err == nil {
+			line := progressLine(p, time.Since(start))
+			if tty {
+				fmt.Printf("\r\033[K%s", line)
+			} else {
+				fmt.Println(line)
+			}
+		}
+		desc, derr := cl.DescribeWorkflowExecution(context.Background(), id, "")
+		if derr == nil && desc.WorkflowExecutionInfo.Status != enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING {
+			break
+		}
+		time.Sleep(map[bool]time.Duration{true: 500 * time.Millisecond, false: 5 * time.Second}[tty])
+	}
+	if tty {
+		fmt.Println()
+	}
+	var p *workflows.Progress
+	err := cl.GetWorkflow(context.Background(), id, "").Get(context.Background(), &p)
+	if err != nil {
+		var app *temporal.ApplicationError
+		if errors.As(err, &app) {
+			fail(exitFailed, "run %s failed (%s): %s", id, app.Type(), app.Error())
+		}
+		fail(exitFailed, "run %s failed: %v", id, err)
+	}
+	summary(p, time.Since(start))
+}
+
+func progressLine(p *workflows.Progress, elapsed time.Duration) string {
+	const width = 30
+	done := float64(p.Epoch) / float64(max(1, p.Epochs))
+	bar := strings.Repeat("█", int(done*width)) + strings.Repeat("░", width-int(done*width))
+	line := fmt.Sprintf("%s %s epoch %d/%d", bar, p.State, p.Epoch, p.Epochs)
+	if n := len(p.Metrics); n > 0 {
+		m := p.Metrics[n-1]
+		line += fmt.Sprintf(" · loss %.4f · accuracy %.4f · %.0f samples/s", m.TrainLoss, m.TestAccuracy, m.SamplesPerSecond)
+		if done > 0 && done < 1 {
+			eta := time.Duration(float64(elapsed) * (1 - done) / done)
+			line += fmt.Sprintf(" · ETA %s", eta.Round(time.Second))
+		}
+	}
+	if p.Failures+p.Preemptions > 0 {
+		line += fmt.Sprintf(" · %d failures, %d preemptions", p.Failures, p.Preemptions)
+	}
+	return line
+}
+
+func summary(p *workflows.Progress, elapsed time.Duration) {
+	fmt.Printf("run %s %s after %d/%d epochs in %s (%d gangs, %d failures, %d preemptions)\n",
+		p.Run, p.State, p.Epoch, p.Epochs, elapsed.Round(time.Second), p.Generation, p.Failures, p.Preemptions)
+	if n := len(p.Metrics); n > 0 {
+		m := p.Metrics[n-1]
+		fmt.Printf("final: train loss %.4f, test loss %.4f, test accuracy %.4f\n", m.TrainLoss, m.TestLoss, m.TestAccuracy)
+	}
+	if p.Latest != nil {
+		fmt.Printf("latest checkpoint: %s/%s in %s\n", p.Latest.Run, p.Latest.ID, p.Latest.URL)
+	}
+	for _, inc := range p.Incidents {
+		fmt.Printf("incident: gang %d, epoch %d, %s: %s\n", inc.Generation, inc.Epoch, inc.Kind, inc.Detail)
+	}
+}
+
+func query(cl client.Client, id string) (*workflows.Progress, error) {
+	v, err := cl.QueryWorkflow(context.Background(), id, "", spec.QueryProgress)
+	if err != nil {
+		return nil, fmt.Errorf("querying run %s: %w", id, err)
+	}
+	var p *workflows.Progress
+	return p, v.Get(&p)
+}
+
+func status(args []string) {
+	fs := flag.NewFlagSet("status", flag.ExitOnError)
+	var c common
+	c.flags(fs)
+	id := fs.String("id", "", "workflow ID of the run")
+	asJSON := fs.Bool("json", false, "print the whole progress as JSON")
+	fs.Parse(args)
+	if *id == "" {
+		fail(exitUsage, "status needs -id")
+	}
+	cl := c.dial()
+	defer cl.Close()
+	p, err := query(cl, *id)
+	if err != nil {
+		fail(exitFailed, "%v", err)
+	}
+	if *asJSON {
+		b, _ := json.MarshalIndent(p, "", "  ")
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Println(progressLine(p, 0))
+	for _, pl := range p.Gang {
+		gpu := pl.GPU
+		if gpu == "" {
+			gpu = "CPU slot"
+		}
+		fmt.Printf("  rank %d on %s slot %d (%s)\n", pl.Rank, pl.Worker, pl.Slot, gpu)
+	}
+	if p.Latest != nil {
+		fmt.Printf("  latest checkpoint %s/%s\n", p.Latest.Run, p.Latest.ID)
+	}
+}
+
+func stop(args []string) {
+	fs := flag.NewFlagSet("stop", flag.ExitOnError)
+	var c common
+	c.flags(fs)
+	id := fs.String("id", "", "workflow ID of the run")
+	fs.Parse(args)
+	if *id == "" {
+		fail(exitUsage, "stop needs -id")
+	}
+	cl := c.dial()
+	defer cl.Close()
+	if err := cl.SignalWorkflow(context.Background(), *id, "", spec.SignalStop, nil); err != nil {
+		fail(exitFailed, "stopping %s: %v", *id, err)
+	}
+	fmt.Printf("asked run %s to stop after its current epoch\n", *id)
+}
+
+func list(args []string) {
+	fs := flag.NewFlagSet("list", flag.ExitOnError)
+	var c common
+	c.flags(fs)
+	limit := fs.Int("n", 20, "how many runs, newest first")
+	fs.Parse(args)
+	cl := c.dial()
+	defer cl.Close()
+	resp, err := cl.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{
+		Namespace: c.namespace, PageSize: int32(*limit), Query: "WorkflowType = '" + spec.WorkflowTraining + "'"})
+	if err != nil {
+		fail(exitFailed, "listing runs: %v", err)
+	}
+	for _, e := range resp.Executions {
+		status := strings.TrimPrefix(e.Status.String(), "WORKFLOW_EXECUTION_STATUS_")
+		fmt.Printf("%-40s %-12s started %s\n", e.Execution.WorkflowId, strings.ToLower(status), e.StartTime.AsTime().Local().Format(time.DateTime))
+	}
+}
+
+func isTerminal() bool {
+	st, err := os.Stdout.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func checkpoints(args []string) {
+	fs := flag.NewFlagSet("checkpoints", flag.ExitOnError)
+	var c common
+	c.flags(fs)
+	id := fs.String("id", "", "workflow ID of the run")
+	fs.Parse(args)
+	if *id == "" {
+		fail(exitUsage, "checkpoints needs -id")
+	}
+	cl := c.dial()
+	defer cl.Close()
+	p, err := query(cl, *id)
+	if err != nil {
+		fail(exitFailed, "%v", err)
+	}
+	if p.Latest == nil {
+		fmt.Printf("run %s has no checkpoint yet\n", *id)
+		return
+	}
+	ctx := context.Background()
+	store, err := checkpoint.Open(ctx, p.Latest.URL, nil)
+	if err != nil {
+		fail(exitFailed, "%v", err)
+	}
+	defer store.Close()
+	ids, err := store.IDs(ctx, p.Run)
+	if err != nil {
+		fail(exitFailed, "%v", err)
+	}
+	for _, cid := range ids {
+		c, err := store.Verify(ctx, p.Run, cid)
+		if err != nil {
+			fmt.Printf("%s  NOT USABLE: %v\n", cid, err)
+			continue
+		}
+		m := c.Manifest
+		fmt.Printf("%s  epoch %d step %d  test accuracy %.4f  %s\n", cid, m.Epoch, m.Step, m.Metrics["test_accuracy"], m.Created.Format(time.RFC3339))
+	}
+}

@@ -1,0 +1,67 @@
+// Command worker runs a durabletrain worker: the TrainingWorkflow, a GPU agent
+// (one slot per GPU found by NVML, or -slots CPU slots), or both.
+//
+//	worker -address 127.0.0.1:7233 -role both -slots 1
+//
+// SIGTERM or SIGINT stops taking work and tells running ranks to leave (a
+// preemption for their runs), giving them -grace to finish.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
+	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+func main() {
+	var cfg gpuworker.Config
+	flag.StringVar(&cfg.HostPort, "address", "127.0.0.1:7233", "Temporal frontend host:port")
+	flag.StringVar(&cfg.Namespace, "namespace", "default", "Temporal namespace")
+	flag.BoolVar(&cfg.TLS, "tls", false, "connect with TLS (Temporal Cloud)")
+	apiKey := flag.String("api-key-env", "TEMPORAL_API_KEY", "environment variable holding a Temporal Cloud API key")
+	role := flag.String("role", "both", "workflows, agent, or both")
+	flag.StringVar(&cfg.ControlQueue, "control-queue", gpuworker.DefaultControlQueue, "task queue of the workflows")
+	flag.StringVar(&cfg.TaskQueue, "task-queue", spec.DefaultTaskQueue, "task queue the GPU agents take slot requests from (scaling.task_queue)")
+	flag.IntVar(&cfg.CPUSlots, "slots", 1, "CPU slots to offer where NVML finds no GPU")
+	flag.StringVar(&cfg.CollectiveBind, "collective-bind", ":0", "address the collective listener binds")
+	flag.StringVar(&cfg.CollectiveAdvertise, "collective-advertise", "", "address peers dial (default: the bound port on 127.0.0.1; set it on multi-host setups)")
+	flag.StringVar(&cfg.Identity, "identity", "", "worker identity (default hostname-pid)")
+	flag.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running ranks get to leave on shutdown")
+	flag.Parse()
+	switch *role {
+	case "workflows":
+		cfg.Workflows = true
+	case "agent":
+		cfg.Agent = true
+	case "both":
+		cfg.Workflows, cfg.Agent = true, true
+	default:
+		fmt.Fprintf(os.Stderr, "worker: -role is %q; want workflows, agent or both\n", *role)
+		os.Exit(2)
+	}
+	log, _ := zap.NewProduction()
+	defer log.Sync()
+	cfg.Log = log
+	c, err := gpuworker.Dial(cfg.HostPort, cfg.Namespace, cfg.TLS, os.Getenv(*apiKey), log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "worker: cannot reach Temporal at %s: %v\n", cfg.HostPort, err)
+		os.Exit(3)
+	}
+	defer c.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := gpuworker.Run(ctx, c, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}

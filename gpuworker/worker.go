@@ -1,0 +1,167 @@
+// Package gpuworker owns a durabletrain worker process: it discovers GPUs
+// with NVML (CPU slots where there are none), owns the slots, the
+// host-specific task queue and the collective listener, and registers the
+// workflows and activities on Temporal workers. Roles: workflows (the control
+// queue), agent (GPU slots and rank work), or both.
+package gpuworker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	sdklog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/durabletrain/durabletrain/activities"
+	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+// DefaultControlQueue is where TrainingWorkflow runs.
+const DefaultControlQueue = "durabletrain"
+
+// Config is a worker process.
+type Config struct {
+	HostPort  string // Temporal frontend; default 127.0.0.1:7233
+	Namespace string // default "default"
+	TLS       bool   // connect with TLS (Temporal Cloud)
+	APIKey    string // Temporal Cloud API key
+
+	ControlQueue string // workflows' queue; default DefaultControlQueue
+	TaskQueue    string // GPU agents' shared queue; default spec.DefaultTaskQueue
+
+	Workflows bool // run workflows
+	Agent     bool // offer slots and run ranks
+
+	CPUSlots            int           // slots where NVML finds no GPU; default 1
+	CollectiveBind      string        // default ":0"
+	CollectiveAdvertise string        // host:port peers dial; default the bind address, with 127.0.0.1 for an unspecified host
+	Identity            string        // default hostname-pid
+	Grace               time.Duration // on shutdown, how long running activities get to finish; default 10s
+	Log                 *zap.Logger
+}
+
+// Dial connects a Temporal client the way the worker and starter do.
+func Dial(hostPort, namespace string, useTLS bool, apiKey string, log *zap.Logger) (client.Client, error) {
+	opts := client.Options{HostPort: hostPort, Namespace: namespace, Logger: SDKLogger(log)}
+	if useTLS {
+		opts.ConnectionOptions.TLS = &tls.Config{}
+	}
+	if apiKey != "" {
+		opts.Credentials = client.NewAPIKeyStaticCredentials(apiKey)
+	}
+	return client.Dial(opts)
+}
+
+// SDKLogger bridges zap to the Temporal SDK's logger.
+func SDKLogger(log *zap.Logger) sdklog.Logger {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return sdklog.NewStructuredLogger(slog.New(zapslog.NewHandler(log.Core())))
+}
+
+// RegisterWorkflows registers durabletrain's workflows on a worker of yours.
+func RegisterWorkflows(w worker.Registry) {
+	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
+}
+
+// Run runs the worker process until ctx ends, then stops gracefully: the
+// workers stop polling, and running ranks are told the worker is leaving
+// (a preemption) and get Grace to finish.
+func Run(ctx context.Context, c client.Client, cfg Config) error {
+	if !cfg.Workflows && !cfg.Agent {
+		return errors.New("gpuworker: no role: enable workflows, agent, or both")
+	}
+	if cfg.ControlQueue == "" {
+		cfg.ControlQueue = DefaultControlQueue
+	}
+	if cfg.TaskQueue == "" {
+		cfg.TaskQueue = spec.DefaultTaskQueue
+	}
+	if cfg.Identity == "" {
+		host, _ := os.Hostname()
+		cfg.Identity = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	log := cfg.Log.With(zap.String("worker", cfg.Identity))
+	var workers []worker.Worker
+	if cfg.Workflows {
+		// A workflow task stuck on a dead worker's sticky queue waits this long
+		// (5 s by default) before any worker may take it: measured as the bulk of
+		// the time to react to a killed worker.
+		w := worker.New(c, cfg.ControlQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
+			StickyScheduleToStartTimeout: time.Second})
+		RegisterWorkflows(w)
+		workers = append(workers, w)
+		log.Info("serving workflows", zap.String("task_queue", cfg.ControlQueue))
+	}
+	if cfg.Agent {
+		if cfg.CollectiveBind == "" {
+			cfg.CollectiveBind = ":0"
+		}
+		ln, err := collective.Listen(cfg.CollectiveBind, log)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: cfg.TaskQueue + "@" + cfg.Identity, Listener: ln,
+			Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()), Slots: DiscoverSlots(cfg.CPUSlots, log), Log: log}
+		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
+			MaxConcurrentActivityExecutionSize: len(agent.Slots)}) // poll for a gang slot only while one is free
+		slots.RegisterActivityWithOptions(agent.HoldSlot, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
+		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
+		ranks.RegisterActivityWithOptions(agent.RunEpoch, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
+		ranks.RegisterActivityWithOptions(agent.SaveCheckpoint, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
+		workers = append(workers, slots, ranks)
+		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),
+			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)))
+	}
+	for i, w := range workers {
+		if err := w.Start(); err != nil {
+			for _, s := range workers[:i] {
+				s.Stop()
+			}
+			return err
+		}
+	}
+	<-ctx.Done()
+	log.Info("shutting down: no new work; running ranks are told to leave", zap.Duration("grace", cfg.Grace))
+	for _, w := range workers {
+		w.Stop()
+	}
+	return nil
+}
+
+// advertise is the configured address, or the bound one with 127.0.0.1 in
+// place of an unspecified host (set -collective-advertise on multi-host setups).
+func advertise(configured, bound string) string {
+	if configured != "" {
+		return configured
+	}
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
