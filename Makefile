@@ -9,7 +9,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 export OMP_NUM_THREADS      ?= 1
 COMPUTE   := ./collective/... ./dataset/... ./checkpoint/... ./trainer/...
 
-.PHONY: deps deps-bench demo test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
 deps:
 	@scripts/deps.sh
@@ -17,8 +17,13 @@ deps:
 deps-bench:
 	@scripts/deps.sh bench
 
-## demo: a 2-rank, 10-epoch data-parallel run on Fashion-MNIST, ranks as separate processes
+## demo: the embedded Temporal server with its UI, two worker processes, and a
+## 2-rank, 10-epoch Fashion-MNIST run (KEEP=1 leaves the server and workers up)
 demo: deps
+	TAGS='$(TAGS)' scripts/demo.sh
+
+## demo-direct: the same training with the ranks as plain processes, no Temporal
+demo-direct: deps
 	$(GO) run -tags '$(TAGS)' ./bench train -peers=false -ranks 2 -epochs 10
 
 ## test: every test, the compute packages again under the race detector, and the OpenBLAS build

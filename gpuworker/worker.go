@@ -7,7 +7,9 @@ package gpuworker
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,7 +124,10 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 			return err
 		}
 		defer ln.Close()
-		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: cfg.TaskQueue + "@" + cfg.Identity, Listener: ln,
+		// The host queue must reach this process and no other, even if two
+		// workers are given the same identity: a random suffix makes it unique.
+		hostQueue := fmt.Sprintf("%s@%s-%s", cfg.TaskQueue, cfg.Identity, randomSuffix())
+		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln,
 			Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()), Slots: DiscoverSlots(cfg.CPUSlots, log), Log: log}
 		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
 			MaxConcurrentActivityExecutionSize: len(agent.Slots)}) // poll for a gang slot only while one is free
@@ -164,4 +169,10 @@ func advertise(configured, bound string) string {
 		host = "127.0.0.1"
 	}
 	return net.JoinHostPort(host, port)
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }

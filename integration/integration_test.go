@@ -1,0 +1,294 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/client"
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/devserver"
+	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+var recordHistories = flag.Bool("record-histories", false, "write the histories of the runs to ../workflows/testdata/histories for the replay tests")
+
+var (
+	server    *devserver.Server
+	workerBin string
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "durabletrain-integration-")
+	if err != nil {
+		panic(err)
+	}
+	workerBin = filepath.Join(dir, "worker")
+	if out, err := exec.Command("go", "build", "-o", workerBin, "../cmd/worker").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building cmd/worker: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	server, err = devserver.Start(devserver.Options{Ephemeral: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	server.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// workerProc is a real worker process.
+type workerProc struct {
+	cmd  *exec.Cmd
+	name string
+	logs *lineLog
+}
+
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lineLog) add(s string) { l.mu.Lock(); l.lines = append(l.lines, s); l.mu.Unlock() }
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// startWorker starts a worker process with the given role on queues unique to the test.
+func startWorker(t *testing.T, name, role, queue string) *workerProc {
+	t.Helper()
+	cmd := exec.Command(workerBin, "-address", server.Addr(), "-role", role, "-slots", "1", "-identity", name,
+		"-control-queue", queue+"-control", "-task-queue", queue, "-grace", "2s")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &workerProc{cmd: cmd, name: name, logs: &lineLog{}}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			w.logs.add(sc.Text())
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("log of %s:\n%s", name, w.logs)
+		}
+	})
+	return w
+}
+
+func dial(t *testing.T) client.Client {
+	c, err := gpuworker.Dial(server.Addr(), "default", false, "", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func startRun(t *testing.T, c client.Client, id, queue string, s spec.Training) client.WorkflowRun {
+	input, _ := json.Marshal(s)
+	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: id, TaskQueue: queue + "-control"},
+		spec.WorkflowTraining, json.RawMessage(input))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run
+}
+
+func subsetSpec(t *testing.T, queue string, workers, epochs int) spec.Training {
+	return spec.Training{
+		Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()},
+		// 64 per rank: 2 ranks make the global batch of 128 a single rank would use.
+		Hyper:      spec.Hyper{Epochs: epochs, BatchSize: 64},
+		Scaling:    spec.Scaling{Workers: workers, TaskQueue: queue, GangTimeout: spec.Duration(time.Minute)},
+		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
+		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(3 * time.Second)},
+	}
+}
+
+// TestTrainsAcrossTwoWorkerProcesses: a 2-rank run over two real worker
+// processes reaches 0.85 test accuracy on the committed subset.
+func TestTrainsAcrossTwoWorkerProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-train"
+	startWorker(t, "worker-a", "both", queue)
+	startWorker(t, "worker-b", "agent", queue)
+	c := dial(t)
+	run := startRun(t, c, "it-train-1", queue, subsetSpec(t, queue, 2, 10))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var p *workflows.Progress
+	if err := run.Get(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	last := p.Metrics[len(p.Metrics)-1]
+	t.Logf("10 epochs, 2 ranks: test accuracy %.4f, %.0f samples/s", last.TestAccuracy, last.SamplesPerSecond)
+	if p.State != workflows.StateCompleted || p.Epoch != 10 || p.Generation != 1 {
+		t.Fatalf("progress %+v", p)
+	}
+	if last.TestAccuracy < 0.85 {
+		t.Fatalf("test accuracy %.4f; want at least 0.85", last.TestAccuracy)
+	}
+	workers := map[string]bool{}
+	for _, pl := range p.Gang {
+		workers[pl.Worker] = true
+	}
+	// The query answers while the run is open; after completion the gang is released.
+	if p.Latest == nil || p.Latest.Epoch != 10 {
+		t.Fatalf("latest checkpoint %+v", p.Latest)
+	}
+	recordHistory(t, c, "it-train-1", "two-ranks-ten-epochs")
+}
+
+// TestKilledWorkerIsReplacedAndTheRunCompletes: kill -9 of a rank's worker
+// mid-run; a spare worker takes its place and the run resumes from the latest
+// checkpoint.
+func TestKilledWorkerIsReplacedAndTheRunCompletes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-kill"
+	startWorker(t, "ctl", "workflows", queue)
+	a := startWorker(t, "agent-a", "agent", queue)
+	b := startWorker(t, "agent-b", "agent", queue)
+	startWorker(t, "spare", "agent", queue)
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 6)
+	run := startRun(t, c, "it-kill-1", queue, s)
+	// Wait until epoch 2 is done, then kill whichever of a and b holds a rank.
+	deadline := time.Now().Add(2 * time.Minute)
+	var victim *workerProc
+	for victim == nil && time.Now().Before(deadline) {
+		p := progress(t, c, "it-kill-1")
+		if p != nil && p.Epoch >= 2 && len(p.Gang) == 2 {
+			for _, w := range []*workerProc{a, b} {
+				for _, pl := range p.Gang {
+					if pl.Worker == w.name && victim == nil {
+						victim = w
+					}
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if victim == nil {
+		t.Fatal("the run never reached epoch 2 on agents a and b")
+	}
+	killed := time.Now()
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	t.Logf("killed %s", victim.name)
+	// How long until the workflow notices and a new gang trains?
+	var detected, resumed time.Duration
+	for time.Since(killed) < time.Minute && resumed == 0 {
+		p := progress(t, c, "it-kill-1")
+		if p != nil && p.Failures > 0 && detected == 0 {
+			detected = time.Since(killed)
+		}
+		if p != nil && p.Generation >= 2 && p.State == workflows.StateTraining && resumed == 0 {
+			resumed = time.Since(killed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var p *workflows.Progress
+	if err := run.Get(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kill -9 of %s: detected after %v, new gang training after %v; %d failures, %d gangs", victim.name, detected.Round(time.Millisecond), resumed.Round(time.Millisecond), p.Failures, p.Generation)
+	if p.State != workflows.StateCompleted || p.Epoch != 6 || p.Failures < 1 || p.Generation < 2 {
+		t.Fatalf("progress %+v", p)
+	}
+	recordHistory(t, c, "it-kill-1", "killed-worker-recovers")
+}
+
+func TestBadSpecIsRefusedAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the server")
+	}
+	queue := "it-bad"
+	startWorker(t, "bad-ctl", "workflows", queue)
+	c := dial(t)
+	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: "it-bad-1", TaskQueue: queue + "-control"},
+		spec.WorkflowTraining, json.RawMessage(`{"scaling": {"workers": -2}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = run.Get(context.Background(), nil)
+	if err == nil || !strings.Contains(err.Error(), "scaling.workers is -2; want 1 to 1024 ranks") {
+		t.Fatalf("got %v", err)
+	}
+	desc, _ := c.DescribeWorkflowExecution(context.Background(), "it-bad-1", "")
+	if desc.WorkflowExecutionInfo.Status != enumspb.WORKFLOW_EXECUTION_STATUS_FAILED {
+		t.Fatalf("status %v", desc.WorkflowExecutionInfo.Status)
+	}
+}
+
+func progress(t *testing.T, c client.Client, id string) *workflows.Progress {
+	v, err := c.QueryWorkflow(context.Background(), id, "", spec.QueryProgress)
+	if err != nil {
+		return nil
+	}
+	var p *workflows.Progress
+	if v.Get(&p) != nil {
+		return nil
+	}
+	return p
+}
+
+// recordHistory saves a run's history for the replay tests in package workflows.
+func recordHistory(t *testing.T, c client.Client, id, name string) {
+	if !*recordHistories {
+		return
+	}
+	it := c.GetWorkflowHistory(context.Background(), id, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	var events []json.RawMessage
+	for it.HasNext() {
+		e, err := it.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := protojsonMarshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events = append(events, b)
+	}
+	out, _ := json.MarshalIndent(map[string]any{"events": events}, "", "  ")
+	path := filepath.Join("..", "workflows", "testdata", "histories", name+".json")
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("recorded %d events to %s", len(events), path)
+}

@@ -1,0 +1,31 @@
+package workflows
+
+import (
+	"path/filepath"
+	"testing"
+
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// TestReplayRecordedHistories replays histories recorded from real runs on the
+// embedded server (go test ./integration -args -record-histories): a change
+// that makes TrainingWorkflow non-deterministic, or incompatible with runs
+// already in flight, fails here.
+func TestReplayRecordedHistories(t *testing.T) {
+	files, _ := filepath.Glob("testdata/histories/*.json")
+	if len(files) == 0 {
+		t.Fatal("no recorded histories in testdata/histories")
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			r := worker.NewWorkflowReplayer()
+			r.RegisterWorkflowWithOptions(TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
+			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
