@@ -14,6 +14,9 @@ import (
 // CUDA_VISIBLE_DEVICES), or cpuSlots CPU slots where NVML is absent, and says
 // which in one log line. cpuSlots <= 0 means one.
 func DiscoverSlots(cpuSlots int, log *zap.Logger) []activities.Slot {
+	if log == nil {
+		log = zap.NewNop()
+	}
 	if cpuSlots <= 0 {
 		cpuSlots = 1
 	}

@@ -80,6 +80,16 @@ func RegisterWorkflows(w worker.Registry) {
 	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 }
 
+// RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of
+// the shared GPU task queue (give it MaxConcurrentActivityExecutionSize = the
+// number of slots, so it asks for gang slots only while one is free), and the
+// rank activities on the worker of the agent's own host queue.
+func RegisterAgent(slots, ranks worker.Registry, agent *activities.Agent) {
+	slots.RegisterActivityWithOptions(agent.HoldSlot, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
+	ranks.RegisterActivityWithOptions(agent.RunEpoch, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
+	ranks.RegisterActivityWithOptions(agent.SaveCheckpoint, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
+}
+
 // Run runs the worker process until ctx ends, then stops gracefully: the
 // workers stop polling, and running ranks are told the worker is leaving
 // (a preemption) and get Grace to finish.
@@ -131,10 +141,8 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 			Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()), Slots: DiscoverSlots(cfg.CPUSlots, log), Log: log}
 		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
 			MaxConcurrentActivityExecutionSize: len(agent.Slots)}) // poll for a gang slot only while one is free
-		slots.RegisterActivityWithOptions(agent.HoldSlot, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
 		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
-		ranks.RegisterActivityWithOptions(agent.RunEpoch, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
-		ranks.RegisterActivityWithOptions(agent.SaveCheckpoint, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
+		RegisterAgent(slots, ranks, agent)
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),
 			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)))

@@ -292,3 +292,39 @@ func recordHistory(t *testing.T, c client.Client, id, name string) {
 	}
 	t.Logf("recorded %d events to %s", len(events), path)
 }
+
+// TestTwoRunsCompetingForTooFewSlotsBothFinish: two 2-rank runs, three slots.
+// Gangs are all-or-nothing with backoff, so one run waits while the other
+// trains, and neither holds half a gang forever.
+func TestTwoRunsCompetingForTooFewSlotsBothFinish(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-compete"
+	startWorker(t, "compete-ctl", "workflows", queue)
+	for _, n := range []string{"c1", "c2", "c3"} {
+		startWorker(t, n, "agent", queue)
+	}
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 3)
+	s.Scaling.GangTimeout = spec.Duration(2 * time.Second)
+	runs := []client.WorkflowRun{startRun(t, c, "it-compete-1", queue, s), startRun(t, c, "it-compete-2", queue, s)}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	for _, run := range runs {
+		var p *workflows.Progress
+		if err := run.Get(ctx, &p); err != nil {
+			t.Fatal(err)
+		}
+		timeouts := 0
+		for _, inc := range p.Incidents {
+			if inc.Kind == "gang-timeout" {
+				timeouts++
+			}
+		}
+		t.Logf("%s: %s after %d gangs (%d gang timeouts)", run.GetID(), p.State, p.Generation, timeouts)
+		if p.State != workflows.StateCompleted || p.Epoch != 3 || p.Failures != 0 {
+			t.Fatalf("%s: progress %+v", run.GetID(), p)
+		}
+	}
+}

@@ -1,0 +1,32 @@
+package gpuworker_test
+
+import (
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+
+	"github.com/durabletrain/durabletrain/activities"
+	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// Register durabletrain on workers you already run: the workflow on your
+// control queue, and the GPU agent's activities where your GPUs are.
+func Example_embedding() {
+	var c client.Client // your client.Dial(...)
+	if c == nil {
+		return // (this example only compiles)
+	}
+	// Where workflows run:
+	w := worker.New(c, "my-control-queue", worker.Options{})
+	gpuworker.RegisterWorkflows(w)
+
+	// On a GPU host: slots, a collective listener, and two workers.
+	ln, _ := collective.Listen(":7070", nil)
+	agent := &activities.Agent{Identity: "gpu-host-1", HostQueue: "durabletrain-gpu@gpu-host-1", Listener: ln,
+		Advertise: "gpu-host-1:7070", Slots: gpuworker.DiscoverSlots(1, nil)}
+	slots := worker.New(c, spec.DefaultTaskQueue, worker.Options{MaxConcurrentActivityExecutionSize: len(agent.Slots)})
+	ranks := worker.New(c, agent.HostQueue, worker.Options{})
+	gpuworker.RegisterAgent(slots, ranks, agent)
+	// Then w.Start(), slots.Start(), ranks.Start() — or let gpuworker.Run do all of this.
+}
