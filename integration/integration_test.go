@@ -78,10 +78,11 @@ func (l *lineLog) String() string {
 }
 
 // startWorker starts a worker process with the given role on queues unique to the test.
-func startWorker(t *testing.T, name, role, queue string) *workerProc {
+func startWorker(t testing.TB, name, role, queue string, env ...string) *workerProc {
 	t.Helper()
 	cmd := exec.Command(workerBin, "-address", server.Addr(), "-role", role, "-slots", "1", "-identity", name,
 		"-control-queue", queue+"-control", "-task-queue", queue, "-grace", "2s")
+	cmd.Env = append(os.Environ(), env...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -104,7 +105,7 @@ func startWorker(t *testing.T, name, role, queue string) *workerProc {
 	return w
 }
 
-func dial(t *testing.T) client.Client {
+func dial(t testing.TB) client.Client {
 	c, err := gpuworker.Dial(server.Addr(), "default", false, "", zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func dial(t *testing.T) client.Client {
 	return c
 }
 
-func startRun(t *testing.T, c client.Client, id, queue string, s spec.Training) client.WorkflowRun {
+func startRun(t testing.TB, c client.Client, id, queue string, s spec.Training) client.WorkflowRun {
 	input, _ := json.Marshal(s)
 	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: id, TaskQueue: queue + "-control"},
 		spec.WorkflowTraining, json.RawMessage(input))
