@@ -179,7 +179,7 @@ func (a *Agent) SaveCheckpoint(ctx context.Context, in spec.SaveCheckpointInput)
 	if rep == nil {
 		return spec.CheckpointRef{}, fmt.Errorf("no warm replica of rank 0 for generation %d on %s", in.Generation, a.Identity)
 	}
-	ref, err := a.save(ctx, rep, in.Run, in.Spec, in.Spec.Scaling.Workers, spec.EpochMetrics{})
+	ref, err := a.save(ctx, rep, in.Run, in.Spec, in.Spec.Scaling.Workers, in.Metrics)
 	if err != nil {
 		return spec.CheckpointRef{}, err
 	}

@@ -100,7 +100,8 @@ type SkippedCheckpoint struct {
 
 // SaveCheckpointInput asks rank 0 to checkpoint its warm replica.
 type SaveCheckpointInput struct {
-	Run        string   `json:"run"`
-	Generation int      `json:"generation"`
-	Spec       Training `json:"spec"`
+	Run        string       `json:"run"`
+	Generation int          `json:"generation"`
+	Spec       Training     `json:"spec"`
+	Metrics    EpochMetrics `json:"metrics"` // the last epoch's, recorded in the manifest for retention
 }

@@ -102,7 +102,6 @@ type gang struct {
 	holds      []workflow.Future
 	release    workflow.CancelFunc
 	secret     []byte
-	warm       bool // the ranks hold the model in memory at the current cursor
 }
 
 func (r *run) train(ctx workflow.Context) (*Progress, error) {
@@ -349,7 +348,6 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 			r.p.Incidents = append(r.p.Incidents, Incident{Generation: r.p.Generation, Epoch: res.Metrics.Epoch, Kind: "corrupt-checkpoint", Detail: s.ID + ": " + s.Reason})
 		}
 	}
-	r.gang.warm = true
 	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
 		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
 }
@@ -400,8 +398,11 @@ func (r *run) saveCheckpoint(ctx workflow.Context) error {
 		RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
 	})
 	var ref spec.CheckpointRef
-	if err := workflow.ExecuteActivity(actx, spec.ActivitySaveCheckpoint, spec.SaveCheckpointInput{
-		Run: r.p.Run, Generation: r.gang.generation, Spec: r.spec}).Get(ctx, &ref); err != nil {
+	in := spec.SaveCheckpointInput{Run: r.p.Run, Generation: r.gang.generation, Spec: r.spec}
+	if n := len(r.p.Metrics); n > 0 {
+		in.Metrics = r.p.Metrics[n-1]
+	}
+	if err := workflow.ExecuteActivity(actx, spec.ActivitySaveCheckpoint, in).Get(ctx, &ref); err != nil {
 		return err
 	}
 	r.p.Latest = &ref
