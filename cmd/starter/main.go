@@ -239,19 +239,27 @@ func query(cl client.Client, id string) (*workflows.Progress, error) {
 	return p, v.Get(&p)
 }
 
-func status(args []string) {
-	fs := flag.NewFlagSet("status", flag.ExitOnError)
+// runCommand parses the flags of a command about one run (-id) and dials Temporal.
+func runCommand(name string, args []string, extra func(*flag.FlagSet)) (client.Client, string) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
 	var c common
 	c.flags(fs)
 	id := fs.String("id", "", "workflow ID of the run")
-	asJSON := fs.Bool("json", false, "print the whole progress as JSON")
+	if extra != nil {
+		extra(fs)
+	}
 	fs.Parse(args)
 	if *id == "" {
-		fail(exitUsage, "status needs -id")
+		fail(exitUsage, "%s needs -id, the run's workflow ID", name)
 	}
-	cl := c.dial()
+	return c.dial(), *id
+}
+
+func status(args []string) {
+	var asJSON *bool
+	cl, id := runCommand("status", args, func(fs *flag.FlagSet) { asJSON = fs.Bool("json", false, "print the whole progress as JSON") })
 	defer cl.Close()
-	p, err := query(cl, *id)
+	p, err := query(cl, id)
 	if err != nil {
 		fail(exitFailed, "%v", err)
 	}
@@ -274,20 +282,12 @@ func status(args []string) {
 }
 
 func stop(args []string) {
-	fs := flag.NewFlagSet("stop", flag.ExitOnError)
-	var c common
-	c.flags(fs)
-	id := fs.String("id", "", "workflow ID of the run")
-	fs.Parse(args)
-	if *id == "" {
-		fail(exitUsage, "stop needs -id")
-	}
-	cl := c.dial()
+	cl, id := runCommand("stop", args, nil)
 	defer cl.Close()
-	if err := cl.SignalWorkflow(context.Background(), *id, "", spec.SignalStop, nil); err != nil {
-		fail(exitFailed, "stopping %s: %v", *id, err)
+	if err := cl.SignalWorkflow(context.Background(), id, "", spec.SignalStop, nil); err != nil {
+		fail(exitFailed, "stopping %s: %v", id, err)
 	}
-	fmt.Printf("asked run %s to stop after its current epoch\n", *id)
+	fmt.Printf("asked run %s to stop after its current epoch\n", id)
 }
 
 func list(args []string) {
@@ -315,22 +315,14 @@ func isTerminal() bool {
 }
 
 func checkpoints(args []string) {
-	fs := flag.NewFlagSet("checkpoints", flag.ExitOnError)
-	var c common
-	c.flags(fs)
-	id := fs.String("id", "", "workflow ID of the run")
-	fs.Parse(args)
-	if *id == "" {
-		fail(exitUsage, "checkpoints needs -id")
-	}
-	cl := c.dial()
+	cl, id := runCommand("checkpoints", args, nil)
 	defer cl.Close()
-	p, err := query(cl, *id)
+	p, err := query(cl, id)
 	if err != nil {
 		fail(exitFailed, "%v", err)
 	}
 	if p.Latest == nil {
-		fmt.Printf("run %s has no checkpoint yet\n", *id)
+		fmt.Printf("run %s has no checkpoint yet\n", id)
 		return
 	}
 	ctx := context.Background()
