@@ -69,8 +69,8 @@ func TestTwoRanksTrainStayWarmAndRestoreInANewGang(t *testing.T) {
 	if res[0].Checkpoint == nil || res[0].Checkpoint.Epoch != 1 || res[1].Checkpoint != nil {
 		t.Fatalf("epoch 0: rank 0 checkpoint %+v, rank 1 checkpoint %+v", res[0].Checkpoint, res[1].Checkpoint)
 	}
-	if res[0].Metrics != res[1].Metrics && res[0].Metrics.TestAccuracy != res[1].Metrics.TestAccuracy {
-		t.Fatalf("ranks evaluate differently: %+v vs %+v", res[0].Metrics, res[1].Metrics)
+	if m0, m1 := res[0].Metrics, res[1].Metrics; m0.TestAccuracy != m1.TestAccuracy || m0.TestLoss != m1.TestLoss || m0.TrainLoss != m1.TrainLoss || m0.Steps != m1.Steps {
+		t.Fatalf("ranks report different results of the same gang: %+v vs %+v", m0, m1)
 	}
 	// Epoch 1 on the same gang: warm replicas, no restore.
 	in.Epoch, in.Restore = 1, res[0].Checkpoint

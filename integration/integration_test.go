@@ -230,6 +230,12 @@ func TestKilledWorkerIsReplacedAndTheRunCompletes(t *testing.T) {
 	if p.State != workflows.StateCompleted || p.Epoch != 6 || p.Failures < 1 || p.Generation < 2 {
 		t.Fatalf("progress %+v", p)
 	}
+	for _, inc := range p.Incidents {
+		t.Logf("incident: %s: %s", inc.Kind, inc.Detail)
+		if len(inc.Detail) > 300 {
+			t.Errorf("an incident a person has to read is %d characters long", len(inc.Detail))
+		}
+	}
 	recordHistory(t, c, "it-kill-1", "killed-worker-recovers")
 }
 

@@ -307,7 +307,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error
 		sel.AddFuture(f, func(f workflow.Future) {
 			done++
 			if err := f.Get(ctx, &results[rank]); err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("rank %d on %s: %w", rank, g.placements[rank].Worker, err)
+				firstErr = &rankError{what: fmt.Sprintf("rank %d on %s", rank, g.placements[rank].Worker), err: err}
 			}
 		})
 	}
@@ -315,7 +315,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error
 		sel.AddFuture(h, func(f workflow.Future) {
 			err := f.Get(ctx, nil)
 			if firstErr == nil {
-				firstErr = fmt.Errorf("lost the slot of rank %d on %s: %w", i, g.placements[i].Worker, leaseErr(err))
+				firstErr = &rankError{what: fmt.Sprintf("lost the slot of rank %d on %s", i, g.placements[i].Worker), err: leaseErr(err)}
 			}
 		})
 	}
@@ -326,6 +326,31 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error
 		return spec.EpochResult{}, firstErr
 	}
 	return results[0], nil
+}
+
+// rankError names where an epoch failed and keeps the activity's error for
+// classify, but reads as one line: the SDK's activity and application errors
+// repeat their causes and metadata in Error().
+type rankError struct {
+	what string
+	err  error
+}
+
+func (e *rankError) Error() string { return e.what + ": " + shortError(e.err) }
+func (e *rankError) Unwrap() error { return e.err }
+
+// shortError is the innermost message a person needs: an application error's
+// own message, a timeout's kind, or the error as it is.
+func shortError(err error) string {
+	var app *temporal.ApplicationError
+	var timeout *temporal.TimeoutError
+	switch {
+	case errors.As(err, &app):
+		return app.Message()
+	case errors.As(err, &timeout):
+		return strings.ToLower(strings.TrimPrefix(timeout.TimeoutType().String(), "TIMEOUT_TYPE_")) + " timeout (the worker stopped answering)"
+	}
+	return err.Error()
 }
 
 func leaseErr(err error) error {
@@ -413,9 +438,10 @@ func (r *run) fail(ctx workflow.Context, err error) (*Progress, error) {
 	r.releaseGang()
 	r.setState(ctx, StateFailed)
 	if classify(err) == spec.ErrUser {
-		return r.p, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, err)
+		return r.p, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
-	return r.p, temporal.NewNonRetryableApplicationError(err.Error(), "durabletrain.BudgetExhausted", err)
+	// The message says it all; a cause would print the same chain again.
+	return r.p, temporal.NewNonRetryableApplicationError(err.Error(), "durabletrain.BudgetExhausted", nil)
 }
 
 // setState updates the state and the text the Temporal UI shows for the run.

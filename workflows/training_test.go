@@ -168,8 +168,9 @@ func TestRankFailureReformsTheGangAndResumes(t *testing.T) {
 	if p.State != StateCompleted || p.Epoch != 4 || p.Failures != 1 || p.Generation != 2 {
 		t.Fatalf("progress %+v", p)
 	}
-	if len(p.Incidents) != 1 || p.Incidents[0].Kind != "failure" || !strings.Contains(p.Incidents[0].Detail, "rank 1") {
-		t.Fatalf("incidents %+v", p.Incidents)
+	if len(p.Incidents) != 1 || p.Incidents[0].Kind != "failure" ||
+		p.Incidents[0].Detail != "rank 1 on host-2: collective: rank 0 failed: connection lost" {
+		t.Fatalf("incidents %+v; want one line naming the rank, its worker and the activity's own message", p.Incidents)
 	}
 	// The retried epoch 2 runs on the new gang and resumes from the epoch-2 checkpoint.
 	last := h.runs[len(h.runs)-3]
