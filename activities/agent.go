@@ -33,12 +33,32 @@ type Agent struct {
 	Listener  *collective.Listener
 	Advertise string // the collective address peers dial; default Listener.Addr()
 	Slots     []Slot
+	Devices   DeviceStats // reads GPU utilisation and memory for heartbeats and logs; nil on CPU slots
 	Log       *zap.Logger
+	// LeaveTimeout bounds how long ranks of a stopping worker take to stop
+	// with their gang and checkpoint before they are cut off; default 8s.
+	// Keep it below the worker's stop grace.
+	LeaveTimeout time.Duration
 
 	mu       sync.Mutex
 	busy     map[int]bool
+	slotOf   map[replicaKey]Slot          // the slot each held rank occupies
 	replicas map[replicaKey]*replica
+	epochs   map[replicaKey]chan struct{} // closed when the rank's running RunEpoch returns
+	refs     map[replicaKey]*spec.CheckpointRef
 	data     map[string]*loadedData
+}
+
+// DeviceStats reads what a GPU slot is doing; gpuworker implements it with NVML.
+type DeviceStats interface {
+	Stats(slot Slot) (GPUStats, bool)
+}
+
+// GPUStats is a GPU's load, as heartbeats and logs show it.
+type GPUStats struct {
+	UtilizationPercent int    `json:"gpu_utilization_percent"`
+	MemoryUsedBytes    uint64 `json:"gpu_memory_used_bytes"`
+	MemoryTotalBytes   uint64 `json:"gpu_memory_total_bytes"`
 }
 
 type replicaKey struct {
@@ -77,6 +97,7 @@ func (a *Agent) init() {
 	defer a.mu.Unlock()
 	if a.busy == nil {
 		a.busy, a.replicas, a.data = map[int]bool{}, map[replicaKey]*replica{}, map[string]*loadedData{}
+		a.slotOf, a.epochs, a.refs = map[replicaKey]Slot{}, map[replicaKey]chan struct{}{}, map[replicaKey]*spec.CheckpointRef{}
 	}
 	if a.Log == nil {
 		a.Log = zap.NewNop()
@@ -93,8 +114,15 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 		return temporal.NewApplicationError(fmt.Sprintf("no free slot on %s", a.Identity), "durabletrain.NoSlot")
 	}
 	key := replicaKey{in.WorkflowID, in.Generation, in.Request}
+	a.mu.Lock()
+	a.slotOf[key] = slot
+	a.mu.Unlock()
 	defer func() {
 		a.dropReplica(key)
+		a.mu.Lock()
+		delete(a.slotOf, key)
+		delete(a.refs, key)
+		a.mu.Unlock()
 		a.freeSlot(slot.Index)
 	}()
 	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slot.Index, GPU: slot.GPU}
@@ -113,7 +141,11 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 			a.Log.Info("slot released", zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slot.Index))
 			return nil
 		case <-activity.GetWorkerStopChannel(ctx):
-			return preempted(a.Identity)
+			// Let the rank's epoch stop with its gang and checkpoint first:
+			// a lease lost now would cancel the gang mid-checkpoint.
+			a.waitEpoch(ctx, key)
+			a.Log.Info("slot given up: the worker is stopping", zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slot.Index))
+			return a.preempted(key)
 		case <-t.C:
 			activity.RecordHeartbeat(ctx, placement)
 		}
@@ -121,52 +153,145 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 }
 
 // RunEpoch trains the epoch the rank's state is at, on this rank's shard.
+//
+// When the worker is told to shut down (SIGTERM, a preemption) the rank does
+// not drop out: it votes to leave in the next step's all-reduce, the whole
+// gang stops after that same step, rank 0 checkpoints there (mid-epoch), and
+// every rank returns a preemption that carries the checkpoint's reference.
+// Only if that takes longer than LeaveTimeout is the rank cut off.
 func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochResult, error) {
 	a.init()
 	key := replicaKey{activity.GetInfo(ctx).WorkflowExecution.ID, in.Generation, in.Rank}
-	beat := startHeartbeat(ctx)
+	defer a.running(key)()
+	beat := startHeartbeat(ctx, a.gpuStats(key))
 	defer beat.stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	leave := make(chan struct{})
 	go func() {
 		select {
 		case <-activity.GetWorkerStopChannel(ctx):
-			cancel(errShuttingDown)
+			close(leave)
+			a.Log.Info("worker stopping: the gang leaves at the next step", zap.String("run", in.Run),
+				zap.Int("generation", in.Generation), zap.Int("rank", in.Rank), zap.Duration("leave_timeout", a.leaveTimeout()))
+			select {
+			case <-time.After(a.leaveTimeout()):
+				cancel(errShuttingDown)
+			case <-ctx.Done():
+			}
 		case <-ctx.Done():
 		}
 	}()
 
 	rep, restored, err := a.replica(ctx, key, in, beat)
+	if err == nil && isClosed(leave) {
+		err = errShuttingDown // joined or restored while stopping: nothing trained, nothing to save
+	}
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err)
+		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
 	}
 	epoch := rep.tr.Cursor().Epoch
-	m, err := rep.tr.TrainEpoch(ctx, epoch, func(p trainer.Progress) {
+	m, err := rep.tr.TrainEpoch(ctx, epoch, trainer.EpochOptions{Leave: leave, Progress: func(p trainer.Progress) {
 		beat.set(map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps, "loss": p.Loss})
-	})
+	}})
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err)
+		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+	}
+	if m.Left {
+		return spec.EpochResult{}, a.leaveGang(ctx, key, rep, in, leave, beat)
 	}
 	e, err := rep.tr.Evaluate(ctx)
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err)
+		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
 	}
 	res := spec.EpochResult{Rank: in.Rank, Restored: restored, Metrics: spec.EpochMetrics{
 		Epoch: epoch, Steps: m.Steps, TrainLoss: m.TrainLoss, TestLoss: e.TestLoss, TestAccuracy: e.TestAccuracy,
 		SamplesPerSecond: m.SamplesPerSecond, Seconds: m.Seconds}}
-	a.Log.Info("epoch done", zap.String("run", in.Run), zap.Int("generation", in.Generation), zap.Int("rank", in.Rank),
+	fields := []zap.Field{zap.String("run", in.Run), zap.Int("generation", in.Generation), zap.Int("rank", in.Rank),
 		zap.Int("epoch", epoch), zap.Float64("train_loss", m.TrainLoss), zap.Float64("test_accuracy", e.TestAccuracy),
-		zap.Float64("samples_per_second", m.SamplesPerSecond))
+		zap.Float64("samples_per_second", m.SamplesPerSecond)}
+	if gpu := a.gpuStats(key); gpu != nil {
+		if g, ok := gpu(); ok {
+			fields = append(fields, zap.Int("gpu_utilization_percent", g.UtilizationPercent), zap.Uint64("gpu_memory_used_bytes", g.MemoryUsedBytes))
+		}
+	}
+	a.Log.Info("epoch done", fields...)
+	// A rank whose worker began stopping during the epoch's last step or the
+	// evaluation asks for a checkpoint now, so its gang's successor loses nothing.
+	leaving, err := a.anyLeaving(ctx, rep, leave)
+	if err != nil {
+		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+	}
 	every := max(1, in.Spec.Checkpoint.EveryEpochs)
-	if in.Rank == 0 && (in.Checkpoint || (epoch+1)%every == 0 || epoch+1 >= in.Spec.Hyper.Epochs) {
+	if in.Checkpoint || leaving || (epoch+1)%every == 0 || epoch+1 >= in.Spec.Hyper.Epochs {
 		beat.set(map[string]any{"epoch": epoch, "checkpointing": true})
-		ref, err := a.save(ctx, rep, in.Run, in.Spec, len(in.Peers), res.Metrics)
+		ref, err := a.checkpointTogether(ctx, key, rep, in, &res.Metrics)
 		if err != nil {
-			return spec.EpochResult{}, a.classify(ctx, key, err)
+			return spec.EpochResult{}, a.classify(ctx, key, err, leave)
 		}
 		res.Checkpoint = ref
 	}
 	return res, nil
+}
+
+// leaveGang ends an epoch the gang voted to leave: checkpoint where every
+// rank stopped, then report the preemption with that checkpoint.
+func (a *Agent) leaveGang(ctx context.Context, key replicaKey, rep *replica, in spec.EpochInput, leave chan struct{}, beat *heartbeat) error {
+	c := rep.tr.Cursor()
+	beat.set(map[string]any{"epoch": c.Epoch, "step": c.Step, "checkpointing": true, "leaving": true})
+	ref, err := a.checkpointTogether(ctx, key, rep, in, nil)
+	a.dropReplica(key)
+	msg := fmt.Sprintf("worker %s is shutting down", a.Identity)
+	if !isClosed(leave) {
+		msg = "stopped with its gang: another rank's worker is shutting down"
+	}
+	if err != nil {
+		a.Log.Warn("leaving without a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.Error(err))
+		return temporal.NewApplicationError(msg+"; the checkpoint on leaving failed: "+err.Error(), spec.ErrPreempted)
+	}
+	a.Log.Info("left the gang after a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.String("checkpoint", ref.ID))
+	return temporal.NewApplicationError(fmt.Sprintf("%s; checkpointed at epoch %d step %d", msg, ref.Epoch, ref.Step), spec.ErrPreempted, *ref)
+}
+
+// anyLeaving asks the gang whether any rank's worker is stopping (one float all-reduce).
+func (a *Agent) anyLeaving(ctx context.Context, rep *replica, leave chan struct{}) (bool, error) {
+	vote := []float32{0}
+	if isClosed(leave) {
+		vote[0] = 1
+	}
+	if err := rep.group.AllReduce(ctx, vote); err != nil {
+		return false, err
+	}
+	return vote[0] > 0, nil
+}
+
+// checkpointTogether has rank 0 save and commit, then tells every rank
+// whether the commit succeeded, so each can report the same reference (the
+// workflow learns it from whichever rank answers first). metrics is nil for
+// a mid-epoch checkpoint.
+func (a *Agent) checkpointTogether(ctx context.Context, key replicaKey, rep *replica, in spec.EpochInput, metrics *spec.EpochMetrics) (*spec.CheckpointRef, error) {
+	ok := []float32{0}
+	var saveErr error
+	if in.Rank == 0 {
+		if _, saveErr = a.save(ctx, rep, in.Run, in.Spec, len(in.Peers), metrics); saveErr == nil {
+			ok[0] = 1
+		}
+	}
+	if err := rep.group.AllReduce(ctx, ok); err != nil {
+		return nil, errors.Join(saveErr, err)
+	}
+	switch {
+	case saveErr != nil:
+		return nil, saveErr
+	case ok[0] == 0:
+		return nil, errors.New("rank 0 could not commit the checkpoint")
+	}
+	c := rep.tr.Cursor()
+	ref := &spec.CheckpointRef{URL: rep.store.URL(), Run: in.Run, ID: checkpoint.ID(c.Epoch, c.Step), Epoch: c.Epoch, Step: c.Step}
+	a.mu.Lock()
+	a.refs[key] = ref
+	a.mu.Unlock()
+	return ref, nil
 }
 
 // SaveCheckpoint checkpoints rank 0's warm replica now (on stop).
@@ -179,7 +304,7 @@ func (a *Agent) SaveCheckpoint(ctx context.Context, in spec.SaveCheckpointInput)
 	if rep == nil {
 		return spec.CheckpointRef{}, fmt.Errorf("no warm replica of rank 0 for generation %d on %s", in.Generation, a.Identity)
 	}
-	ref, err := a.save(ctx, rep, in.Run, in.Spec, in.Spec.Scaling.Workers, in.Metrics)
+	ref, err := a.save(ctx, rep, in.Run, in.Spec, in.Spec.Scaling.Workers, &in.Metrics)
 	if err != nil {
 		return spec.CheckpointRef{}, err
 	}
@@ -256,7 +381,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	return rep, report, nil
 }
 
-func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m spec.EpochMetrics) (*spec.CheckpointRef, error) {
+func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (*spec.CheckpointRef, error) {
 	c := rep.tr.Cursor()
 	w, err := rep.store.Begin(ctx, run, c.Epoch, c.Step)
 	if err != nil {
@@ -265,8 +390,11 @@ func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Train
 	if err := rep.tr.Save(ctx, w); err != nil {
 		return nil, err
 	}
-	manifest, err := w.Commit(ctx, checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity},
-		Metrics: map[string]float64{"test_accuracy": m.TestAccuracy, "test_loss": m.TestLoss, "train_loss": m.TrainLoss}})
+	info := checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity}}
+	if m != nil { // a mid-epoch checkpoint has no evaluation to rank it by
+		info.Metrics = map[string]float64{"test_accuracy": m.TestAccuracy, "test_loss": m.TestLoss, "train_loss": m.TrainLoss}
+	}
+	manifest, err := w.Commit(ctx, info)
 	if err != nil {
 		return nil, err
 	}
@@ -344,12 +472,12 @@ var errShuttingDown = errors.New("the worker is shutting down")
 
 // classify turns an error into what the workflow's failure policy reads, and
 // drops the replica: after a failed step its gang is gone.
-func (a *Agent) classify(ctx context.Context, key replicaKey, err error) error {
+func (a *Agent) classify(ctx context.Context, key replicaKey, err error, leave chan struct{}) error {
 	a.dropReplica(key)
 	var app *temporal.ApplicationError
 	switch {
-	case errors.Is(context.Cause(ctx), errShuttingDown):
-		return preempted(a.Identity)
+	case errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave):
+		return a.preempted(key)
 	case errors.As(err, &app):
 		return err
 	case errors.Is(err, trainer.ErrDiverged):
@@ -362,8 +490,75 @@ func userError(err error) error {
 	return temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, err)
 }
 
-func preempted(worker string) error {
-	return temporal.NewApplicationError(fmt.Sprintf("worker %s is shutting down", worker), spec.ErrPreempted)
+// preempted is the error of a rank or slot whose worker is stopping, with the
+// latest checkpoint its gang committed, if any, as details.
+func (a *Agent) preempted(key replicaKey) error {
+	msg := fmt.Sprintf("worker %s is shutting down", a.Identity)
+	a.mu.Lock()
+	ref := a.refs[key]
+	a.mu.Unlock()
+	if ref != nil {
+		return temporal.NewApplicationError(msg, spec.ErrPreempted, *ref)
+	}
+	return temporal.NewApplicationError(msg, spec.ErrPreempted)
+}
+
+// gpuStats reads the load of the GPU the rank's slot pins, or is nil.
+func (a *Agent) gpuStats(key replicaKey) func() (GPUStats, bool) {
+	a.mu.Lock()
+	slot, ok := a.slotOf[key]
+	a.mu.Unlock()
+	if !ok || slot.GPU == "" || a.Devices == nil {
+		return nil
+	}
+	return func() (GPUStats, bool) { return a.Devices.Stats(slot) }
+}
+
+// running marks the rank's epoch as running until the returned func is called.
+func (a *Agent) running(key replicaKey) func() {
+	done := make(chan struct{})
+	a.mu.Lock()
+	a.epochs[key] = done
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		if a.epochs[key] == done {
+			delete(a.epochs, key)
+		}
+		a.mu.Unlock()
+		close(done)
+	}
+}
+
+// waitEpoch waits until the rank's running epoch, if any, has returned.
+func (a *Agent) waitEpoch(ctx context.Context, key replicaKey) {
+	a.mu.Lock()
+	done := a.epochs[key]
+	a.mu.Unlock()
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(a.leaveTimeout() + time.Second):
+	}
+}
+
+func (a *Agent) leaveTimeout() time.Duration {
+	if a.LeaveTimeout > 0 {
+		return a.LeaveTimeout
+	}
+	return 8 * time.Second
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // stallTimeout: a silent peer is declared stalled within half the heartbeat timeout,

@@ -13,12 +13,14 @@ import (
 // notices a dead worker within the heartbeat timeout and a cancel reaches us.
 type heartbeat struct {
 	mu      sync.Mutex
-	details any
+	details map[string]any
+	gpu     func() (GPUStats, bool) // nil on a CPU slot
 	done    chan struct{}
 }
 
-func startHeartbeat(ctx context.Context) *heartbeat {
-	h := &heartbeat{done: make(chan struct{})}
+// startHeartbeat beats until stop; gpu, if set, adds the GPU's load to every beat.
+func startHeartbeat(ctx context.Context, gpu func() (GPUStats, bool)) *heartbeat {
+	h := &heartbeat{done: make(chan struct{}), gpu: gpu}
 	go func() {
 		t := time.NewTicker(heartbeatInterval(ctx))
 		defer t.Stop()
@@ -29,20 +31,33 @@ func startHeartbeat(ctx context.Context) *heartbeat {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				h.mu.Lock()
-				d := h.details
-				h.mu.Unlock()
-				activity.RecordHeartbeat(ctx, d)
+				activity.RecordHeartbeat(ctx, h.snapshot())
 			}
 		}
 	}()
 	return h
 }
 
-func (h *heartbeat) set(d any) {
+func (h *heartbeat) set(d map[string]any) {
 	h.mu.Lock()
 	h.details = d
 	h.mu.Unlock()
+}
+
+// snapshot is the latest details with the GPU's current load added.
+func (h *heartbeat) snapshot() map[string]any {
+	h.mu.Lock()
+	d := make(map[string]any, len(h.details)+3)
+	for k, v := range h.details {
+		d[k] = v
+	}
+	h.mu.Unlock()
+	if h.gpu != nil {
+		if g, ok := h.gpu(); ok {
+			d["gpu_utilization_percent"], d["gpu_memory_used_bytes"], d["gpu_memory_total_bytes"] = g.UtilizationPercent, g.MemoryUsedBytes, g.MemoryTotalBytes
+		}
+	}
+	return d
 }
 
 func (h *heartbeat) stop() { close(h.done) }

@@ -185,12 +185,12 @@ func trainRank(args []string) error {
 	}
 	for epoch := range *epochs {
 		lastShown := time.Now()
-		m, err := tr.TrainEpoch(ctx, epoch, func(p trainer.Progress) {
+		m, err := tr.TrainEpoch(ctx, epoch, trainer.EpochOptions{Progress: func(p trainer.Progress) {
 			if *rank == 0 && time.Since(lastShown) > 2*time.Second {
 				lastShown = time.Now()
 				fmt.Printf("epoch %d/%d  step %d/%d  loss %.4f\n", epoch+1, *epochs, p.Step, p.Steps, p.Loss)
 			}
-		})
+		}})
 		if err != nil {
 			return err
 		}

@@ -18,7 +18,7 @@ import (
 // saveEpoch trains the next epoch and checkpoints the trainer at its cursor.
 func saveEpoch(t *testing.T, s *checkpoint.Store, tr *native.Trainer) {
 	ctx := context.Background()
-	if _, err := tr.TrainEpoch(ctx, tr.Cursor().Epoch, nil); err != nil {
+	if _, err := tr.TrainEpoch(ctx, tr.Cursor().Epoch, trainer.EpochOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c := tr.Cursor()

@@ -23,8 +23,10 @@ func Example_embedding() {
 
 	// On a GPU host: slots, a collective listener, and two workers.
 	ln, _ := collective.Listen(":7070", nil)
+	found, gpus := gpuworker.DiscoverSlots(1, nil) // NVML's GPUs, or one CPU slot
+	defer gpus.Close()
 	agent := &activities.Agent{Identity: "gpu-host-1", HostQueue: "durabletrain-gpu@gpu-host-1", Listener: ln,
-		Advertise: "gpu-host-1:7070", Slots: gpuworker.DiscoverSlots(1, nil)}
+		Advertise: "gpu-host-1:7070", Slots: found, Devices: gpus}
 	slots := worker.New(c, spec.DefaultTaskQueue, worker.Options{MaxConcurrentActivityExecutionSize: len(agent.Slots)})
 	ranks := worker.New(c, agent.HostQueue, worker.Options{})
 	gpuworker.RegisterAgent(slots, ranks, agent)

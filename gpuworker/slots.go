@@ -3,6 +3,7 @@ package gpuworker
 import (
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"go.uber.org/zap"
@@ -12,30 +13,33 @@ import (
 
 // DiscoverSlots offers one slot per GPU that NVML reports (pinned with
 // CUDA_VISIBLE_DEVICES), or cpuSlots CPU slots where NVML is absent, and says
-// which in one log line. cpuSlots <= 0 means one.
-func DiscoverSlots(cpuSlots int, log *zap.Logger) []activities.Slot {
+// which in one log line. cpuSlots <= 0 means one. With GPUs, it also returns
+// the NVML reader of their load for heartbeats and logs; call its Close when
+// the worker stops. Without GPUs that reader is nil.
+func DiscoverSlots(cpuSlots int, log *zap.Logger) ([]activities.Slot, *GPUs) {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	if cpuSlots <= 0 {
 		cpuSlots = 1
 	}
-	cpu := func(reason string) []activities.Slot {
+	cpu := func(reason string) ([]activities.Slot, *GPUs) {
 		log.Info("no GPU: offering CPU slots", zap.Int("slots", cpuSlots), zap.String("reason", reason))
 		slots := make([]activities.Slot, cpuSlots)
 		for i := range slots {
 			slots[i] = activities.Slot{Index: i}
 		}
-		return slots
+		return slots, nil
 	}
 	if ret := nvml.Init(); ret != nvml.SUCCESS {
 		return cpu("NVML: " + nvml.ErrorString(ret))
 	}
-	defer nvml.Shutdown()
 	count, ret := nvml.DeviceGetCount()
 	if ret != nvml.SUCCESS || count == 0 {
+		nvml.Shutdown()
 		return cpu(fmt.Sprintf("NVML found %d GPUs (%s)", count, nvml.ErrorString(ret)))
 	}
+	g := &GPUs{devices: map[int]nvml.Device{}, log: log}
 	slots := make([]activities.Slot, 0, count)
 	for i := range count {
 		dev, ret := nvml.DeviceGetHandleByIndex(i)
@@ -46,11 +50,60 @@ func DiscoverSlots(cpuSlots int, log *zap.Logger) []activities.Slot {
 		name, _ := dev.GetName()
 		uuid, _ := dev.GetUUID()
 		mem, _ := dev.GetMemoryInfo()
-		slots = append(slots, activities.Slot{Index: len(slots), GPU: fmt.Sprintf("%s %s", name, uuid), Device: strconv.Itoa(i)})
+		slot := activities.Slot{Index: len(slots), GPU: fmt.Sprintf("%s %s", name, uuid), Device: strconv.Itoa(i)}
+		g.devices[slot.Index] = dev
+		slots = append(slots, slot)
 		log.Info("GPU slot", zap.Int("index", i), zap.String("name", name), zap.String("uuid", uuid), zap.Uint64("memory_bytes", mem.Total))
 	}
 	if len(slots) == 0 {
+		nvml.Shutdown()
 		return cpu("NVML could not open any GPU")
 	}
-	return slots
+	return slots, g
+}
+
+// GPUs reads the utilisation and memory of the GPUs behind a worker's slots
+// through NVML. It implements activities.DeviceStats.
+type GPUs struct {
+	mu      sync.Mutex
+	devices map[int]nvml.Device // by slot index
+	closed  bool
+	log     *zap.Logger
+}
+
+var _ activities.DeviceStats = (*GPUs)(nil)
+
+// Stats reads the slot's GPU now; false where NVML cannot say.
+func (g *GPUs) Stats(slot activities.Slot) (activities.GPUStats, bool) {
+	if g == nil {
+		return activities.GPUStats{}, false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	dev, ok := g.devices[slot.Index]
+	if !ok || g.closed {
+		return activities.GPUStats{}, false
+	}
+	util, ret := dev.GetUtilizationRates()
+	if ret != nvml.SUCCESS {
+		return activities.GPUStats{}, false
+	}
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return activities.GPUStats{}, false
+	}
+	return activities.GPUStats{UtilizationPercent: int(util.Gpu), MemoryUsedBytes: mem.Used, MemoryTotalBytes: mem.Total}, true
+}
+
+// Close shuts NVML down; Stats reports nothing after it.
+func (g *GPUs) Close() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.closed = true
+		nvml.Shutdown()
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"go.temporal.io/sdk/activity"
@@ -137,8 +138,13 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		// The host queue must reach this process and no other, even if two
 		// workers are given the same identity: a random suffix makes it unique.
 		hostQueue := fmt.Sprintf("%s@%s-%s", cfg.TaskQueue, cfg.Identity, randomSuffix())
-		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln,
-			Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()), Slots: DiscoverSlots(cfg.CPUSlots, log), Log: log}
+		found, gpus := DiscoverSlots(cfg.CPUSlots, log)
+		defer gpus.Close()
+		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln, Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()),
+			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace)}
+		if gpus != nil {
+			agent.Devices = gpus
+		}
 		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
 			MaxConcurrentActivityExecutionSize: len(agent.Slots)}) // poll for a gang slot only while one is free
 		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
@@ -157,10 +163,20 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 	}
 	<-ctx.Done()
 	log.Info("shutting down: no new work; running ranks are told to leave", zap.Duration("grace", cfg.Grace))
+	// Stop them together: each Stop waits out its running activities, and a
+	// slot's HoldSlot waits for its rank's epoch to leave with the gang.
+	var wg sync.WaitGroup
 	for _, w := range workers {
-		w.Stop()
+		wg.Go(w.Stop)
 	}
+	wg.Wait()
 	return nil
+}
+
+// leaveTimeout leaves a stopping worker's ranks most of the grace period to
+// stop with their gangs and checkpoint, and the rest to report it.
+func leaveTimeout(grace time.Duration) time.Duration {
+	return max(grace*3/4, grace-2*time.Second)
 }
 
 // advertise is the configured address, or the bound one with 127.0.0.1 in

@@ -19,11 +19,17 @@ func TestAdvertise(t *testing.T) {
 
 // Without a GPU (as in CI), NVML is absent and the worker offers CPU slots.
 func TestDiscoverSlotsFallsBackToCPU(t *testing.T) {
-	slots := DiscoverSlots(3, zap.NewNop())
+	slots, gpus := DiscoverSlots(3, zap.NewNop())
+	defer gpus.Close()
 	if len(slots) == 0 {
 		t.Fatal("no slots")
 	}
-	if slots[0].GPU == "" && len(slots) != 3 {
-		t.Fatalf("%d CPU slots, want 3", len(slots))
+	if slots[0].GPU == "" && (len(slots) != 3 || gpus != nil) {
+		t.Fatalf("%d CPU slots and a GPU reader %v, want 3 and none", len(slots), gpus)
+	}
+	if slots[0].GPU != "" {
+		if _, ok := gpus.Stats(slots[0]); !ok {
+			t.Fatalf("NVML found %s but cannot read its load", slots[0].GPU)
+		}
 	}
 }

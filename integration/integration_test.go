@@ -239,6 +239,77 @@ func TestKilledWorkerIsReplacedAndTheRunCompletes(t *testing.T) {
 	recordHistory(t, c, "it-kill-1", "killed-worker-recovers")
 }
 
+// TestSIGTERMLeavesWithACheckpoint: SIGTERM to a rank's worker mid-epoch is a
+// preemption: the gang stops at one step, rank 0 commits a mid-epoch
+// checkpoint within the grace period, the run resumes from that exact step on
+// a spare, and max_failures (0 here) is not charged.
+func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-term"
+	startWorker(t, "ctl", "workflows", queue)
+	agents := []*workerProc{startWorker(t, "agent-a", "agent", queue), startWorker(t, "agent-b", "agent", queue), startWorker(t, "agent-c", "agent", queue)}
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 4)
+	s.Hyper.BatchSize = 8 // long epochs, so the signal lands mid-epoch
+	s.Failure.MaxFailures = 0
+	run := startRun(t, c, "it-term-1", queue, s)
+	deadline := time.Now().Add(2 * time.Minute)
+	var victim *workerProc
+	for victim == nil && time.Now().Before(deadline) {
+		p := progress(t, c, "it-term-1")
+		if p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == workflows.StateTraining {
+			for _, pl := range p.Gang {
+				for _, w := range agents {
+					if pl.Worker == w.name && pl.Rank == 1 {
+						victim = w
+					}
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if victim == nil {
+		t.Fatal("the run never reached epoch 1")
+	}
+	time.Sleep(300 * time.Millisecond)
+	victim.cmd.Process.Signal(syscall.SIGTERM)
+	termed := time.Now()
+	exited := make(chan error, 1)
+	go func() { exited <- victim.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Logf("%s exited %v after SIGTERM in %v", victim.name, err, time.Since(termed).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit within 10s of SIGTERM (grace 2s)", victim.name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var p *workflows.Progress
+	if err := run.Get(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range p.Incidents {
+		t.Logf("incident: %s: %s", inc.Kind, inc.Detail)
+	}
+	if p.State != workflows.StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Preemptions != 1 {
+		t.Fatalf("progress %+v", p)
+	}
+	if len(p.Incidents) != 1 || !strings.Contains(p.Incidents[0].Detail, "checkpointed at epoch 1 step") {
+		t.Fatalf("incidents %+v: want one preemption that checkpointed mid-epoch 1", p.Incidents)
+	}
+	// Each epoch is recorded once: the interrupted one by the gang that finished it.
+	for i, m := range p.Metrics {
+		if m.Epoch != i {
+			t.Fatalf("metrics history %+v", p.Metrics)
+		}
+	}
+	if !strings.Contains(victim.logs.String(), "left the gang after a checkpoint") && !strings.Contains(victim.logs.String(), "slot given up") {
+		t.Errorf("the stopped worker's log does not say it left with its gang")
+	}
+}
+
 func TestBadSpecIsRefusedAtOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the server")

@@ -26,7 +26,9 @@ type Trainer interface {
 	Restore(ctx context.Context, from StateReader) error
 	// TrainEpoch runs the rest of the given epoch on this rank's shard from the
 	// cursor, all-reducing gradients every step. The epoch must be the cursor's.
-	TrainEpoch(ctx context.Context, epoch int, progress func(Progress)) (EpochMetrics, error)
+	// It may end early, at a step every rank agrees on (see EpochOptions); the
+	// cursor then stands mid-epoch, and a later call goes on from there.
+	TrainEpoch(ctx context.Context, epoch int, opts EpochOptions) (EpochMetrics, error)
 	// Evaluate scores the model on the test set, split across the ranks.
 	Evaluate(ctx context.Context) (EvalMetrics, error)
 	// Save writes the whole state (weights, optimizer, RNG, cursor) deterministically.
@@ -43,6 +45,20 @@ type Cursor struct {
 	Step  int `json:"step"`
 }
 
+// EpochOptions steer one TrainEpoch call. The zero value trains the epoch to its end.
+type EpochOptions struct {
+	// Progress, if set, is called after every step.
+	Progress func(Progress)
+	// Leave, once closed, asks the gang to stop early, as a worker does when it
+	// is told to shut down: this rank votes in the next step's all-reduce, and
+	// every rank of the gang stops after that same step with the metrics
+	// marked Left and the cursor mid-epoch, ready to be saved.
+	Leave <-chan struct{}
+	// UntilStep, when above the cursor's step, ends the call after that step of
+	// the epoch (for a mid-epoch checkpoint). Every rank must pass the same value.
+	UntilStep int
+}
+
 // Progress is reported after every training step.
 type Progress struct {
 	Epoch, Step, Steps int
@@ -57,6 +73,9 @@ type EpochMetrics struct {
 	Samples          int     `json:"samples"`    // over all ranks
 	Seconds          float64 `json:"seconds"`
 	SamplesPerSecond float64 `json:"samples_per_second"` // over all ranks
+	// Left is set when the call ended early because a rank of the gang asked
+	// to leave (EpochOptions.Leave); the cursor is then mid-epoch.
+	Left bool `json:"left,omitempty"`
 }
 
 // EvalMetrics is what an evaluation measured over the whole test set.

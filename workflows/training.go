@@ -122,8 +122,12 @@ func (r *run) train(ctx workflow.Context) (*Progress, error) {
 		}
 		r.setState(ctx, StateTraining)
 		epoch := r.p.Epoch
-		res, err := r.runEpoch(ctx, epoch)
-		if err != nil {
+		out := r.runEpoch(ctx, epoch)
+		if out.result != nil {
+			r.record(ctx, *out.result)
+		}
+		r.p.Latest = newer(r.p.Latest, out.latest)
+		if err := out.err; err != nil {
 			r.releaseGang()
 			if budgetErr := r.countFailure(ctx, epoch, err); budgetErr != nil {
 				return r.fail(ctx, budgetErr)
@@ -132,7 +136,6 @@ func (r *run) train(ctx workflow.Context) (*Progress, error) {
 			logger.Warn("epoch failed; forming a new gang", "epoch", epoch, "error", err)
 			continue
 		}
-		r.record(ctx, res)
 		if n := workflow.GetInfo(ctx).GetCurrentHistoryLength(); r.p.Epoch < r.p.Epochs && !r.p.Stopping &&
 			(n >= ContinueAsNewAfterEvents || workflow.GetInfo(ctx).GetContinueAsNewSuggested()) {
 			r.releaseGang()
@@ -275,9 +278,18 @@ func (r *run) releaseGang() {
 	}
 }
 
+// epochOutcome is what one epoch of a gang came to.
+type epochOutcome struct {
+	result *spec.EpochResult   // a rank's full result, if any rank finished the epoch
+	latest *spec.CheckpointRef // the newest checkpoint any rank reported, even in an error
+	err    error               // why the gang ended, if it did
+}
+
 // runEpoch runs one RunEpoch per rank on the rank's own worker, in parallel.
-// The first failure of a rank, or the loss of a slot's lease, cancels the rest.
-func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error) {
+// The first failure of a rank, or the loss of a slot's lease, cancels the
+// rest; what the ranks had already reported still counts: a finished epoch
+// and the checkpoint a preempted gang committed on its way out.
+func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	g := r.gang
 	epochCtx, cancel := workflow.WithCancel(ctx)
 	defer cancel()
@@ -300,14 +312,18 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error
 		})
 	}
 	results := make([]spec.EpochResult, len(futures))
+	errs := make([]error, len(futures))
+	settled := make([]bool, len(futures))
+	var leftWith []*spec.CheckpointRef // checkpoints the slots of a stopping worker reported
 	done := 0
 	var firstErr error
 	sel := workflow.NewSelector(ctx)
 	for rank, f := range futures {
 		sel.AddFuture(f, func(f workflow.Future) {
 			done++
-			if err := f.Get(ctx, &results[rank]); err != nil && firstErr == nil {
-				firstErr = &rankError{what: fmt.Sprintf("rank %d on %s", rank, g.placements[rank].Worker), err: err}
+			settled[rank] = true
+			if errs[rank] = f.Get(ctx, &results[rank]); errs[rank] != nil && firstErr == nil {
+				firstErr = &rankError{what: fmt.Sprintf("rank %d on %s", rank, g.placements[rank].Worker), err: errs[rank]}
 			}
 		})
 	}
@@ -317,15 +333,75 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) (spec.EpochResult, error
 			if firstErr == nil {
 				firstErr = &rankError{what: fmt.Sprintf("lost the slot of rank %d on %s", i, g.placements[i].Worker), err: leaseErr(err)}
 			}
+			leftWith = append(leftWith, checkpointIn(err))
 		})
 	}
 	for done < len(futures) && firstErr == nil {
 		sel.Select(ctx)
 	}
 	if firstErr != nil {
-		return spec.EpochResult{}, firstErr
+		// Cancelled activities settle at once; those that finished keep their results.
+		cancel()
+		for rank, f := range futures {
+			if !settled[rank] {
+				errs[rank] = f.Get(ctx, &results[rank])
+			}
+		}
 	}
-	return results[0], nil
+	// The epoch counts if every rank finished it, or if a rank that finished
+	// it committed its checkpoint (the rest failed after the state was safe).
+	var out epochOutcome
+	for rank := range futures {
+		if errs[rank] != nil {
+			continue
+		}
+		out.latest = newer(out.latest, results[rank].Checkpoint)
+		if out.result == nil && (firstErr == nil || results[rank].Checkpoint != nil) {
+			out.result = &results[rank]
+		}
+	}
+	for _, err := range errs {
+		out.latest = newer(out.latest, checkpointIn(err))
+	}
+	for _, ref := range leftWith {
+		out.latest = newer(out.latest, ref)
+	}
+	if firstErr != nil {
+		out.err = firstErr
+		// A preemption explains the ranks that failed with it: charge the
+		// gang's end to the preemption budget, not to max_failures.
+		for rank, err := range errs {
+			if err != nil && classify(err) == spec.ErrPreempted && classify(firstErr) != spec.ErrPreempted {
+				out.err = &rankError{what: fmt.Sprintf("rank %d on %s", rank, g.placements[rank].Worker), err: err}
+				break
+			}
+		}
+	}
+	return out
+}
+
+// checkpointIn is the checkpoint a preempted rank or slot reported in its error.
+func checkpointIn(err error) *spec.CheckpointRef {
+	var app *temporal.ApplicationError
+	if err == nil || !errors.As(err, &app) || app.Type() != spec.ErrPreempted || !app.HasDetails() {
+		return nil
+	}
+	var ref spec.CheckpointRef
+	if app.Details(&ref) != nil || ref.ID == "" {
+		return nil
+	}
+	return &ref
+}
+
+// newer is the later of two checkpoints by cursor.
+func newer(a, b *spec.CheckpointRef) *spec.CheckpointRef {
+	switch {
+	case b == nil:
+		return a
+	case a == nil || b.Epoch > a.Epoch || b.Epoch == a.Epoch && b.Step > a.Step:
+		return b
+	}
+	return a
 }
 
 // rankError names where an epoch failed and keeps the activity's error for
@@ -365,9 +441,7 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	// The ranks train the epoch their state is at: after a failure that is the
 	// latest checkpoint's, which may be behind the epochs counted so far.
 	r.p.Epoch = res.Metrics.Epoch + 1
-	if res.Checkpoint != nil {
-		r.p.Latest = res.Checkpoint
-	}
+	r.p.Latest = newer(r.p.Latest, res.Checkpoint)
 	if res.Restored != nil {
 		for _, s := range res.Restored.Skipped {
 			r.p.Incidents = append(r.p.Incidents, Incident{Generation: r.p.Generation, Epoch: res.Metrics.Epoch, Kind: "corrupt-checkpoint", Detail: s.ID + ": " + s.Reason})

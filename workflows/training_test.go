@@ -153,10 +153,13 @@ func TestRankFailureReformsTheGangAndResumes(t *testing.T) {
 	h := newHarness(t)
 	h.grant(1, 2, time.Second)
 	h.grant(2, 2, 10*time.Second)
-	failed := false
 	h.epoch = func(in spec.EpochInput) error {
-		if in.Epoch == 2 && in.Rank == 1 && !failed {
-			failed = true
+		// A real gang fails together: rank 1 loses its link, rank 0 hears it.
+		if in.Epoch == 2 && in.Generation == 1 {
+			if in.Rank == 0 {
+				time.Sleep(50 * time.Millisecond)
+				return errors.New("collective: rank 1 failed")
+			}
 			return errors.New("collective: rank 0 failed: connection lost")
 		}
 		return nil
@@ -294,6 +297,37 @@ func TestPreemptionsHaveTheirOwnBudget(t *testing.T) {
 	}
 	if p.Preemptions != 3 || p.Failures != 0 || p.State != StateCompleted {
 		t.Fatalf("progress %+v", p)
+	}
+}
+
+// A SIGTERMed worker's gang stops at one step and commits a mid-epoch
+// checkpoint on its way out; only the ranks' errors carry it. The next gang
+// must resume from it, and it is a preemption, not a failure.
+func TestPreemptedGangResumesFromTheCheckpointItLeftWith(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, 0)
+	h.grant(2, 2, 0)
+	left := spec.CheckpointRef{URL: "file:///ckpt", Run: "r", ID: "ckpt-e000000-s000000037", Epoch: 0, Step: 37}
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Generation == 1 {
+			return temporal.NewApplicationError(fmt.Sprintf("rank %d: worker host-1 is shutting down; checkpointed at epoch 0 step 37", in.Rank), spec.ErrPreempted, left)
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 2}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != StateCompleted || p.Preemptions != 1 || p.Failures != 0 || p.Generation != 2 {
+		t.Fatalf("progress %+v", p)
+	}
+	for _, in := range h.runs {
+		if in.Generation == 2 && in.Epoch == 0 && (in.Restore == nil || *in.Restore != left) {
+			t.Fatalf("the new gang restores from %+v, want the checkpoint the preempted gang left with %+v", in.Restore, left)
+		}
+	}
+	if len(p.Metrics) != 2 || p.Metrics[0].Epoch != 0 {
+		t.Fatalf("metrics %+v: the interrupted epoch must be recorded once, by the gang that finished it", p.Metrics)
 	}
 }
 

@@ -3,6 +3,8 @@ package native
 import (
 	"context"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/trainer"
 )
 
 // BenchmarkTrainEpoch is one epoch over the committed subset (10000 examples), one rank;
@@ -16,7 +18,7 @@ func BenchmarkTrainEpoch(b *testing.B) {
 	for i := range b.N {
 		n.cursor.Epoch = i
 		n.cursor.Step = 0
-		if _, err := n.TrainEpoch(ctx, i, nil); err != nil {
+		if _, err := n.TrainEpoch(ctx, i, trainer.EpochOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}

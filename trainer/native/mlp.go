@@ -14,7 +14,7 @@ import (
 type mlp struct {
 	sizes   []int
 	params  []float32
-	grads   []float32 // len(params)+1: the last slot carries the batch loss through the all-reduce
+	grads   []float32 // len(params)+2: the two last slots carry the leave votes and the batch loss through the all-reduce
 	w, b    [][]float32
 	gw, gb  [][]float32
 	acts    [][]float32 // acts[0] is the input batch; acts[l] the output of layer l
@@ -29,7 +29,7 @@ func newMLP(sizes []int) *mlp {
 		n += sizes[l]*sizes[l+1] + sizes[l+1]
 	}
 	m.params = make([]float32, n)
-	m.grads = make([]float32, n+1)
+	m.grads = make([]float32, n+2)
 	off := 0
 	for l := range len(sizes) - 1 {
 		in, out := sizes[l], sizes[l+1]

@@ -72,7 +72,7 @@ func (t *Trainer) Init(ctx context.Context) error {
 
 func (t *Trainer) Cursor() trainer.Cursor { return t.cursor }
 
-func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, progress func(trainer.Progress)) (trainer.EpochMetrics, error) {
+func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochOptions) (trainer.EpochMetrics, error) {
 	if epoch != t.cursor.Epoch {
 		return trainer.EpochMetrics{}, fmt.Errorf("native trainer: asked to train epoch %d but the state is at epoch %d step %d", epoch, t.cursor.Epoch, t.cursor.Step)
 	}
@@ -80,12 +80,16 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, progress func(train
 	shard := dataset.Shard(dataset.Permutation(t.train.Len(), t.cfg.Seed, epoch), t.comm.Rank(), world)
 	b := t.cfg.BatchSize
 	steps := (len(shard) + b - 1) / b
+	last := steps
+	if opts.UntilStep > t.cursor.Step && opts.UntilStep < steps {
+		last = opts.UntilStep
+	}
 	m := trainer.EpochMetrics{Epoch: epoch, Steps: steps}
 	start := time.Now()
 	var lossSum float64
 	ran := 0
 	scale := 1 / float32(world)
-	for step := t.cursor.Step; step < steps; step++ {
+	for step := t.cursor.Step; step < last; step++ {
 		if err := ctx.Err(); err != nil {
 			return m, err
 		}
@@ -96,6 +100,10 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, progress func(train
 		loss, _ := lossAndDelta(logits, t.y[:rows], dataset.Classes, t.model.deltas[t.model.layers()])
 		t.model.backward(rows)
 		grads := t.model.grads
+		grads[len(grads)-2] = 0
+		if leaving(opts.Leave) {
+			grads[len(grads)-2] = 1
+		}
 		grads[len(grads)-1] = float32(loss / float64(rows))
 		if err := t.comm.AllReduce(ctx, grads); err != nil {
 			return m, err
@@ -114,8 +122,12 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, progress func(train
 		lossSum += globalLoss
 		ran++
 		m.Samples += rows * world
-		if progress != nil {
-			progress(trainer.Progress{Epoch: epoch, Step: step + 1, Steps: steps, Loss: globalLoss})
+		if opts.Progress != nil {
+			opts.Progress(trainer.Progress{Epoch: epoch, Step: step + 1, Steps: steps, Loss: globalLoss})
+		}
+		if grads[len(grads)-2] > 0 && step+1 < steps {
+			m.Left = true // every rank saw the same votes: the gang stops here together
+			break
 		}
 	}
 	m.Seconds = time.Since(start).Seconds()
@@ -125,8 +137,20 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, progress func(train
 	if m.Seconds > 0 {
 		m.SamplesPerSecond = float64(m.Samples) / m.Seconds
 	}
-	t.cursor = trainer.Cursor{Epoch: epoch + 1}
+	if t.cursor.Step == steps {
+		t.cursor = trainer.Cursor{Epoch: epoch + 1}
+	}
 	return m, nil
+}
+
+// leaving reports whether the leave channel is closed, without waiting.
+func leaving(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {

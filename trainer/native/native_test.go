@@ -109,7 +109,7 @@ func TestSameSeedGivesBitIdenticalWeights(t *testing.T) {
 		if err := n.Init(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := n.TrainEpoch(ctx, 0, nil); err != nil {
+		if _, err := n.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		return slices.Clone(n.Weights())
@@ -140,11 +140,11 @@ func trainRanks(t *testing.T, world int, cfg Config, tr, te *dataset.Set, check 
 			if errs[r] = n.Init(ctx); errs[r] != nil {
 				return
 			}
-			_, errs[r] = n.TrainEpoch(ctx, 0, func(trainer.Progress) {
+			_, errs[r] = n.TrainEpoch(ctx, 0, trainer.EpochOptions{Progress: func(trainer.Progress) {
 				if check != nil {
 					snapshots[r] = append(snapshots[r], slices.Clone(n.Weights()))
 				}
-			})
+			}})
 		})
 	}
 	wg.Wait()
@@ -202,7 +202,7 @@ func TestRanksMatchOneRankWithTheGlobalBatch(t *testing.T) {
 			one := newTrainer(t, cfg, data, te, nil)
 			ctx := context.Background()
 			one.Init(ctx)
-			if _, err := one.TrainEpoch(ctx, 0, nil); err != nil {
+			if _, err := one.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			var worst, scale float64
@@ -228,7 +228,7 @@ func TestLearnsFashionMNIST(t *testing.T) {
 	before, _ := n.Evaluate(ctx)
 	var last trainer.EpochMetrics
 	for epoch := range 4 {
-		m, err := n.TrainEpoch(ctx, epoch, nil)
+		m, err := n.TrainEpoch(ctx, epoch, trainer.EpochOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -250,7 +250,7 @@ func TestNaNLossIsADivergenceError(t *testing.T) {
 	poisoned.Images[5] = float32(math.NaN())
 	n := newTrainer(t, Config{BatchSize: 64}, poisoned, te, nil)
 	n.Init(context.Background())
-	_, err := n.TrainEpoch(context.Background(), 0, nil)
+	_, err := n.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
 	if !errors.Is(err, trainer.ErrDiverged) {
 		t.Fatalf("got %v, want ErrDiverged", err)
 	}

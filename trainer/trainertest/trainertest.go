@@ -30,6 +30,8 @@ func Run(t *testing.T, newTrainer Factory) {
 	t.Run("CorruptStateIsNeverLoaded", func(t *testing.T) { testCorruptState(t, newTrainer) })
 	t.Run("CancellationIsPrompt", func(t *testing.T) { testCancellation(t, newTrainer) })
 	t.Run("RanksStayIdentical", func(t *testing.T) { testRanksStayIdentical(t, newTrainer) })
+	t.Run("MidEpochResumeIsBitIdentical", func(t *testing.T) { testMidEpochResume(t, newTrainer) })
+	t.Run("LeaveStopsTheGangAtOneStep", func(t *testing.T) { testLeave(t, newTrainer) })
 }
 
 func mustInit(t testing.TB, tr trainer.Trainer) {
@@ -68,11 +70,11 @@ func testLifecycle(t *testing.T, newTrainer Factory) {
 	if c := tr.Cursor(); c != (trainer.Cursor{}) {
 		t.Fatalf("cursor after Init is %+v, want epoch 0 step 0", c)
 	}
-	if _, err := tr.TrainEpoch(ctx, 1, nil); err == nil {
+	if _, err := tr.TrainEpoch(ctx, 1, trainer.EpochOptions{}); err == nil {
 		t.Fatal("training epoch 1 before epoch 0 succeeded")
 	}
 	var reports []trainer.Progress
-	m, err := tr.TrainEpoch(ctx, 0, func(p trainer.Progress) { reports = append(reports, p) })
+	m, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{Progress: func(p trainer.Progress) { reports = append(reports, p) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +106,7 @@ func testSaveRestore(t *testing.T, newTrainer Factory) {
 	a := newTrainer(t, trainer.Local{})
 	defer a.Close()
 	mustInit(t, a)
-	if _, err := a.TrainEpoch(ctx, 0, nil); err != nil {
+	if _, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	st := save(t, a)
@@ -124,7 +126,7 @@ func testSaveRestore(t *testing.T, newTrainer Factory) {
 	}
 	// Training on from the restored state is indistinguishable from training on.
 	for _, tr := range []trainer.Trainer{a, b} {
-		if _, err := tr.TrainEpoch(ctx, 1, nil); err != nil {
+		if _, err := tr.TrainEpoch(ctx, 1, trainer.EpochOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -143,7 +145,7 @@ func testCorruptState(t *testing.T, newTrainer Factory) {
 	src := newTrainer(t, trainer.Local{})
 	defer src.Close()
 	mustInit(t, src)
-	if _, err := src.TrainEpoch(ctx, 0, nil); err != nil {
+	if _, err := src.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	good := save(t, src)
@@ -211,11 +213,11 @@ func testCancellation(t *testing.T, newTrainer Factory) {
 	mustInit(t, tr)
 	ctx, cancel := context.WithCancel(context.Background())
 	steps := 0
-	_, err := tr.TrainEpoch(ctx, 0, func(p trainer.Progress) {
+	_, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{Progress: func(p trainer.Progress) {
 		if steps++; steps == 2 {
 			cancel()
 		}
-	})
+	}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("TrainEpoch after cancel returned %v, want context.Canceled", err)
 	}
@@ -242,7 +244,7 @@ func testRanksStayIdentical(t *testing.T, newTrainer Factory) {
 			if errs[r] = tr.Init(ctx); errs[r] != nil {
 				return
 			}
-			if _, errs[r] = tr.TrainEpoch(ctx, 0, nil); errs[r] != nil {
+			if _, errs[r] = tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); errs[r] != nil {
 				return
 			}
 			evals[r], errs[r] = tr.Evaluate(ctx)
@@ -261,6 +263,112 @@ func testRanksStayIdentical(t *testing.T, newTrainer Factory) {
 	}
 	if evals[0] != evals[1] {
 		t.Fatalf("ranks evaluate differently: %+v vs %+v", evals[0], evals[1])
+	}
+}
+
+// testMidEpochResume stops an epoch part-way (UntilStep), saves, restores into
+// a fresh trainer and finishes the epoch there: the result must be
+// bit-identical to an epoch run straight through, because the shuffle order,
+// the RNG state and the step cursor are all part of the state.
+func testMidEpochResume(t *testing.T, newTrainer Factory) {
+	ctx := context.Background()
+	straight := newTrainer(t, trainer.Local{})
+	defer straight.Close()
+	mustInit(t, straight)
+	full, err := straight.TrainEpoch(ctx, 0, trainer.EpochOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Steps < 3 {
+		t.Fatalf("an epoch of %d steps is too short for this test", full.Steps)
+	}
+	half := full.Steps / 2
+
+	first := newTrainer(t, trainer.Local{})
+	defer first.Close()
+	mustInit(t, first)
+	m, err := first.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: half})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := first.Cursor(); c != (trainer.Cursor{Epoch: 0, Step: half}) || m.Left {
+		t.Fatalf("after UntilStep %d: cursor %+v, metrics %+v", half, c, m)
+	}
+	st := save(t, first)
+	second := newTrainer(t, trainer.Local{})
+	defer second.Close()
+	if err := second.Restore(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if c := second.Cursor(); c != (trainer.Cursor{Epoch: 0, Step: half}) {
+		t.Fatalf("restored mid-epoch cursor %+v, want epoch 0 step %d", c, half)
+	}
+	var steps []int
+	if _, err := second.TrainEpoch(ctx, 0, trainer.EpochOptions{Progress: func(p trainer.Progress) { steps = append(steps, p.Step) }}); err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != full.Steps-half || steps[0] != half+1 {
+		t.Fatalf("the resumed epoch ran steps %v, want %d..%d", steps, half+1, full.Steps)
+	}
+	if c := second.Cursor(); c != (trainer.Cursor{Epoch: 1}) {
+		t.Fatalf("cursor after the resumed epoch %+v, want epoch 1 step 0", c)
+	}
+	if err := sameState(save(t, straight), save(t, second)); err != nil {
+		t.Fatalf("an epoch resumed mid-way differs from one run straight through: %v", err)
+	}
+}
+
+// testLeave closes one rank's Leave channel part-way through an epoch: every
+// rank must stop after the same step, report Left, and hold identical state.
+func testLeave(t *testing.T, newTrainer Factory) {
+	const world = 2
+	groups := Gang(t, world)
+	leave := make(chan struct{})
+	states := make([]trainer.MemState, world)
+	metrics := make([]trainer.EpochMetrics, world)
+	cursors := make([]trainer.Cursor, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		tr := newTrainer(t, groups[r])
+		defer tr.Close()
+		wg.Go(func() {
+			ctx := context.Background()
+			if errs[r] = tr.Init(ctx); errs[r] != nil {
+				return
+			}
+			opts := trainer.EpochOptions{}
+			if r == 1 {
+				opts.Leave = leave
+				opts.Progress = func(p trainer.Progress) {
+					if p.Step == 2 {
+						close(leave)
+					}
+				}
+			}
+			if metrics[r], errs[r] = tr.TrainEpoch(ctx, 0, opts); errs[r] != nil {
+				return
+			}
+			cursors[r] = tr.Cursor()
+			states[r] = trainer.MemState{}
+			errs[r] = tr.Save(ctx, states[r])
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r := range world {
+		if !metrics[r].Left {
+			t.Fatalf("rank %d did not report leaving: %+v", r, metrics[r])
+		}
+		// Rank 1 asked after step 2, so it votes in step 3's all-reduce.
+		if cursors[r] != (trainer.Cursor{Epoch: 0, Step: 3}) {
+			t.Fatalf("rank %d stopped at %+v, want epoch 0 step 3", r, cursors[r])
+		}
+	}
+	if err := sameState(states[0], states[1]); err != nil {
+		t.Fatalf("ranks hold different states after leaving: %v", err)
 	}
 }
 
