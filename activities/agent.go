@@ -42,7 +42,7 @@ type Agent struct {
 
 	mu       sync.Mutex
 	busy     map[int]bool
-	slotOf   map[replicaKey]Slot          // the slot each held rank occupies
+	slotOf   map[replicaKey]Slot // the slot each held rank occupies
 	replicas map[replicaKey]*replica
 	epochs   map[replicaKey]chan struct{} // closed when the rank's running RunEpoch returns
 	refs     map[replicaKey]*spec.CheckpointRef
