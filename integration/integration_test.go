@@ -16,6 +16,7 @@ import (
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	"go.uber.org/zap"
 
@@ -145,7 +146,9 @@ func TestTrainsAcrossTwoWorkerProcesses(t *testing.T) {
 	startWorker(t, "worker-a", "both", queue)
 	startWorker(t, "worker-b", "agent", queue)
 	c := dial(t)
-	run := startRun(t, c, "it-train-1", queue, subsetSpec(t, queue, 2, 10))
+	s := subsetSpec(t, queue, 2, 10)
+	s.SearchAttributes = true
+	run := startRun(t, c, "it-train-1", queue, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var p *workflows.Progress
@@ -167,6 +170,12 @@ func TestTrainsAcrossTwoWorkerProcesses(t *testing.T) {
 	// The query answers while the run is open; after completion the gang is released.
 	if p.Latest == nil || p.Latest.Epoch != 10 {
 		t.Fatalf("latest checkpoint %+v", p.Latest)
+	}
+	// The run upserted its state and epoch: it can be found by them.
+	q := fmt.Sprintf("WorkflowId = 'it-train-1' AND %s = 'completed' AND %s = 10", spec.SearchAttributeState, spec.SearchAttributeEpoch)
+	resp, err := c.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{Namespace: "default", Query: q})
+	if err != nil || len(resp.Executions) != 1 {
+		t.Fatalf("listing by search attributes (%s): %d runs, %v", q, len(resp.GetExecutions()), err)
 	}
 	recordHistory(t, c, "it-train-1", "two-ranks-ten-epochs")
 }
@@ -308,6 +317,7 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 	if !strings.Contains(victim.logs.String(), "left the gang after a checkpoint") && !strings.Contains(victim.logs.String(), "slot given up") {
 		t.Errorf("the stopped worker's log does not say it left with its gang")
 	}
+	recordHistory(t, c, "it-term-1", "sigterm-preemption")
 }
 
 func TestBadSpecIsRefusedAtOnce(t *testing.T) {

@@ -45,5 +45,5 @@ echo "demo: workers worker-a (workflows + 1 slot) and worker-b (1 slot) started;
 echo "demo: watch it in the Temporal Web UI at http://127.0.0.1:$ui"
 id="demo-$(date +%Y%m%d-%H%M%S)"
 "$bin/starter" train -address "127.0.0.1:$port" -id "$id" -workers 2 -epochs 10 \
-  -checkpoint "file://$PWD/$state/checkpoints?create_dir=1" -wait
+  -checkpoint "file://$PWD/$state/checkpoints?create_dir=1" -search-attributes -wait
 "$bin/starter" checkpoints -address "127.0.0.1:$port" -id "$id"

@@ -10,12 +10,24 @@ const (
 
 	SignalSlotGranted = "slot-granted" // HoldSlot -> workflow: where the slot is
 	SignalStop        = "stop"         // user -> workflow: finish the epoch, checkpoint, complete
+	UpdateStop        = "stop"         // the same as an update, answered with StopResult once the run has ended
 	QueryProgress     = "progress"     // the run's Progress
+
+	// Search attributes a run upserts when spec.search_attributes is on.
+	SearchAttributeState = "DurabletrainState" // Keyword: forming-gang, training, ...
+	SearchAttributeEpoch = "DurabletrainEpoch" // Int: epochs done
 
 	// Application error types the workflow classifies failures by.
 	ErrUser      = "durabletrain.UserError" // bad spec, missing data, diverged: fail the run
 	ErrPreempted = "durabletrain.Preempted" // the worker is shutting down: its own budget
 )
+
+// StopResult answers the stop update once the run has ended.
+type StopResult struct {
+	State  string         `json:"state"` // "stopped", or "completed" if the last epoch ended first
+	Epoch  int            `json:"epoch"` // epochs done
+	Latest *CheckpointRef `json:"latest_checkpoint,omitempty"`
+}
 
 // Placement is where one rank of a gang runs, as its slot reports it.
 type Placement struct {

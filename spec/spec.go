@@ -32,6 +32,11 @@ type Training struct {
 	Failure    Failure    `json:"failure"`
 	// ResumeFrom starts from the latest verified checkpoint of another run (by name).
 	ResumeFrom string `json:"resume_from,omitempty"`
+	// SearchAttributes makes the run upsert DurabletrainState (Keyword) and
+	// DurabletrainEpoch (Int), so runs can be listed by state and epoch. The
+	// namespace must have them (the dev server registers them; elsewhere:
+	// `temporal operator search-attribute create`), so it is off by default.
+	SearchAttributes bool `json:"search_attributes,omitempty"`
 }
 
 type Model struct {

@@ -79,20 +79,50 @@ func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*Progress, e
 			p.Run = runName(info.WorkflowExecution.ID)
 		}
 	}
-	r := &run{spec: s, p: p, stop: workflow.GetSignalChannel(ctx, spec.SignalStop),
+	r := &run{spec: s, p: p, stop: workflow.NewBufferedChannel(ctx, 1),
 		grants: workflow.GetSignalChannel(ctx, spec.SignalSlotGranted)}
 	if err := workflow.SetQueryHandler(ctx, spec.QueryProgress, func() (*Progress, error) { return r.p, nil }); err != nil {
 		return nil, err
 	}
-	return r.train(ctx)
+	// Stop arrives as a signal (fire and forget) or as an update, which is
+	// answered when the run has ended, with its last checkpoint.
+	workflow.Go(ctx, func(ctx workflow.Context) {
+		signals := workflow.GetSignalChannel(ctx, spec.SignalStop)
+		for signals.Receive(ctx, nil) {
+			r.requestStop()
+		}
+	})
+	if err := workflow.SetUpdateHandlerWithOptions(ctx, spec.UpdateStop, func(ctx workflow.Context) (spec.StopResult, error) {
+		r.requestStop()
+		if err := workflow.Await(ctx, func() bool { return r.ended }); err != nil {
+			return spec.StopResult{}, err
+		}
+		return spec.StopResult{State: r.p.State, Epoch: r.p.Epoch, Latest: r.p.Latest}, nil
+	}, workflow.UpdateHandlerOptions{Validator: func() error {
+		if r.ended {
+			return fmt.Errorf("run %s has already ended (%s)", r.p.Run, r.p.State)
+		}
+		return nil
+	}}); err != nil {
+		return nil, err
+	}
+	p, err = r.train(ctx)
+	r.ended = true
+	// Answer the stop updates before the run closes.
+	workflow.Await(ctx, func() bool { return workflow.AllHandlersFinished(ctx) })
+	return p, err
 }
+
+// requestStop asks the run to stop after its current epoch.
+func (r *run) requestStop() { r.stop.SendAsync(struct{}{}) }
 
 type run struct {
 	spec   spec.Training
 	p      *Progress
-	stop   workflow.ReceiveChannel
+	stop   workflow.Channel // stop requests, by signal or update
 	grants workflow.ReceiveChannel
 	gang   *gang
+	ended  bool
 }
 
 // gang is a reserved set of slots, one per rank, held by HoldSlot activities.
@@ -538,7 +568,17 @@ func (r *run) setState(ctx workflow.Context, state string) {
 		fmt.Fprintf(&b, " · %d failures, %d preemptions", r.p.Failures, r.p.Preemptions)
 	}
 	workflow.SetCurrentDetails(ctx, b.String())
+	if r.spec.SearchAttributes {
+		if err := workflow.UpsertTypedSearchAttributes(ctx, stateAttribute.ValueSet(state), epochAttribute.ValueSet(int64(r.p.Epoch))); err != nil {
+			workflow.GetLogger(ctx).Warn("search attributes not upserted", "error", err)
+		}
+	}
 }
+
+var (
+	stateAttribute = temporal.NewSearchAttributeKeyKeyword(spec.SearchAttributeState)
+	epochAttribute = temporal.NewSearchAttributeKeyInt64(spec.SearchAttributeEpoch)
+)
 
 var unsafeRunChars = regexp.MustCompile(`[^A-Za-z0-9._=+@-]`)
 

@@ -349,6 +349,41 @@ func TestStopFinishesTheEpochCheckpointsAndCompletes(t *testing.T) {
 	}
 }
 
+// The stop update does what the signal does, and answers once the run has
+// ended, with the checkpoint it stopped at.
+func TestStopUpdateAnswersWithTheFinalCheckpoint(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 1, time.Second)
+	var answer spec.StopResult
+	var answerErr error
+	answered := false
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 1 {
+			h.env.UpdateWorkflow(spec.UpdateStop, "stop-1", &testsuite.TestUpdateCallback{
+				OnReject: func(err error) { answerErr = err },
+				OnAccept: func() {},
+				OnComplete: func(v any, err error) {
+					answered, answerErr = true, err
+					if r, ok := v.(spec.StopResult); ok {
+						answer = r
+					}
+				},
+			})
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 10}, "checkpoint": {"every_epochs": 5}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if answerErr != nil || !answered {
+		t.Fatalf("the update was not answered: %v", answerErr)
+	}
+	if p.State != StateStopped || answer.State != StateStopped || answer.Epoch != 2 || answer.Latest == nil || answer.Latest.ID != "ckpt-on-stop" {
+		t.Fatalf("progress %+v, update answer %+v", p, answer)
+	}
+}
+
 func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
 	old := gangBackoffBase
 	gangBackoffBase = 50 * time.Millisecond // held slots keep the test clock at real time

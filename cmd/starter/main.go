@@ -2,7 +2,7 @@
 //
 //	starter train -workers 2 -epochs 10 -wait      start a run (flags, or -f spec.json) and watch it
 //	starter status -id RUN                         the run's progress
-//	starter stop -id RUN                           finish the epoch, checkpoint, complete
+//	starter stop -id RUN                           finish the epoch, checkpoint, complete (waits; -no-wait to only ask)
 //	starter list                                   recent runs
 //	starter checkpoints -id RUN                    the run's checkpoints
 //	starter resume -id RUN -wait                   a new run from RUN's latest verified checkpoint
@@ -23,6 +23,7 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.uber.org/zap"
 
@@ -98,6 +99,7 @@ func train(cmd string, args []string) {
 	batch := fs.Int("batch", 0, "hyper.batch_size")
 	data := fs.String("dataset", "", "dataset.url")
 	ckpt := fs.String("checkpoint", "", "checkpoint.url")
+	attrs := fs.Bool("search-attributes", false, "search_attributes: upsert DurabletrainState/DurabletrainEpoch (the namespace must have them; the dev server does)")
 	fs.Parse(args)
 	var s spec.Training
 	if *file != "" {
@@ -125,6 +127,9 @@ func train(cmd string, args []string) {
 	}
 	if *ckpt != "" {
 		s.Checkpoint.URL = *ckpt
+	}
+	if *attrs {
+		s.SearchAttributes = true
 	}
 	workflowID := *id
 	if cmd == "resume" {
@@ -282,12 +287,34 @@ func status(args []string) {
 }
 
 func stop(args []string) {
-	cl, id := runCommand("stop", args, nil)
+	var noWait *bool
+	cl, id := runCommand("stop", args, func(fs *flag.FlagSet) {
+		noWait = fs.Bool("no-wait", false, "only ask (a signal); do not wait for the run to checkpoint and end")
+	})
 	defer cl.Close()
-	if err := cl.SignalWorkflow(context.Background(), id, "", spec.SignalStop, nil); err != nil {
+	ctx := context.Background()
+	if *noWait {
+		if err := cl.SignalWorkflow(ctx, id, "", spec.SignalStop, nil); err != nil {
+			fail(exitFailed, "stopping %s: %v", id, err)
+		}
+		fmt.Printf("asked run %s to stop after its current epoch\n", id)
+		return
+	}
+	fmt.Printf("stopping run %s after its current epoch...\n", id)
+	h, err := cl.UpdateWorkflow(ctx, client.UpdateWorkflowOptions{WorkflowID: id, UpdateName: spec.UpdateStop,
+		WaitForStage: client.WorkflowUpdateStageCompleted})
+	if err != nil {
 		fail(exitFailed, "stopping %s: %v", id, err)
 	}
-	fmt.Printf("asked run %s to stop after its current epoch\n", id)
+	var res spec.StopResult
+	if err := h.Get(ctx, &res); err != nil {
+		fail(exitFailed, "stopping %s: %v", id, err)
+	}
+	fmt.Printf("run %s %s after %d epochs", id, res.State, res.Epoch)
+	if res.Latest != nil {
+		fmt.Printf("; checkpoint %s/%s (epoch %d step %d)", res.Latest.Run, res.Latest.ID, res.Latest.Epoch, res.Latest.Step)
+	}
+	fmt.Println()
 }
 
 func list(args []string) {
@@ -304,8 +331,22 @@ func list(args []string) {
 		fail(exitFailed, "listing runs: %v", err)
 	}
 	for _, e := range resp.Executions {
-		status := strings.TrimPrefix(e.Status.String(), "WORKFLOW_EXECUTION_STATUS_")
-		fmt.Printf("%-40s %-12s started %s\n", e.Execution.WorkflowId, strings.ToLower(status), e.StartTime.AsTime().Local().Format(time.DateTime))
+		status := strings.ToLower(strings.TrimPrefix(e.Status.String(), "WORKFLOW_EXECUTION_STATUS_"))
+		// Runs started with search_attributes say their own state and epoch.
+		var state string
+		var epoch int64 = -1
+		if f := e.GetSearchAttributes().GetIndexedFields(); f != nil {
+			converter.GetDefaultDataConverter().FromPayload(f[spec.SearchAttributeState], &state)
+			converter.GetDefaultDataConverter().FromPayload(f[spec.SearchAttributeEpoch], &epoch)
+		}
+		if state != "" {
+			status = state
+		}
+		line := fmt.Sprintf("%-40s %-12s started %s", e.Execution.WorkflowId, status, e.StartTime.AsTime().Local().Format(time.DateTime))
+		if epoch >= 0 {
+			line += fmt.Sprintf("  epoch %d", epoch)
+		}
+		fmt.Println(line)
 	}
 }
 
