@@ -498,7 +498,7 @@ func (a *Agent) preempted(key replicaKey) error {
 	ref := a.refs[key]
 	a.mu.Unlock()
 	if ref != nil {
-		return temporal.NewApplicationError(msg, spec.ErrPreempted, *ref)
+		return temporal.NewApplicationError(fmt.Sprintf("%s; checkpointed at epoch %d step %d", msg, ref.Epoch, ref.Step), spec.ErrPreempted, *ref)
 	}
 	return temporal.NewApplicationError(msg, spec.ErrPreempted)
 }
