@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/...
 
-.PHONY: deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: images deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
 deps:
 	@scripts/deps.sh
@@ -36,6 +36,10 @@ test: deps vet
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need gofmt -w"; exit 1; }
+
+## images: the image durabletrain:local, FROM scratch, out of our binaries (for both compose files)
+images: deps
+	deploy/build-images.sh
 
 ## bench: every benchmark table (needs the peers: PyTorch, OpenMPI)
 bench: deps-bench bench-allreduce bench-train bench-checkpoint

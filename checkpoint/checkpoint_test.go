@@ -394,3 +394,38 @@ func TestObjectsOfEveryBlockShapeRoundTripAndDetectCorruption(t *testing.T) {
 		s.Close()
 	}
 }
+
+// Objects are written next to their final path, never through $TMPDIR: a
+// rename from the container's /tmp to a checkpoint volume fails (EXDEV).
+func TestFileStoreWritesNoTemporaryFilesElsewhere(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	ctx := context.Background()
+	s, err := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w, err := s.Begin(ctx, "run", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := w.Create(ctx, "state.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Write([]byte("weights"))
+	// While the object is open its temporary file exists: not in $TMPDIR.
+	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
+		t.Fatalf("%d temporary files in $TMPDIR (%s)", len(entries), entries[0].Name())
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Commit(ctx, Info{WorldSize: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.LatestVerified(ctx, "run"); err != nil {
+		t.Fatal(err)
+	}
+}

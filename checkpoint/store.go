@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"os"
 	"regexp"
 	"runtime"
@@ -41,11 +42,27 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	b, err := blob.OpenBucket(ctx, url)
+	b, err := blob.OpenBucket(ctx, withSameDirTemp(url))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket/prefix, gs://bucket or mem://)", url, err)
 	}
 	return &Store{bucket: b, url: url, log: log}, nil
+}
+
+// withSameDirTemp makes fileblob write each object's temporary file next to
+// it rather than in $TMPDIR: a rename across filesystems (a checkpoint volume
+// and the container's /tmp) fails, and one within a directory is atomic.
+func withSameDirTemp(raw string) string {
+	u, err := neturl.Parse(raw)
+	if err != nil || u.Scheme != "file" {
+		return raw
+	}
+	q := u.Query()
+	if q.Get("no_tmp_dir") == "" {
+		q.Set("no_tmp_dir", "1")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
 }
 
 // URL is the storage URL the store was opened with.

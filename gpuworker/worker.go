@@ -50,7 +50,7 @@ type Config struct {
 
 	CPUSlots            int           // slots where NVML finds no GPU; default 1
 	CollectiveBind      string        // default ":0"
-	CollectiveAdvertise string        // host:port peers dial; default the bind address, with 127.0.0.1 for an unspecified host
+	CollectiveAdvertise string        // host:port peers dial; default the bind address, with this host's IP for an unspecified host
 	Identity            string        // default hostname-pid
 	Grace               time.Duration // on shutdown, how long running activities get to finish; default 10s
 	Log                 *zap.Logger
@@ -179,8 +179,10 @@ func leaveTimeout(grace time.Duration) time.Duration {
 	return max(grace*3/4, grace-2*time.Second)
 }
 
-// advertise is the configured address, or the bound one with 127.0.0.1 in
-// place of an unspecified host (set -collective-advertise on multi-host setups).
+// advertise is the configured address, or the bound one with this host's
+// first non-loopback IPv4 address (127.0.0.1 if it has none) in place of an
+// unspecified host, so peers on other hosts and containers can dial it. Set
+// -collective-advertise where that guess is wrong (NAT, several networks).
 func advertise(configured, bound string) string {
 	if configured != "" {
 		return configured
@@ -190,9 +192,29 @@ func advertise(configured, bound string) string {
 		return bound
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host = "127.0.0.1"
+		host = hostIP()
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// hostIP is the first up, non-loopback IPv4 address of this host, or 127.0.0.1.
+func hostIP() string {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return "127.0.0.1"
+	}
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLinkLocalUnicast() {
+				return n.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
 }
 
 func randomSuffix() string {

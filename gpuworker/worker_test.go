@@ -7,7 +7,8 @@ import (
 )
 
 func TestAdvertise(t *testing.T) {
-	for bound, want := range map[string]string{"[::]:7070": "127.0.0.1:7070", "0.0.0.0:7070": "127.0.0.1:7070", "10.1.2.3:7070": "10.1.2.3:7070"} {
+	ip := hostIP()
+	for bound, want := range map[string]string{"[::]:7070": ip + ":7070", "0.0.0.0:7070": ip + ":7070", ":7070": ip + ":7070", "10.1.2.3:7070": "10.1.2.3:7070"} {
 		if got := advertise("", bound); got != want {
 			t.Errorf("advertise(%q) = %q, want %q", bound, got, want)
 		}

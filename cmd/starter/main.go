@@ -46,8 +46,8 @@ type common struct {
 }
 
 func (c *common) flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.address, "address", "127.0.0.1:7233", "Temporal frontend host:port")
-	fs.StringVar(&c.namespace, "namespace", "default", "Temporal namespace")
+	fs.StringVar(&c.address, "address", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (default $TEMPORAL_ADDRESS)")
+	fs.StringVar(&c.namespace, "namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (default $TEMPORAL_NAMESPACE)")
 	fs.StringVar(&c.queue, "control-queue", gpuworker.DefaultControlQueue, "task queue of the workflows")
 	fs.BoolVar(&c.tls, "tls", false, "connect with TLS")
 }
@@ -385,4 +385,12 @@ func checkpoints(args []string) {
 		m := c.Manifest
 		fmt.Printf("%s  epoch %d step %d  test accuracy %.4f  %s\n", cid, m.Epoch, m.Step, m.Metrics["test_accuracy"], m.Created.Format(time.RFC3339))
 	}
+}
+
+// envOr is the environment variable's value, or def where it is unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

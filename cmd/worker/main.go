@@ -25,8 +25,8 @@ import (
 
 func main() {
 	var cfg gpuworker.Config
-	flag.StringVar(&cfg.HostPort, "address", "127.0.0.1:7233", "Temporal frontend host:port")
-	flag.StringVar(&cfg.Namespace, "namespace", "default", "Temporal namespace")
+	flag.StringVar(&cfg.HostPort, "address", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (default $TEMPORAL_ADDRESS)")
+	flag.StringVar(&cfg.Namespace, "namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (default $TEMPORAL_NAMESPACE)")
 	flag.BoolVar(&cfg.TLS, "tls", false, "connect with TLS (Temporal Cloud)")
 	apiKey := flag.String("api-key-env", "TEMPORAL_API_KEY", "environment variable holding a Temporal Cloud API key")
 	role := flag.String("role", "both", "workflows, agent, or both")
@@ -64,4 +64,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}
+}
+
+// envOr is the environment variable's value, or def where it is unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

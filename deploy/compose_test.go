@@ -1,0 +1,103 @@
+package deploy_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+// TestComposeTrainsAcrossContainers builds the image from our binaries,
+// brings up docker-compose.local.yml (dev server, a workflow worker and two
+// GPU agents, each its own container on a private network), trains 2 ranks
+// for 3 epochs on the full Fashion-MNIST through the starter in a fifth
+// container, and tears it all down. It skips where no Docker engine answers.
+func TestComposeTrainsAcrossContainers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an image and starts containers")
+	}
+	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("no Docker engine answers (docker info: %v: %s): skipping the compose test", err, strings.TrimSpace(string(out)))
+	}
+	if _, err := exec.LookPath("docker-compose"); err != nil {
+		t.Skip("docker-compose is not installed: skipping the compose test")
+	}
+	tag := fmt.Sprintf("durabletrain:e2e-%d", os.Getpid())
+	run(t, exec.Command("./build-images.sh"), "TAG="+tag)
+	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag).Run() })
+
+	project := fmt.Sprintf("dte2e%d", os.Getpid())
+	compose := func(args ...string) *exec.Cmd {
+		cmd := exec.Command("docker-compose", append([]string{"-p", project, "-f", "../docker-compose.local.yml"}, args...)...)
+		cmd.Env = append(os.Environ(), "DURABLETRAIN_IMAGE="+tag)
+		return cmd
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := compose("logs", "--no-color", "--tail", "40").CombinedOutput()
+			t.Logf("container logs:\n%s", out)
+		}
+		if out, err := compose("down", "-v", "--remove-orphans").CombinedOutput(); err != nil {
+			t.Logf("docker-compose down: %v\n%s", err, out)
+		}
+	})
+	run(t, compose("up", "-d", "devserver", "workflows", "agent-1", "agent-2"))
+
+	// The workers restart until the dev server answers; so does the starter here.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := compose("run", "--rm", "starter", "list").CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dev server never answered the starter: %v\n%s", err, out)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	start := time.Now()
+	out := run(t, compose("run", "--rm", "starter", "train", "-id", "e2e", "-workers", "2", "-epochs", "3", "-wait"))
+	t.Logf("trained in %v:\n%s", time.Since(start).Round(time.Millisecond), lastLines(out, 4))
+
+	var p workflows.Progress
+	status := run(t, compose("run", "--rm", "starter", "status", "-id", "e2e", "-json"))
+	if err := json.Unmarshal([]byte(status[strings.Index(status, "{"):]), &p); err != nil {
+		t.Fatalf("starter status -json: %v\n%s", err, status)
+	}
+	if p.State != workflows.StateCompleted || p.Epoch != 3 || len(p.Metrics) != 3 || p.Failures != 0 {
+		t.Fatalf("progress %+v", p)
+	}
+	if acc := p.Metrics[2].TestAccuracy; acc < 0.80 {
+		t.Fatalf("test accuracy %.4f after 3 epochs; want at least 0.80", acc)
+	}
+	if p.Latest == nil || p.Latest.Epoch != 3 {
+		t.Fatalf("latest checkpoint %+v", p.Latest)
+	}
+	// The checkpoints are on the agents' shared volume, verified by their manifests.
+	cps := run(t, compose("exec", "-T", "agent-1", "/usr/local/bin/starter", "checkpoints", "-address", "devserver:7233", "-id", "e2e"))
+	if !strings.Contains(cps, "ckpt-e000003-s000000000") || strings.Contains(cps, "NOT USABLE") {
+		t.Fatalf("checkpoints seen from agent-1:\n%s", cps)
+	}
+}
+
+func run(t *testing.T, cmd *exec.Cmd, env ...string) string {
+	t.Helper()
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+	}
+	return string(out)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
