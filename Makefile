@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/...
 
-.PHONY: images deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: images temporal-cli deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
 deps:
 	@scripts/deps.sh
@@ -27,8 +27,13 @@ demo: deps
 demo-direct: deps
 	$(GO) run -tags '$(TAGS)' ./bench train -peers=false -ranks 2 -epochs 10
 
+## temporal-cli: the Temporal CLI v1.5.1 in bin/, for the test that drives a run with it
+temporal-cli: bin/temporal
+bin/temporal:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/temporalio/cli/cmd/temporal@v1.5.1
+
 ## test: every test, again under the race detector (all but integration), and the OpenBLAS build
-test: deps vet
+test: deps vet bin/temporal
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE)
 	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/...
