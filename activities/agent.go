@@ -42,11 +42,11 @@ type Agent struct {
 
 	mu       sync.Mutex
 	busy     map[int]bool
-	slotOf   map[replicaKey]Slot // the slot each held rank occupies
 	replicas map[replicaKey]*replica
-	epochs   map[replicaKey]chan struct{} // closed when the rank's running RunEpoch returns
-	refs     map[replicaKey]*spec.CheckpointRef
-	data     map[string]*loadedData
+	// By slot index: a slot serves one rank of one gang at a time.
+	epochs map[int]chan struct{}       // closed when the slot's running RunEpoch returns
+	refs   map[int]*spec.CheckpointRef // the latest checkpoint the slot's gang committed
+	data   map[string]*loadedData
 }
 
 // DeviceStats reads what a GPU slot is doing; gpuworker implements it with NVML.
@@ -69,6 +69,7 @@ type replicaKey struct {
 
 // replica is one rank's warm state: its gang membership, its trainer, its store.
 type replica struct {
+	slot  int // the slot index it runs on
 	group *collective.Group
 	tr    trainer.Trainer
 	store *checkpoint.Store
@@ -97,7 +98,7 @@ func (a *Agent) init() {
 	defer a.mu.Unlock()
 	if a.busy == nil {
 		a.busy, a.replicas, a.data = map[int]bool{}, map[replicaKey]*replica{}, map[string]*loadedData{}
-		a.slotOf, a.epochs, a.refs = map[replicaKey]Slot{}, map[replicaKey]chan struct{}{}, map[replicaKey]*spec.CheckpointRef{}
+		a.epochs, a.refs = map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}
 	}
 	if a.Log == nil {
 		a.Log = zap.NewNop()
@@ -113,15 +114,10 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	if !ok {
 		return temporal.NewApplicationError(fmt.Sprintf("no free slot on %s", a.Identity), "durabletrain.NoSlot")
 	}
-	key := replicaKey{in.WorkflowID, in.Generation, in.Request}
-	a.mu.Lock()
-	a.slotOf[key] = slot
-	a.mu.Unlock()
 	defer func() {
-		a.dropReplica(key)
+		a.dropReplicasOn(in.WorkflowID, slot.Index)
 		a.mu.Lock()
-		delete(a.slotOf, key)
-		delete(a.refs, key)
+		delete(a.refs, slot.Index)
 		a.mu.Unlock()
 		a.freeSlot(slot.Index)
 	}()
@@ -143,9 +139,9 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 		case <-activity.GetWorkerStopChannel(ctx):
 			// Let the rank's epoch stop with its gang and checkpoint first:
 			// a lease lost now would cancel the gang mid-checkpoint.
-			a.waitEpoch(ctx, key)
+			a.waitEpoch(ctx, slot.Index)
 			a.Log.Info("slot given up: the worker is stopping", zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slot.Index))
-			return a.preempted(key)
+			return a.preempted(slot.Index)
 		case <-t.C:
 			activity.RecordHeartbeat(ctx, placement)
 		}
@@ -162,8 +158,8 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochResult, error) {
 	a.init()
 	key := replicaKey{activity.GetInfo(ctx).WorkflowExecution.ID, in.Generation, in.Rank}
-	defer a.running(key)()
-	beat := startHeartbeat(ctx, a.gpuStats(key))
+	defer a.running(in.Slot)()
+	beat := startHeartbeat(ctx, a.gpuStats(in.Slot))
 	defer beat.stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -188,21 +184,19 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 		err = errShuttingDown // joined or restored while stopping: nothing trained, nothing to save
 	}
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
 	epoch := rep.tr.Cursor().Epoch
-	m, err := rep.tr.TrainEpoch(ctx, epoch, trainer.EpochOptions{Leave: leave, Progress: func(p trainer.Progress) {
-		beat.set(map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps, "loss": p.Loss})
-	}})
+	m, err := a.trainEpoch(ctx, key, rep, in, leave, beat)
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
 	if m.Left {
 		return spec.EpochResult{}, a.leaveGang(ctx, key, rep, in, leave, beat)
 	}
 	e, err := rep.tr.Evaluate(ctx)
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
 	res := spec.EpochResult{Rank: in.Rank, Restored: restored, Metrics: spec.EpochMetrics{
 		Epoch: epoch, Steps: m.Steps, TrainLoss: m.TrainLoss, TestLoss: e.TestLoss, TestAccuracy: e.TestAccuracy,
@@ -210,7 +204,7 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	fields := []zap.Field{zap.String("run", in.Run), zap.Int("generation", in.Generation), zap.Int("rank", in.Rank),
 		zap.Int("epoch", epoch), zap.Float64("train_loss", m.TrainLoss), zap.Float64("test_accuracy", e.TestAccuracy),
 		zap.Float64("samples_per_second", m.SamplesPerSecond)}
-	if gpu := a.gpuStats(key); gpu != nil {
+	if gpu := a.gpuStats(in.Slot); gpu != nil {
 		if g, ok := gpu(); ok {
 			fields = append(fields, zap.Int("gpu_utilization_percent", g.UtilizationPercent), zap.Uint64("gpu_memory_used_bytes", g.MemoryUsedBytes))
 		}
@@ -220,18 +214,66 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	// evaluation asks for a checkpoint now, so its gang's successor loses nothing.
 	leaving, err := a.anyLeaving(ctx, rep, leave)
 	if err != nil {
-		return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
 	every := max(1, in.Spec.Checkpoint.EveryEpochs)
 	if in.Checkpoint || leaving || (epoch+1)%every == 0 || epoch+1 >= in.Spec.Hyper.Epochs {
 		beat.set(map[string]any{"epoch": epoch, "checkpointing": true})
 		ref, err := a.checkpointTogether(ctx, key, rep, in, &res.Metrics)
 		if err != nil {
-			return spec.EpochResult{}, a.classify(ctx, key, err, leave)
+			return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 		}
 		res.Checkpoint = ref
 	}
 	return res, nil
+}
+
+// trainEpoch trains the rest of the replica's epoch, stopping every
+// checkpoint.every_steps steps for a mid-epoch checkpoint, and returns the
+// metrics of all the steps it ran.
+func (a *Agent) trainEpoch(ctx context.Context, key replicaKey, rep *replica, in spec.EpochInput, leave chan struct{}, beat *heartbeat) (trainer.EpochMetrics, error) {
+	epoch := rep.tr.Cursor().Epoch
+	every := in.Spec.Checkpoint.EverySteps
+	var total trainer.EpochMetrics
+	var lossSum float64
+	ran := 0
+	for {
+		from := rep.tr.Cursor().Step
+		opts := trainer.EpochOptions{Leave: leave, Progress: func(p trainer.Progress) {
+			beat.set(map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps, "loss": p.Loss})
+		}}
+		if every > 0 {
+			opts.UntilStep = (from/every + 1) * every
+		}
+		m, err := rep.tr.TrainEpoch(ctx, epoch, opts)
+		if err != nil {
+			return m, err
+		}
+		c := rep.tr.Cursor()
+		n := m.Steps - from // steps run when the epoch ended
+		if c.Epoch == epoch {
+			n = c.Step - from
+		}
+		total.Epoch, total.Steps, total.Left = epoch, m.Steps, m.Left
+		total.Samples += m.Samples
+		total.Seconds += m.Seconds
+		lossSum += m.TrainLoss * float64(n)
+		ran += n
+		if ran > 0 {
+			total.TrainLoss = lossSum / float64(ran)
+		}
+		if total.Seconds > 0 {
+			total.SamplesPerSecond = float64(total.Samples) / total.Seconds
+		}
+		if m.Left || c.Epoch != epoch {
+			return total, nil
+		}
+		// Stopped at an every_steps boundary: checkpoint there and go on.
+		beat.set(map[string]any{"epoch": epoch, "step": c.Step, "checkpointing": true})
+		if _, err := a.checkpointTogether(ctx, key, rep, in, nil); err != nil {
+			return total, err
+		}
+	}
 }
 
 // leaveGang ends an epoch the gang voted to leave: checkpoint where every
@@ -289,7 +331,7 @@ func (a *Agent) checkpointTogether(ctx context.Context, key replicaKey, rep *rep
 	c := rep.tr.Cursor()
 	ref := &spec.CheckpointRef{URL: rep.store.URL(), Run: in.Run, ID: checkpoint.ID(c.Epoch, c.Step), Epoch: c.Epoch, Step: c.Step}
 	a.mu.Lock()
-	a.refs[key] = ref
+	a.refs[in.Slot] = ref
 	a.mu.Unlock()
 	return ref, nil
 }
@@ -330,7 +372,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	if err != nil {
 		return nil, nil, userError(err)
 	}
-	rep = &replica{store: store}
+	rep = &replica{store: store, slot: in.Slot}
 	beat.set(map[string]any{"phase": "joining gang"})
 	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -341,33 +383,18 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		return nil, nil, err
 	}
 	h := in.Spec.Hyper
+	batch := h.BatchSize
+	if in.BatchSize > 0 {
+		batch = in.BatchSize
+	}
 	rep.tr, err = native.New(native.Config{Hidden: in.Spec.Model.Hidden, Optimizer: h.Optimizer, LR: h.LR, Momentum: h.Momentum,
-		WeightDecay: h.WeightDecay, BatchSize: h.BatchSize, Seed: h.Seed}, train, test, rep.group)
+		WeightDecay: h.WeightDecay, BatchSize: batch, Seed: h.Seed}, train, test, rep.group)
 	if err != nil {
 		rep.close()
 		return nil, nil, userError(err)
 	}
 	beat.set(map[string]any{"phase": "restoring"})
-	var report *spec.RestoreReport
-	from := in.Run
-	if in.Restore == nil {
-		from = in.Spec.ResumeFrom
-	}
-	if from == "" {
-		err = rep.tr.Init(ctx)
-	} else {
-		var c *checkpoint.Checkpoint
-		c, err = store.RestoreLatest(ctx, from, func(c *checkpoint.Checkpoint) error { return rep.tr.Restore(ctx, c) })
-		if err == nil {
-			report = &spec.RestoreReport{From: refOf(c)}
-			for _, s := range c.Skipped {
-				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
-			}
-			a.Log.Info("restored", zap.String("run", from), zap.String("checkpoint", c.Manifest.ID), zap.Int("rank", in.Rank), zap.Int("skipped", len(c.Skipped)))
-		} else if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-			err = userError(fmt.Errorf("cannot resume run %s: %w", from, err))
-		}
-	}
+	report, err := a.restore(ctx, store, rep, in)
 	if err != nil {
 		rep.close()
 		return nil, nil, err
@@ -379,6 +406,40 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	a.replicas[key] = rep
 	a.mu.Unlock()
 	return rep, report, nil
+}
+
+// restore brings a cold replica to where its run stands: the run's latest
+// verified checkpoint once the run has trained before (Resume, or a known
+// checkpoint), else spec.resume_from's, else fresh weights.
+func (a *Agent) restore(ctx context.Context, store *checkpoint.Store, rep *replica, in spec.EpochInput) (*spec.RestoreReport, error) {
+	sources := []string{}
+	if in.Restore != nil || in.Resume {
+		sources = append(sources, in.Run)
+	}
+	if in.Spec.ResumeFrom != "" {
+		sources = append(sources, in.Spec.ResumeFrom)
+	}
+	for i, from := range sources {
+		c, err := store.RestoreLatest(ctx, from, func(c *checkpoint.Checkpoint) error { return rep.tr.Restore(ctx, c) })
+		switch {
+		case err == nil:
+			report := &spec.RestoreReport{From: refOf(c)}
+			for _, s := range c.Skipped {
+				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
+			}
+			a.Log.Info("restored", zap.String("run", from), zap.String("checkpoint", c.Manifest.ID), zap.Int("rank", in.Rank), zap.Int("skipped", len(c.Skipped)))
+			return report, nil
+		case !errors.Is(err, checkpoint.ErrNoCheckpoint):
+			return nil, err
+		case from == in.Spec.ResumeFrom && i == len(sources)-1:
+			return nil, userError(fmt.Errorf("cannot resume from run %s: %w", from, err))
+		case in.Restore != nil:
+			// The workflow saw this checkpoint committed: its loss is not a fresh start.
+			return nil, fmt.Errorf("run %s: checkpoint %s was committed but no verified checkpoint is left: %w", in.Run, in.Restore.ID, err)
+		}
+		// The run trained before but never committed a checkpoint: go on to the next source.
+	}
+	return nil, rep.tr.Init(ctx)
 }
 
 func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (*spec.CheckpointRef, error) {
@@ -451,6 +512,22 @@ func (a *Agent) freeSlot(i int) {
 	a.mu.Unlock()
 }
 
+// dropReplicasOn drops the workflow's replicas that ran on a released slot.
+func (a *Agent) dropReplicasOn(workflowID string, slot int) {
+	a.mu.Lock()
+	var drop []*replica
+	for k, rep := range a.replicas {
+		if k.workflowID == workflowID && rep.slot == slot {
+			drop = append(drop, rep)
+			delete(a.replicas, k)
+		}
+	}
+	a.mu.Unlock()
+	for _, rep := range drop {
+		rep.close()
+	}
+}
+
 func (a *Agent) dropReplica(key replicaKey) {
 	a.mu.Lock()
 	rep := a.replicas[key]
@@ -472,12 +549,12 @@ var errShuttingDown = errors.New("the worker is shutting down")
 
 // classify turns an error into what the workflow's failure policy reads, and
 // drops the replica: after a failed step its gang is gone.
-func (a *Agent) classify(ctx context.Context, key replicaKey, err error, leave chan struct{}) error {
+func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err error, leave chan struct{}) error {
 	a.dropReplica(key)
 	var app *temporal.ApplicationError
 	switch {
 	case errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave):
-		return a.preempted(key)
+		return a.preempted(slot)
 	case errors.As(err, &app):
 		return err
 	case errors.Is(err, trainer.ErrDiverged):
@@ -492,10 +569,10 @@ func userError(err error) error {
 
 // preempted is the error of a rank or slot whose worker is stopping, with the
 // latest checkpoint its gang committed, if any, as details.
-func (a *Agent) preempted(key replicaKey) error {
+func (a *Agent) preempted(slot int) error {
 	msg := fmt.Sprintf("worker %s is shutting down", a.Identity)
 	a.mu.Lock()
-	ref := a.refs[key]
+	ref := a.refs[slot]
 	a.mu.Unlock()
 	if ref != nil {
 		return temporal.NewApplicationError(fmt.Sprintf("%s; checkpointed at epoch %d step %d", msg, ref.Epoch, ref.Step), spec.ErrPreempted, *ref)
@@ -503,37 +580,39 @@ func (a *Agent) preempted(key replicaKey) error {
 	return temporal.NewApplicationError(msg, spec.ErrPreempted)
 }
 
-// gpuStats reads the load of the GPU the rank's slot pins, or is nil.
-func (a *Agent) gpuStats(key replicaKey) func() (GPUStats, bool) {
-	a.mu.Lock()
-	slot, ok := a.slotOf[key]
-	a.mu.Unlock()
-	if !ok || slot.GPU == "" || a.Devices == nil {
+// gpuStats reads the load of the GPU the slot pins, or is nil.
+func (a *Agent) gpuStats(index int) func() (GPUStats, bool) {
+	if a.Devices == nil {
 		return nil
 	}
-	return func() (GPUStats, bool) { return a.Devices.Stats(slot) }
+	for _, slot := range a.Slots {
+		if slot.Index == index && slot.GPU != "" {
+			return func() (GPUStats, bool) { return a.Devices.Stats(slot) }
+		}
+	}
+	return nil
 }
 
-// running marks the rank's epoch as running until the returned func is called.
-func (a *Agent) running(key replicaKey) func() {
+// running marks the slot's epoch as running until the returned func is called.
+func (a *Agent) running(slot int) func() {
 	done := make(chan struct{})
 	a.mu.Lock()
-	a.epochs[key] = done
+	a.epochs[slot] = done
 	a.mu.Unlock()
 	return func() {
 		a.mu.Lock()
-		if a.epochs[key] == done {
-			delete(a.epochs, key)
+		if a.epochs[slot] == done {
+			delete(a.epochs, slot)
 		}
 		a.mu.Unlock()
 		close(done)
 	}
 }
 
-// waitEpoch waits until the rank's running epoch, if any, has returned.
-func (a *Agent) waitEpoch(ctx context.Context, key replicaKey) {
+// waitEpoch waits until the slot's running epoch, if any, has returned.
+func (a *Agent) waitEpoch(ctx context.Context, slot int) {
 	a.mu.Lock()
-	done := a.epochs[key]
+	done := a.epochs[slot]
 	a.mu.Unlock()
 	if done == nil {
 		return

@@ -75,8 +75,17 @@ type EpochInput struct {
 	// Restore: where to start if the rank's warm replica is not at (Epoch, 0).
 	// Nil with a cold replica means a fresh start (or spec.ResumeFrom).
 	Restore *CheckpointRef `json:"restore,omitempty"`
+	// Resume: the run has trained before (a gang may have committed a
+	// mid-epoch checkpoint the workflow has not heard of): restore the run's
+	// latest verified checkpoint if there is one.
+	Resume bool `json:"resume,omitempty"`
 	// Checkpoint: rank 0 commits a checkpoint after the epoch.
 	Checkpoint bool `json:"checkpoint"`
+	// Slot is the index, on the rank's worker, of the slot its gang holds.
+	Slot int `json:"slot"`
+	// BatchSize is the rank's batch: hyper.batch_size, scaled up when the gang
+	// runs with fewer ranks than scaling.workers so the global batch stays.
+	BatchSize int `json:"batch_size,omitempty"`
 }
 
 // EpochResult is what a rank reports; rank 0's carries the checkpoint.

@@ -59,6 +59,11 @@ type Hyper struct {
 
 type Scaling struct {
 	Workers       int      `json:"workers,omitempty"`         // ranks; default 1
+	// MinWorkers lets the run go on with fewer ranks (at least this many) when
+	// not every slot can be had within the gang timeout, keeping the global
+	// batch (batch_size × workers); it grows back at an epoch boundary once
+	// slots are free. Default: workers (no elasticity).
+	MinWorkers int `json:"min_workers,omitempty"`
 	GPUsPerWorker int      `json:"gpus_per_worker,omitempty"` // slots per rank; default 1
 	TaskQueue     string   `json:"task_queue,omitempty"`      // the GPU agents' queue; default "durabletrain-gpu"
 	GangTimeout   Duration `json:"gang_timeout,omitempty"`    // to reserve every slot at once; default 2m
@@ -67,6 +72,9 @@ type Scaling struct {
 type Checkpoint struct {
 	URL         string `json:"url,omitempty"`          // gocloud.dev/blob URL; default DefaultCheckpointURL
 	EveryEpochs int    `json:"every_epochs,omitempty"` // default 1
+	// EverySteps also checkpoints every this many steps within an epoch, so a
+	// long epoch loses at most that much work; 0: only at epoch ends.
+	EverySteps int `json:"every_steps,omitempty"`
 	KeepLast    int    `json:"keep_last,omitempty"`    // default 2; 0 is not allowed (use a large number)
 	KeepBest    int    `json:"keep_best,omitempty"`    // default 0
 	Score       string `json:"score,omitempty"`        // metric for keep_best; default "test_accuracy"
@@ -131,6 +139,9 @@ func (t Training) WithDefaults() Training {
 	s := &t.Scaling
 	if s.Workers == 0 {
 		s.Workers = 1
+	}
+	if s.MinWorkers == 0 {
+		s.MinWorkers = s.Workers
 	}
 	if s.GPUsPerWorker == 0 {
 		s.GPUsPerWorker = 1
@@ -205,6 +216,8 @@ func (t Training) Validate() error {
 		return bad("hyper.weight_decay", h.WeightDecay, "a number in [0, 1)")
 	case s.Workers < 1 || s.Workers > MaxWorkers:
 		return bad("scaling.workers", s.Workers, fmt.Sprintf("1 to %d ranks", MaxWorkers))
+	case s.MinWorkers < 1 || s.MinWorkers > s.Workers:
+		return bad("scaling.min_workers", s.MinWorkers, fmt.Sprintf("1 to scaling.workers (%d)", s.Workers))
 	case s.GPUsPerWorker != 1:
 		return bad("scaling.gpus_per_worker", s.GPUsPerWorker, "1 (one rank per GPU slot)")
 	case s.TaskQueue == "" || strings.ContainsAny(s.TaskQueue, " /"):
@@ -215,6 +228,8 @@ func (t Training) Validate() error {
 		return bad("checkpoint.url", fmt.Sprintf("%q", c.URL), "a file://, s3://, gs://, azblob:// or mem:// URL")
 	case c.EveryEpochs < 1:
 		return bad("checkpoint.every_epochs", c.EveryEpochs, "1 or more")
+	case c.EverySteps < 0:
+		return bad("checkpoint.every_steps", c.EverySteps, "0 (only at epoch ends) or more")
 	case c.KeepLast < 1:
 		return bad("checkpoint.keep_last", c.KeepLast, "1 or more")
 	case c.KeepBest < 0:

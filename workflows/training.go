@@ -32,6 +32,9 @@ type Progress struct {
 	Epoch       int                 `json:"epoch"` // epochs done
 	Epochs      int                 `json:"epochs"`
 	Generation  int                 `json:"generation"` // gangs formed so far
+	Workers     int                 `json:"workers"`    // ranks asked for (scaling.workers)
+	World       int                 `json:"world"`      // ranks of the current gang: fewer while degraded (scaling.min_workers)
+	Attempts    int                 `json:"attempts"`   // epochs started, failed ones included
 	Gang        []spec.Placement    `json:"gang,omitempty"`
 	Metrics     []spec.EpochMetrics `json:"metrics,omitempty"`
 	Failures    int                 `json:"failures"`
@@ -74,7 +77,7 @@ func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*Progress, e
 	}
 	info := workflow.GetInfo(ctx)
 	if p == nil {
-		p = &Progress{Run: s.Name, Epochs: s.Hyper.Epochs}
+		p = &Progress{Run: s.Name, Epochs: s.Hyper.Epochs, Workers: s.Scaling.Workers}
 		if p.Run == "" {
 			p.Run = runName(info.WorkflowExecution.ID)
 		}
@@ -106,6 +109,7 @@ func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*Progress, e
 	}}); err != nil {
 		return nil, err
 	}
+	r.elastic = workflow.GetVersion(ctx, "elastic-gangs", workflow.DefaultVersion, 1) >= 1
 	p, err = r.train(ctx)
 	r.ended = true
 	// Answer the stop updates before the run closes.
@@ -122,7 +126,11 @@ type run struct {
 	stop   workflow.Channel // stop requests, by signal or update
 	grants workflow.ReceiveChannel
 	gang   *gang
+	probe  *probe // while the gang has fewer ranks than scaling.workers
 	ended  bool
+	// elastic: this run's history has the elastic-gangs version (each slot
+	// held on its own context). Runs started before it replay without.
+	elastic bool
 }
 
 // gang is a reserved set of slots, one per rank, held by HoldSlot activities.
@@ -157,6 +165,9 @@ func (r *run) train(ctx workflow.Context) (*Progress, error) {
 			r.record(ctx, *out.result)
 		}
 		r.p.Latest = newer(r.p.Latest, out.latest)
+		if out.err == nil {
+			r.growGang(ctx)
+		}
 		if err := out.err; err != nil {
 			r.releaseGang()
 			if budgetErr := r.countFailure(ctx, epoch, err); budgetErr != nil {
@@ -209,7 +220,11 @@ func (r *run) formGang(ctx workflow.Context) error {
 		g, err := r.reserve(ctx, gen)
 		if err == nil {
 			r.gang = g
-			r.p.Gang = g.placements
+			r.p.Gang, r.p.World = g.placements, len(g.placements)
+			if n := len(g.placements); n < r.spec.Scaling.Workers {
+				r.p.Incidents = append(r.p.Incidents, Incident{Generation: gen, Epoch: r.p.Epoch, Kind: "resized",
+					Detail: fmt.Sprintf("only %d of %d slots within scaling.gang_timeout: going on with %d ranks (scaling.min_workers %d), global batch kept", n, r.spec.Scaling.Workers, n, r.spec.Scaling.MinWorkers)})
+			}
 			return nil
 		}
 		if errors.Is(err, errStopped) {
@@ -232,10 +247,9 @@ func (r *run) formGang(ctx workflow.Context) error {
 	}
 }
 
-// reserve starts one HoldSlot per rank and waits until each has signalled its
-// placement, one of them fails, the gang timeout passes, or a stop arrives.
-func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
-	workers := r.spec.Scaling.Workers
+// holdSlots starts one HoldSlot per request, each cancellable on its own;
+// cancelling the returned release cancels them all.
+func (r *run) holdSlots(ctx workflow.Context, gen int, requests []int) ([]workflow.Future, []workflow.CancelFunc, workflow.CancelFunc) {
 	holdCtx, release := workflow.WithCancel(ctx)
 	holdCtx = workflow.WithActivityOptions(holdCtx, workflow.ActivityOptions{
 		TaskQueue:              r.spec.Scaling.TaskQueue,
@@ -245,54 +259,93 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1},
 	})
 	info := workflow.GetInfo(ctx)
-	g := &gang{generation: gen, release: release, placements: make([]spec.Placement, workers), holds: make([]workflow.Future, workers)}
-	granted := make([]bool, workers)
-	for i := range workers {
-		g.holds[i] = workflow.ExecuteActivity(holdCtx, spec.ActivityHoldSlot, spec.HoldSlotInput{
-			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: i})
+	holds := make([]workflow.Future, len(requests))
+	cancels := make([]workflow.CancelFunc, len(requests))
+	for i, req := range requests {
+		c, cancel := holdCtx, workflow.CancelFunc(func() {})
+		if r.elastic {
+			c, cancel = workflow.WithCancel(holdCtx)
+		}
+		cancels[i] = cancel
+		holds[i] = workflow.ExecuteActivity(c, spec.ActivityHoldSlot, spec.HoldSlotInput{
+			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: req})
 	}
+	return holds, cancels, release
+}
+
+// reserve starts one HoldSlot per rank and waits until each has signalled its
+// placement, one of them fails, the gang timeout passes, or a stop arrives.
+// At the timeout a gang of at least scaling.min_workers ranks is taken.
+func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
+	workers := r.spec.Scaling.Workers
+	requests := make([]int, workers)
+	for i := range requests {
+		requests[i] = i
+	}
+	holds, cancels, release := r.holdSlots(ctx, gen, requests)
 	var secret []byte
 	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
-	g.secret = secret
 
+	placements := make([]spec.Placement, workers)
+	granted := make([]bool, workers)
+	ended := make([]bool, workers) // a hold that ended before it was granted: no slot came
 	timedOut := false
 	var holdErr error
 	timerCtx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
 	timer := workflow.NewTimer(timerCtx, time.Duration(r.spec.Scaling.GangTimeout))
-	count := 0
-	for count < workers && !timedOut && holdErr == nil && !r.p.Stopping {
+	count, gone := 0, 0
+	for count < workers && count+gone < workers && !timedOut && holdErr == nil && !r.p.Stopping {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
 			var s spec.SlotGranted
 			c.Receive(ctx, &s)
-			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] {
+			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] || ended[s.Request] {
 				return // a slot of an older gang, or a duplicate
 			}
 			granted[s.Request] = true
-			g.placements[s.Request] = s.Placement
+			placements[s.Request] = s.Placement
 			count++
 		})
 		sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
 		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
-		for i, h := range g.holds {
+		for i, h := range holds {
+			if ended[i] {
+				continue
+			}
 			sel.AddFuture(h, func(f workflow.Future) {
 				err := f.Get(ctx, nil)
-				holdErr = fmt.Errorf("slot %d ended before the gang formed: %v", i, err)
+				ended[i] = true
+				if granted[i] {
+					holdErr = fmt.Errorf("slot %d ended before the gang formed: %v", i, err)
+				} else {
+					gone++
+				}
 			})
 		}
 		sel.Select(ctx)
 	}
-	switch {
-	case r.p.Stopping:
+	if r.p.Stopping {
 		release()
 		return nil, errStopped
-	case holdErr != nil:
+	}
+	if holdErr != nil {
 		release()
 		return nil, holdErr
-	case timedOut:
+	}
+	if count < workers && count < r.spec.Scaling.MinWorkers {
 		release()
 		return nil, fmt.Errorf("only %d of %d slots on task queue %q within scaling.gang_timeout %v", count, workers, r.spec.Scaling.TaskQueue, r.spec.Scaling.GangTimeout)
+	}
+	// The whole gang, or at least min_workers of it: the ungranted holds go.
+	g := &gang{generation: gen, release: release, secret: secret}
+	for i := range workers {
+		if granted[i] {
+			g.placements = append(g.placements, placements[i])
+			g.holds = append(g.holds, holds[i])
+		} else {
+			cancels[i]()
+		}
 	}
 	for i := range g.placements {
 		g.placements[i].Rank = i
@@ -300,11 +353,85 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	return g, nil
 }
 
+// probe asks for the slots a degraded gang lacks, as the next generation's
+// extra ranks; the slots it gets are held until the gang grows at an epoch
+// boundary (grow), or released with the gang.
+type probe struct {
+	generation int
+	requests   []int
+	holds      []workflow.Future
+	release    workflow.CancelFunc
+	placements map[int]spec.Placement
+	failed     bool
+}
+
+// growGang, at an epoch boundary of a degraded gang, starts a probe for the
+// missing slots or, once the probe holds them all, makes the next gang: the
+// current ranks and the probe's, which restore from the checkpoint just taken.
+func (r *run) growGang(ctx workflow.Context) {
+	g, workers := r.gang, r.spec.Scaling.Workers
+	if g == nil || len(g.placements) >= workers || !r.elastic {
+		return
+	}
+	if r.probe == nil || r.probe.failed {
+		if r.probe != nil {
+			r.probe.release()
+		}
+		r.p.Generation++
+		pr := &probe{generation: r.p.Generation, placements: map[int]spec.Placement{}}
+		for i := len(g.placements); i < workers; i++ {
+			pr.requests = append(pr.requests, i)
+		}
+		pr.holds, _, pr.release = r.holdSlots(ctx, pr.generation, pr.requests)
+		for _, h := range pr.holds {
+			workflow.Go(ctx, func(ctx workflow.Context) {
+				h.Get(ctx, nil)
+				pr.failed = true // a probe's slot that ends (no slot in time, a lost worker) spoils the probe
+			})
+		}
+		r.probe = pr
+		return
+	}
+	pr := r.probe
+	for {
+		var s spec.SlotGranted
+		if !r.grants.ReceiveAsync(&s) {
+			break
+		}
+		if s.Generation == pr.generation {
+			pr.placements[s.Request] = s.Placement
+		}
+	}
+	if len(pr.placements) < len(pr.requests) {
+		return
+	}
+	grown := &gang{generation: pr.generation, secret: nil,
+		placements: append([]spec.Placement{}, g.placements...), holds: append([]workflow.Future{}, g.holds...)}
+	for i, req := range pr.requests {
+		pl := pr.placements[req]
+		pl.Rank = len(grown.placements)
+		grown.placements = append(grown.placements, pl)
+		grown.holds = append(grown.holds, pr.holds[i])
+	}
+	oldRelease, probeRelease := g.release, pr.release
+	grown.release = func() { oldRelease(); probeRelease() }
+	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&grown.secret)
+	r.p.Incidents = append(r.p.Incidents, Incident{Generation: grown.generation, Epoch: r.p.Epoch, Kind: "resized",
+		Detail: fmt.Sprintf("grew from %d to %d ranks", len(g.placements), len(grown.placements))})
+	r.gang, r.probe = grown, nil
+	r.p.Gang, r.p.World = grown.placements, len(grown.placements)
+}
+
 func (r *run) releaseGang() {
+	if r.probe != nil {
+		r.probe.release()
+		r.probe = nil
+	}
 	if r.gang != nil {
 		r.gang.release()
 		r.gang = nil
 		r.p.Gang = nil
+		r.p.World = 0
 	}
 }
 
@@ -327,7 +454,13 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	for i, pl := range g.placements {
 		peers[i] = pl.Collective
 	}
-	checkpoint := (epoch+1)%r.spec.Checkpoint.EveryEpochs == 0 || epoch+1 == r.p.Epochs
+	world := len(g.placements)
+	// A degraded gang checkpoints every epoch, so growing back loses nothing.
+	checkpoint := (epoch+1)%r.spec.Checkpoint.EveryEpochs == 0 || epoch+1 == r.p.Epochs || world < r.spec.Scaling.Workers
+	// The global batch stays batch_size × workers whatever the gang's size.
+	batch := (r.spec.Hyper.BatchSize*r.spec.Scaling.Workers + world - 1) / world
+	resume := r.p.Attempts > 0
+	r.p.Attempts++
 	futures := make([]workflow.Future, len(g.placements))
 	for rank, pl := range g.placements {
 		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
@@ -338,7 +471,8 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 		})
 		futures[rank] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, spec.EpochInput{
 			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, Secret: g.secret,
-			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Checkpoint: checkpoint,
+			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
+			Slot: pl.Slot, BatchSize: batch,
 		})
 	}
 	results := make([]spec.EpochResult, len(futures))

@@ -384,6 +384,70 @@ func TestStopUpdateAnswersWithTheFinalCheckpoint(t *testing.T) {
 	}
 }
 
+// With scaling.min_workers, a run that gets only some of its slots goes on
+// with them (keeping the global batch, checkpointing every epoch), and grows
+// back to the requested size at an epoch boundary once slots are free.
+func TestElasticGangShrinksAndGrowsBack(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 1, 0) // one of two slots at first
+	h.grant(2, 2, 0) // the probe for the missing slot gets it
+	p, err := h.start(`{"hyper": {"epochs": 4, "batch_size": 64}, "scaling": {"workers": 2, "min_workers": 1, "gang_timeout": "1s"}, "checkpoint": {"every_epochs": 3}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Workers != 2 {
+		t.Fatalf("progress %+v", p)
+	}
+	worlds := map[int]int{}
+	for _, in := range h.runs {
+		worlds[in.Epoch] = len(in.Peers)
+		switch len(in.Peers) {
+		case 1:
+			if in.BatchSize != 128 || !in.Checkpoint || in.Generation != 1 {
+				t.Fatalf("a degraded rank's input: batch %d, checkpoint %v, generation %d; want 128 (the global batch), true, 1", in.BatchSize, in.Checkpoint, in.Generation)
+			}
+		case 2:
+			if in.BatchSize != 64 || in.Generation != 2 || (in.Epoch == 2 && !in.Resume) {
+				t.Fatalf("a grown gang's input: batch %d, generation %d, resume %v", in.BatchSize, in.Generation, in.Resume)
+			}
+		}
+	}
+	if worlds[0] != 1 || worlds[1] != 1 || worlds[2] != 2 || worlds[3] != 2 {
+		t.Fatalf("ranks per epoch %v; want 1, 1, then 2 from epoch 2", worlds)
+	}
+	var resized []string
+	for _, inc := range p.Incidents {
+		if inc.Kind == "resized" {
+			resized = append(resized, inc.Detail)
+		}
+	}
+	if len(resized) != 2 || !strings.Contains(resized[1], "grew from 1 to 2 ranks") {
+		t.Fatalf("resize incidents %q", resized)
+	}
+}
+
+// Without min_workers a partial gang is never taken.
+func TestPartialGangIsNotTakenWithoutMinWorkers(t *testing.T) {
+	old := gangBackoffBase
+	gangBackoffBase = 50 * time.Millisecond
+	defer func() { gangBackoffBase = old }()
+	h := newHarness(t)
+	h.grant(1, 1, 0)
+	h.grant(2, 2, 0)
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 2, "gang_timeout": "1s"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range h.runs {
+		if len(in.Peers) != 2 {
+			t.Fatalf("an epoch ran with %d ranks", len(in.Peers))
+		}
+	}
+	if p.Generation != 2 {
+		t.Fatalf("progress %+v", p)
+	}
+}
+
 func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
 	old := gangBackoffBase
 	gangBackoffBase = 50 * time.Millisecond // held slots keep the test clock at real time
