@@ -58,12 +58,12 @@ type Hyper struct {
 }
 
 type Scaling struct {
-	Workers       int      `json:"workers,omitempty"`         // ranks; default 1
+	Workers int `json:"workers,omitempty"` // ranks; default 1
 	// MinWorkers lets the run go on with fewer ranks (at least this many) when
 	// not every slot can be had within the gang timeout, keeping the global
 	// batch (batch_size × workers); it grows back at an epoch boundary once
 	// slots are free. Default: workers (no elasticity).
-	MinWorkers int `json:"min_workers,omitempty"`
+	MinWorkers    int      `json:"min_workers,omitempty"`
 	GPUsPerWorker int      `json:"gpus_per_worker,omitempty"` // slots per rank; default 1
 	TaskQueue     string   `json:"task_queue,omitempty"`      // the GPU agents' queue; default "durabletrain-gpu"
 	GangTimeout   Duration `json:"gang_timeout,omitempty"`    // to reserve every slot at once; default 2m
@@ -74,11 +74,11 @@ type Checkpoint struct {
 	EveryEpochs int    `json:"every_epochs,omitempty"` // default 1
 	// EverySteps also checkpoints every this many steps within an epoch, so a
 	// long epoch loses at most that much work; 0: only at epoch ends.
-	EverySteps int `json:"every_steps,omitempty"`
-	KeepLast    int    `json:"keep_last,omitempty"`    // default 2; 0 is not allowed (use a large number)
-	KeepBest    int    `json:"keep_best,omitempty"`    // default 0
-	Score       string `json:"score,omitempty"`        // metric for keep_best; default "test_accuracy"
-	Mode        string `json:"mode,omitempty"`         // "max" (default) or "min"
+	EverySteps int    `json:"every_steps,omitempty"`
+	KeepLast   int    `json:"keep_last,omitempty"` // default 2; 0 is not allowed (use a large number)
+	KeepBest   int    `json:"keep_best,omitempty"` // default 0
+	Score      string `json:"score,omitempty"`     // metric for keep_best; default "test_accuracy"
+	Mode       string `json:"mode,omitempty"`      // "max" (default) or "min"
 }
 
 type Failure struct {
