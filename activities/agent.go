@@ -35,6 +35,10 @@ type Agent struct {
 	Slots     []Slot
 	Devices   DeviceStats // reads GPU utilisation and memory for heartbeats and logs; nil on CPU slots
 	Log       *zap.Logger
+	// Transport is the collective's transport: "" (shared memory between
+	// ranks on one host, else TCP) or "tcp" (always TCP: hosts that share a
+	// kernel but should not share memory, as network namespaces do).
+	Transport string
 	// LeaveTimeout bounds how long ranks of a stopping worker take to stop
 	// with their gang and checkpoint before they are cut off; default 8s.
 	// Keep it below the worker's stop grace.
@@ -377,7 +381,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	rep.group, err = collective.Join(jctx, a.Listener, collective.Gang{Run: key.workflowID, Generation: uint64(in.Generation), Peers: in.Peers},
-		in.Rank, collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Logger: a.Log})
+		in.Rank, collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log})
 	if err != nil {
 		rep.close()
 		return nil, nil, err

@@ -35,6 +35,7 @@ func main() {
 	flag.IntVar(&cfg.CPUSlots, "slots", 1, "CPU slots to offer where NVML finds no GPU")
 	flag.StringVar(&cfg.CollectiveBind, "collective-bind", ":0", "address the collective listener binds")
 	flag.StringVar(&cfg.CollectiveAdvertise, "collective-advertise", "", "address peers dial (default: the bound port on 127.0.0.1; set it on multi-host setups)")
+	flag.StringVar(&cfg.CollectiveTransport, "collective-transport", "", `"" (shared memory between ranks on one host, else TCP) or "tcp"`)
 	flag.StringVar(&cfg.Identity, "identity", "", "worker identity (default hostname-pid)")
 	flag.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running ranks get to leave on shutdown")
 	flag.Parse()

@@ -113,9 +113,15 @@ func Start(o Options) (*Server, error) {
 		return nil, fmt.Errorf("devserver: creating namespace %q: %w", o.Namespace, err)
 	}
 
+	// The services reach each other and the frontend at the bind address, or
+	// on loopback when the frontend binds every interface.
+	local := o.IP
+	if ip := net.ParseIP(o.IP); ip != nil && ip.IsUnspecified() {
+		local = "127.0.0.1"
+	}
 	var conf config.Config
 	conf.Global.Membership.MaxJoinDuration = 30e9
-	conf.Global.Membership.BroadcastAddress = "127.0.0.1"
+	conf.Global.Membership.BroadcastAddress = local
 	conf.Persistence.DefaultStore = "sqlite"
 	conf.Persistence.VisibilityStore = "sqlite"
 	conf.Persistence.NumHistoryShards = 1
@@ -123,7 +129,7 @@ func Start(o Options) (*Server, error) {
 	conf.ClusterMetadata = &cluster.Config{
 		FailoverVersionIncrement: 10, MasterClusterName: "active", CurrentClusterName: "active",
 		ClusterInformation: map[string]cluster.ClusterInformation{"active": {
-			Enabled: true, InitialFailoverVersion: 1, RPCAddress: fmt.Sprintf("127.0.0.1:%d", o.Port), ClusterID: "durabletrain-dev"}},
+			Enabled: true, InitialFailoverVersion: 1, RPCAddress: net.JoinHostPort(local, strconv.Itoa(o.Port)), ClusterID: "durabletrain-dev"}},
 	}
 	conf.DCRedirectionPolicy.Policy = "noop"
 	service := func(frontend bool) config.Service {
@@ -131,7 +137,7 @@ func Start(o Options) (*Server, error) {
 		if frontend {
 			s.RPC.GRPCPort, s.RPC.BindOnIP = o.Port, o.IP
 		} else {
-			s.RPC.GRPCPort, s.RPC.BindOnLocalHost = ports.pick(), true
+			s.RPC.GRPCPort, s.RPC.BindOnIP = ports.pick(), local
 		}
 		s.RPC.MembershipPort = ports.pick()
 		return s
@@ -141,7 +147,7 @@ func Start(o Options) (*Server, error) {
 	conf.Archival.Visibility.State = "disabled"
 	conf.NamespaceDefaults.Archival.History.State = "disabled"
 	conf.NamespaceDefaults.Archival.Visibility.State = "disabled"
-	conf.PublicClient.HostPort = fmt.Sprintf("127.0.0.1:%d", o.Port)
+	conf.PublicClient.HostPort = net.JoinHostPort(local, strconv.Itoa(o.Port))
 
 	dyn := dynamicconfig.StaticClient{
 		dynamicconfig.MakeKey("frontend.enableUpdateWorkflowExecution"): true,

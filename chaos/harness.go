@@ -1,0 +1,429 @@
+// Package chaos owns the fault-injection harness: it runs the dev server and
+// worker processes as separate hosts (network namespaces on one machine)
+// under a supervisor that restarts what dies, trains, injects real faults at
+// points chosen from a seed (kill -9, SIGSTOP, a partition, SIGTERM, the
+// Temporal server killed and restarted on its SQLite file, a corrupted latest
+// checkpoint), measures detection and recovery, and checks every run ends
+// with weights bit-identical to an uninterrupted run.
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"go.uber.org/zap"
+
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+// Fault kinds.
+const (
+	Kill      = "kill-9"
+	Stop      = "sigstop"
+	Partition = "partition"
+	Term      = "sigterm"
+	Server    = "server-restart"
+	Corrupt   = "corrupt-checkpoint"
+)
+
+// Kinds is every fault kind.
+var Kinds = []string{Kill, Stop, Partition, Term, Server, Corrupt}
+
+// Phases a fault lands in.
+const (
+	PhaseGang       = "gang-formation"
+	PhaseEpoch      = "mid-epoch"
+	PhaseCheckpoint = "checkpoint-write"
+)
+
+// Config is one chaos session.
+type Config struct {
+	Seed           int64
+	Faults         int      // faults to inject in all; every kind appears once there are as many as kinds
+	Kinds          []string // default Kinds
+	FaultsPerRun   int      // default 3
+	Hosts          int      // worker hosts (1 slot each); default 3: a 2-rank gang and a spare
+	Ranks          int      // default 2
+	Epochs         int      // per run; default 8
+	EverySteps     int      // checkpoint.every_steps; default 200
+	BatchSize      int      // per rank; default 32
+	Dataset        string   // default the full Fashion-MNIST
+	Bin            string   // directory with devserver and worker
+	Dir            string   // work directory: SQLite file, checkpoints, logs
+	Log            io.Writer
+	HeartbeatLimit time.Duration // failure.heartbeat_timeout; default 4s
+}
+
+func (c Config) withDefaults() Config {
+	if len(c.Kinds) == 0 {
+		c.Kinds = Kinds
+	}
+	if c.FaultsPerRun == 0 {
+		c.FaultsPerRun = 3
+	}
+	if c.Hosts == 0 {
+		c.Hosts = 3
+	}
+	if c.Ranks == 0 {
+		c.Ranks = 2
+	}
+	if c.Epochs == 0 {
+		c.Epochs = 8
+	}
+	if c.EverySteps == 0 {
+		c.EverySteps = 200
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 32
+	}
+	if c.Dataset == "" {
+		c.Dataset = "file:///usr/share/datasets/fashion-mnist"
+	}
+	if c.HeartbeatLimit == 0 {
+		c.HeartbeatLimit = 4 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	return c
+}
+
+// Fault is one injected fault and what it cost.
+type Fault struct {
+	Run      string
+	Kind     string
+	Phase    string
+	Target   string
+	Detected time.Duration // until the run counted it (0: not a failure of the run, as a server restart)
+	Resumed  time.Duration // until a gang trained again (server: until the run made progress again)
+	Note     string
+	OK       bool
+}
+
+// RunResult is one training run under faults.
+type RunResult struct {
+	ID          string
+	State       string
+	Epochs      int
+	Failures    int
+	Preemptions int
+	Redone      int // epochs trained more than once
+	Corrupt     int // corrupt checkpoints detected and skipped
+	Identical   bool
+	Seconds     float64
+	Err         string
+}
+
+// Report is a chaos session's outcome.
+type Report struct {
+	Faults    []Fault
+	Runs      []RunResult
+	Reference string // SHA-256 of the uninterrupted run's final state
+}
+
+// Harness runs a chaos session.
+type Harness struct {
+	cfg     Config
+	net     hostNet
+	server  *proc
+	hosts   []*proc
+	client  client.Client
+	rng     *rand.Rand
+	ckptDir string
+}
+
+// Run sets the hosts up, trains a reference run and the runs under faults,
+// and tears everything down.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.withDefaults()
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	h := &Harness{cfg: cfg, net: hostNet{bridge: "dtcbr0", prefix: "10.231.7"}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 0xc4a05))}
+	h.ckptDir = filepath.Join(cfg.Dir, "checkpoints")
+	for _, d := range []string{h.ckptDir, filepath.Join(cfg.Dir, "logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := h.net.setUp(cfg.Hosts); err != nil {
+		return nil, err
+	}
+	defer h.net.tearDown(cfg.Hosts)
+	if err := h.startProcesses(); err != nil {
+		return nil, err
+	}
+	defer h.stopProcesses()
+	var err error
+	if h.client, err = h.dial(ctx); err != nil {
+		return nil, err
+	}
+	defer h.client.Close()
+
+	rep := &Report{}
+	h.logf("reference run: %d ranks, %d epochs, no faults", cfg.Ranks, cfg.Epochs)
+	ref, err := h.runWithFaults(ctx, "chaos-reference", nil, rep)
+	if err != nil {
+		return rep, fmt.Errorf("reference run: %w", err)
+	}
+	if rep.Reference, err = h.finalState(ctx, ref); err != nil {
+		return rep, fmt.Errorf("reference run: %w", err)
+	}
+	rep.Runs = rep.Runs[:0]
+	plan := h.plan()
+	for i := 0; len(plan) > 0; i++ {
+		n := min(cfg.FaultsPerRun, len(plan))
+		kinds := plan[:n]
+		plan = plan[n:]
+		id := fmt.Sprintf("chaos-%d-%d", cfg.Seed, i)
+		h.logf("run %s: faults %s", id, strings.Join(kinds, ", "))
+		p, err := h.runWithFaults(ctx, id, kinds, rep)
+		r := &rep.Runs[len(rep.Runs)-1]
+		if err != nil {
+			r.Err = err.Error()
+			continue
+		}
+		state, err := h.finalState(ctx, p)
+		if err != nil {
+			r.Err = err.Error()
+			continue
+		}
+		r.Identical = state == rep.Reference
+	}
+	return rep, nil
+}
+
+// plan is the sequence of fault kinds: every kind once per round, in an
+// order drawn from the seed.
+func (h *Harness) plan() []string {
+	var plan []string
+	for len(plan) < h.cfg.Faults {
+		round := append([]string(nil), h.cfg.Kinds...)
+		h.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		plan = append(plan, round...)
+	}
+	return plan[:h.cfg.Faults]
+}
+
+func (h *Harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.cfg.Log, "chaos: "+format+"\n", args...)
+}
+
+func (h *Harness) serverAddr() string { return h.net.serverIP() + ":7233" }
+
+func (h *Harness) startProcesses() error {
+	logs := filepath.Join(h.cfg.Dir, "logs")
+	h.server = &proc{name: "devserver", bin: filepath.Join(h.cfg.Bin, "devserver"), delay: 0,
+		args:    []string{"-ip", h.net.serverIP(), "-port", "7233", "-ui-port", "0", "-db", filepath.Join(h.cfg.Dir, "temporal.db")},
+		logPath: filepath.Join(logs, "devserver.log")}
+	if err := h.server.start(); err != nil {
+		return err
+	}
+	for i := range h.cfg.Hosts {
+		p := &proc{name: fmt.Sprintf("host-%d", i), netns: h.net.ns(i), bin: filepath.Join(h.cfg.Bin, "worker"), delay: time.Second,
+			args: []string{"-address", h.serverAddr(), "-role", "both", "-slots", "1", "-identity", fmt.Sprintf("host-%d", i),
+				"-control-queue", "chaos", "-task-queue", "chaos-gpu", "-collective-bind", h.net.ip(i) + ":7070",
+				"-collective-transport", "tcp", "-grace", "5s"},
+			logPath: filepath.Join(logs, fmt.Sprintf("host-%d.log", i))}
+		if err := p.start(); err != nil {
+			return err
+		}
+		h.hosts = append(h.hosts, p)
+	}
+	return nil
+}
+
+func (h *Harness) stopProcesses() {
+	for _, p := range h.hosts {
+		p.stop()
+	}
+	if h.server != nil {
+		h.server.stop()
+	}
+}
+
+func (h *Harness) dial(ctx context.Context) (client.Client, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, err := gpuworker.Dial(h.serverAddr(), "default", false, "", zap.NewNop())
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("the dev server never answered at %s: %w", h.serverAddr(), err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func (h *Harness) spec(id string) spec.Training {
+	return spec.Training{
+		Name:       id,
+		Dataset:    spec.Dataset{URL: h.cfg.Dataset},
+		Hyper:      spec.Hyper{Epochs: h.cfg.Epochs, BatchSize: h.cfg.BatchSize},
+		Scaling:    spec.Scaling{Workers: h.cfg.Ranks, TaskQueue: "chaos-gpu", GangTimeout: spec.Duration(time.Minute)},
+		Checkpoint: spec.Checkpoint{URL: "file://" + h.ckptDir + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: 3},
+		Failure:    spec.Failure{MaxFailures: 20, MaxPreemptions: 20, HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit)},
+	}
+}
+
+// progress queries the run; nil while the server does not answer.
+func (h *Harness) progress(ctx context.Context, id string) *workflows.Progress {
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	v, err := h.client.QueryWorkflow(qctx, id, "", spec.QueryProgress)
+	if err != nil {
+		return nil
+	}
+	var p workflows.Progress
+	if v.Get(&p) != nil {
+		return nil
+	}
+	return &p
+}
+
+// runWithFaults starts a run, injects the given faults one after another
+// (each once the run has recovered from the last), and waits for the end.
+func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, rep *Report) (*workflows.Progress, error) {
+	start := time.Now()
+	input, _ := json.Marshal(h.spec(id))
+	run, err := h.client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: "chaos"}, spec.WorkflowTraining, json.RawMessage(input))
+	if err != nil {
+		return nil, err
+	}
+	for i, kind := range kinds {
+		phases := []string{PhaseEpoch, PhaseCheckpoint}
+		if i == 0 {
+			phases = append(phases, PhaseGang)
+		}
+		f := h.inject(ctx, id, kind, phases[h.rng.IntN(len(phases))])
+		h.logf("  %-18s %-16s on %-9s detected %-8v resumed %-8v %s", f.Kind, f.Phase, f.Target, f.Detected.Round(time.Millisecond), f.Resumed.Round(time.Millisecond), f.Note)
+		rep.Faults = append(rep.Faults, f)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	var p *workflows.Progress
+	err = run.Get(wctx, &p)
+	r := RunResult{ID: id, Seconds: time.Since(start).Seconds()}
+	if p != nil {
+		r.State, r.Epochs, r.Failures, r.Preemptions = p.State, p.Epoch, p.Failures, p.Preemptions
+		seen := map[int]bool{}
+		for _, m := range p.Metrics {
+			if seen[m.Epoch] {
+				r.Redone++
+			}
+			seen[m.Epoch] = true
+		}
+		for _, inc := range p.Incidents {
+			if inc.Kind == "corrupt-checkpoint" {
+				r.Corrupt++
+			}
+		}
+	}
+	rep.Runs = append(rep.Runs, r)
+	if err != nil {
+		return p, err
+	}
+	if p.State != workflows.StateCompleted || p.Epoch != h.cfg.Epochs {
+		return p, fmt.Errorf("run %s ended %s at epoch %d of %d", id, p.State, p.Epoch, h.cfg.Epochs)
+	}
+	return p, nil
+}
+
+// finalState is the SHA-256 of the final checkpoint's objects, verified.
+func (h *Harness) finalState(ctx context.Context, p *workflows.Progress) (string, error) {
+	if p == nil || p.Latest == nil {
+		return "", errors.New("no final checkpoint")
+	}
+	store, err := checkpoint.Open(ctx, p.Latest.URL, nil)
+	if err != nil {
+		return "", err
+	}
+	defer store.Close()
+	c, err := store.Verify(ctx, p.Latest.Run, p.Latest.ID)
+	if err != nil {
+		return "", fmt.Errorf("final checkpoint %s: %w", p.Latest.ID, err)
+	}
+	if c.Manifest.Epoch != h.cfg.Epochs || c.Manifest.Step != 0 {
+		return "", fmt.Errorf("final checkpoint %s is at epoch %d step %d", c.Manifest.ID, c.Manifest.Epoch, c.Manifest.Step)
+	}
+	var sums []string
+	for _, o := range c.Manifest.Objects {
+		sums = append(sums, o.Name+":"+o.SHA256)
+	}
+	return strings.Join(sums, ","), nil
+}
+
+// waitPhase waits until the run is in the phase, and returns the progress then.
+func (h *Harness) waitPhase(ctx context.Context, id, phase string) (*workflows.Progress, string) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		p := h.progress(ctx, id)
+		switch {
+		case p == nil:
+		case p.State == workflows.StateCompleted || p.State == workflows.StateFailed:
+			return p, phase
+		case phase == PhaseGang && p.State == workflows.StateFormingGang:
+			time.Sleep(time.Duration(h.rng.IntN(300)) * time.Millisecond)
+			return h.progress(ctx, id), phase
+		case phase == PhaseGang && p.State == workflows.StateTraining:
+			return p, PhaseEpoch // the gang formed before we could strike
+		case phase == PhaseEpoch && p.State == workflows.StateTraining && len(p.Gang) > 0:
+			time.Sleep(time.Duration(200+h.rng.IntN(800)) * time.Millisecond)
+			return h.progress(ctx, id), phase
+		case phase == PhaseCheckpoint && p.State == workflows.StateTraining && len(p.Gang) > 0:
+			if h.waitCheckpointWrite(ctx, p.Run) {
+				return h.progress(ctx, id), phase
+			}
+			return h.progress(ctx, id), PhaseEpoch
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return h.progress(ctx, id), phase
+}
+
+// waitCheckpointWrite polls the run's checkpoint directory for a checkpoint
+// being written (objects there, no manifest yet).
+func (h *Harness) waitCheckpointWrite(ctx context.Context, run string) bool {
+	dir := filepath.Join(h.ckptDir, run)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), "ckpt-") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(dir, e.Name(), "MANIFEST.json")); errors.Is(err, os.ErrNotExist) {
+				return true
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return false
+}
+
+// hostOf is the supervised process of the worker a rank runs on.
+func (h *Harness) hostOf(p *workflows.Progress, rank int) *proc {
+	if p == nil || rank >= len(p.Gang) {
+		return nil
+	}
+	for _, w := range h.hosts {
+		if w.name == p.Gang[rank].Worker {
+			return w
+		}
+	}
+	return nil
+}

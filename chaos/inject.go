@@ -1,0 +1,167 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+// recoveryLimit bounds how long a fault may take to recover from before the
+// harness moves on (and reports it as not recovered).
+const recoveryLimit = 90 * time.Second
+
+// inject waits for the phase, injects one fault of the kind, and measures
+// how long the run takes to count it and to train again.
+func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
+	p, phase := h.waitPhase(ctx, id, phase)
+	f := Fault{Run: id, Kind: kind, Phase: phase}
+	if p == nil || p.State == workflows.StateCompleted || p.State == workflows.StateFailed {
+		f.Note = "the run ended before the fault could land"
+		return f
+	}
+	before, gen, epoch := p.Failures+p.Preemptions, p.Generation, p.Epoch
+	rank := h.rng.IntN(max(1, len(p.Gang)))
+	if kind == Corrupt {
+		rank = 0
+	}
+	target := h.hostOf(p, rank)
+	if target == nil && kind != Server {
+		f.Note = "no gang to strike"
+		return f
+	}
+	if target != nil {
+		f.Target = target.name
+	}
+	var heal func()
+	start := time.Now()
+	var err error
+	switch kind {
+	case Kill:
+		_, err = target.signal(syscall.SIGKILL)
+	case Term:
+		_, err = target.signal(syscall.SIGTERM)
+	case Stop:
+		if _, err = target.signal(syscall.SIGSTOP); err == nil {
+			heal = func() { target.signal(syscall.SIGCONT) }
+		}
+	case Partition:
+		i := h.hostIndex(target)
+		if err = h.net.partition(i, true); err == nil {
+			heal = func() { h.net.partition(i, false) }
+		}
+	case Server:
+		f.Target = "devserver"
+		h.server.setStopping(true)
+		var exited <-chan struct{}
+		if exited, err = h.server.signal(syscall.SIGKILL); err == nil {
+			<-exited
+			time.Sleep(time.Duration(1000+h.rng.IntN(2000)) * time.Millisecond)
+			h.server.setStopping(false)
+			err = h.server.start()
+		}
+	case Corrupt:
+		var which string
+		if which, err = h.corruptLatest(p.Run); err == nil {
+			f.Note = "corrupted " + which + "; "
+			_, err = target.signal(syscall.SIGKILL)
+		}
+	default:
+		err = fmt.Errorf("unknown fault kind %q", kind)
+	}
+	if err != nil {
+		f.Note += "injection failed: " + err.Error()
+		if heal != nil {
+			heal()
+		}
+		return f
+	}
+
+	answering := time.Duration(0)
+	for time.Since(start) < recoveryLimit && ctx.Err() == nil {
+		q := h.progress(ctx, id)
+		if q == nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if answering == 0 {
+			answering = time.Since(start)
+		}
+		if q.State == workflows.StateCompleted {
+			f.OK, f.Note = true, f.Note+"the run completed first"
+			break
+		}
+		if kind == Server {
+			if q.Epoch > epoch || q.Generation > gen && q.State == workflows.StateTraining {
+				f.Resumed, f.OK = time.Since(start), true
+				f.Note += fmt.Sprintf("server answering again after %v", answering.Round(time.Millisecond))
+				break
+			}
+		} else {
+			if f.Detected == 0 && q.Failures+q.Preemptions > before {
+				f.Detected = time.Since(start)
+			}
+			if f.Detected > 0 && q.State == workflows.StateTraining && q.Generation > gen && len(q.Gang) > 0 {
+				f.Resumed, f.OK = time.Since(start), true
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !f.OK && f.Note == "" {
+		f.Note = fmt.Sprintf("not recovered within %v", recoveryLimit)
+	}
+	if heal != nil {
+		heal()
+	}
+	return f
+}
+
+func (h *Harness) hostIndex(p *proc) int {
+	for i, w := range h.hosts {
+		if w == p {
+			return i
+		}
+	}
+	return -1
+}
+
+// corruptLatest truncates the state object of the run's newest committed
+// checkpoint to half its size: the kind of damage a crash mid-copy leaves.
+func (h *Harness) corruptLatest(run string) (string, error) {
+	dir := filepath.Join(h.ckptDir, run)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	var committed []string
+	for _, e := range entries {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "MANIFEST.json")); err == nil && strings.HasPrefix(e.Name(), "ckpt-") {
+			committed = append(committed, e.Name())
+		}
+	}
+	if len(committed) == 0 {
+		return "", fmt.Errorf("run %s has no committed checkpoint yet", run)
+	}
+	sort.Strings(committed)
+	latest := committed[len(committed)-1]
+	objects, _ := os.ReadDir(filepath.Join(dir, latest))
+	for _, o := range objects {
+		if o.Name() == "MANIFEST.json" || strings.HasSuffix(o.Name(), ".attrs") {
+			continue
+		}
+		path := filepath.Join(dir, latest, o.Name())
+		st, err := os.Stat(path)
+		if err != nil {
+			return "", err
+		}
+		return latest, os.Truncate(path, st.Size()/2)
+	}
+	return "", fmt.Errorf("checkpoint %s has no objects", latest)
+}
