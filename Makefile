@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/...
 
-.PHONY: images temporal-cli deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: chaos images temporal-cli deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
 deps:
 	@scripts/deps.sh
@@ -41,6 +41,11 @@ test: deps vet bin/temporal
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need gofmt -w"; exit 1; }
+
+## chaos: 24 faults of six kinds injected into real training runs, with the table of what they cost
+## (root: each worker runs in a network namespace of its own; SEED=n for another plan)
+chaos: deps
+	$(GO) run ./cmd/chaos -faults $${FAULTS:-24} -seed $${SEED:-1} -tags '$(TAGS)'
 
 ## images: the image durabletrain:local, FROM scratch, out of our binaries (for both compose files)
 images: deps

@@ -26,6 +26,18 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 		f.Note = "the run ended before the fault could land"
 		return f
 	}
+	if kind == Corrupt {
+		// There must be a committed checkpoint to corrupt, and one before it.
+		deadline := time.Now().Add(time.Minute)
+		for h.committed(p.Run) < 2 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		p = h.progress(ctx, id)
+		if p == nil || len(p.Gang) == 0 || p.State != workflows.StateTraining {
+			f.Note = "no gang training to strike"
+			return f
+		}
+	}
 	before, gen, epoch := p.Failures+p.Preemptions, p.Generation, p.Epoch
 	rank := h.rng.IntN(max(1, len(p.Gang)))
 	if kind == Corrupt {
@@ -130,6 +142,18 @@ func (h *Harness) hostIndex(p *proc) int {
 		}
 	}
 	return -1
+}
+
+// committed counts the run's committed checkpoints.
+func (h *Harness) committed(run string) int {
+	n := 0
+	entries, _ := os.ReadDir(filepath.Join(h.ckptDir, run))
+	for _, e := range entries {
+		if _, err := os.Stat(filepath.Join(h.ckptDir, run, e.Name(), "MANIFEST.json")); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // corruptLatest truncates the state object of the run's newest committed

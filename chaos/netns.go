@@ -52,6 +52,14 @@ func (n hostNet) setUp(hosts int) error {
 			return err
 		}
 	}
+	// Docker sets the FORWARD policy to DROP, and with br_netfilter that
+	// applies to bridged traffic too: let the hosts' bridge forward.
+	if _, err := exec.LookPath("iptables"); err == nil {
+		if out, err := exec.Command("iptables", "-I", "FORWARD", "-i", n.bridge, "-o", n.bridge, "-j", "ACCEPT").CombinedOutput(); err != nil {
+			n.tearDown(hosts)
+			return fmt.Errorf("iptables: %v: %s", err, out)
+		}
+	}
 	return nil
 }
 
@@ -61,6 +69,8 @@ func (n hostNet) tearDown(hosts int) {
 		exec.Command("ip", "link", "del", n.hostLink(i)).Run()
 	}
 	exec.Command("ip", "link", "del", n.bridge).Run()
+	for exec.Command("iptables", "-D", "FORWARD", "-i", n.bridge, "-o", n.bridge, "-j", "ACCEPT").Run() == nil {
+	}
 }
 
 // partition cuts host i off from everyone (peers and Temporal), or heals it.

@@ -8,6 +8,7 @@
 package devserver
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -103,6 +104,8 @@ func Start(o Options) (*Server, error) {
 			if err := sqliteschema.SetupSchema(&sqlConf); err != nil {
 				return nil, fmt.Errorf("devserver: creating the schema in %s: %w", o.DBFile, err)
 			}
+		} else if err := forgetMembers(o.DBFile); err != nil {
+			return nil, err
 		}
 	}
 	ns, err := sqliteschema.NewNamespaceConfig("active", o.Namespace, false, SearchAttributes)
@@ -201,4 +204,20 @@ func (p *portPicker) release() {
 		ln.Close()
 	}
 	p.held = nil
+}
+
+// forgetMembers deletes the cluster membership a previous process left in
+// the file. This server is the only member of its cluster, so every row there
+// is stale; left in place, a killed server's services stay in the ring until
+// they expire and the restarted server does not answer for about a minute.
+func forgetMembers(dbFile string) error {
+	db, err := sql.Open("sqlite", "file:"+dbFile+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		return fmt.Errorf("devserver: opening %s: %w", dbFile, err)
+	}
+	defer db.Close()
+	if _, err := db.Exec("DELETE FROM cluster_membership"); err != nil {
+		return fmt.Errorf("devserver: clearing the stale cluster membership in %s: %w", dbFile, err)
+	}
+	return nil
 }
