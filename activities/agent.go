@@ -432,6 +432,14 @@ func (a *Agent) restore(ctx context.Context, store *checkpoint.Store, rep *repli
 				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
 			}
 			a.Log.Info("restored", zap.String("run", from), zap.String("checkpoint", c.Manifest.ID), zap.Int("rank", in.Rank), zap.Int("skipped", len(c.Skipped)))
+			if len(report.Skipped) > 0 && in.Rank == 0 {
+				// Tell the run now: this epoch may yet fail and its result be lost.
+				info := activity.GetInfo(ctx)
+				if err := activity.GetClient(ctx).SignalWorkflow(ctx, info.WorkflowExecution.ID, info.WorkflowExecution.RunID, spec.SignalCheckpointSkipped,
+					spec.CheckpointsSkipped{Generation: in.Generation, Epoch: c.Manifest.Epoch, Step: c.Manifest.Step, Skipped: report.Skipped}); err != nil {
+					a.Log.Warn("could not report the skipped checkpoints", zap.String("run", from), zap.Error(err))
+				}
+			}
 			return report, nil
 		case !errors.Is(err, checkpoint.ErrNoCheckpoint):
 			return nil, err

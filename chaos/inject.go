@@ -38,12 +38,16 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 			return f
 		}
 	}
-	before, gen, epoch := p.Failures+p.Preemptions, p.Generation, p.Epoch
+	before, gen, epoch, incidents := p.Failures+p.Preemptions, p.Generation, p.Epoch, len(p.Incidents)
 	rank := h.rng.IntN(max(1, len(p.Gang)))
 	if kind == Corrupt {
 		rank = 0
 	}
 	target := h.hostOf(p, rank)
+	if target == nil && phase == PhaseGang {
+		// The gang's placements are not known until it has formed: strike any host.
+		target = h.hosts[h.rng.IntN(len(h.hosts))]
+	}
 	if target == nil && kind != Server {
 		f.Note = "no gang to strike"
 		return f
@@ -116,8 +120,16 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 				break
 			}
 		} else {
-			if f.Detected == 0 && q.Failures+q.Preemptions > before {
+			if f.Detected == 0 && (q.Failures+q.Preemptions > before || phase == PhaseGang && len(q.Incidents) > incidents) {
 				f.Detected = time.Since(start)
+			}
+			if phase == PhaseGang && q.State == workflows.StateTraining && len(q.Gang) > 0 {
+				// Struck while the gang formed: whether or not it cost a gang, training began.
+				f.Resumed, f.OK = time.Since(start), true
+				if f.Detected == 0 {
+					f.Note += "the struck host held no slot of the forming gang"
+				}
+				break
 			}
 			if f.Detected > 0 && q.State == workflows.StateTraining && q.Generation > gen && len(q.Gang) > 0 {
 				f.Resumed, f.OK = time.Since(start), true

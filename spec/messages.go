@@ -11,7 +11,11 @@ const (
 	SignalSlotGranted = "slot-granted" // HoldSlot -> workflow: where the slot is
 	SignalStop        = "stop"         // user -> workflow: finish the epoch, checkpoint, complete
 	UpdateStop        = "stop"         // the same as an update, answered with StopResult once the run has ended
-	QueryProgress     = "progress"     // the run's Progress
+	// SignalCheckpointSkipped: rank 0 -> workflow, as soon as a restore passed
+	// over damaged checkpoints (CheckpointsSkipped), so the reason is in the
+	// run's history even if the epoch then fails.
+	SignalCheckpointSkipped = "checkpoint-skipped"
+	QueryProgress           = "progress" // the run's Progress
 
 	// Search attributes a run upserts when spec.search_attributes is on.
 	SearchAttributeState = "DurabletrainState" // Keyword: forming-gang, training, ...
@@ -105,6 +109,14 @@ type EpochMetrics struct {
 	TestAccuracy     float64 `json:"test_accuracy"`
 	SamplesPerSecond float64 `json:"samples_per_second"`
 	Seconds          float64 `json:"seconds"`
+}
+
+// CheckpointsSkipped is what SignalCheckpointSkipped carries.
+type CheckpointsSkipped struct {
+	Generation int                 `json:"generation"`
+	Epoch      int                 `json:"epoch"` // the cursor restored instead
+	Step       int                 `json:"step"`
+	Skipped    []SkippedCheckpoint `json:"skipped"`
 }
 
 // RestoreReport says where a rank's state came from, and which newer

@@ -95,6 +95,16 @@ func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*Progress, e
 			r.requestStop()
 		}
 	})
+	// Damaged checkpoints a restore passed over, reported at once by rank 0.
+	workflow.Go(ctx, func(ctx workflow.Context) {
+		signals := workflow.GetSignalChannel(ctx, spec.SignalCheckpointSkipped)
+		var c spec.CheckpointsSkipped
+		for signals.Receive(ctx, &c) {
+			for _, s := range c.Skipped {
+				r.skipped(c.Generation, c.Epoch, s)
+			}
+		}
+	})
 	if err := workflow.SetUpdateHandlerWithOptions(ctx, spec.UpdateStop, func(ctx workflow.Context) (spec.StopResult, error) {
 		r.requestStop()
 		if err := workflow.Await(ctx, func() bool { return r.ended }); err != nil {
@@ -608,11 +618,22 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	r.p.Latest = newer(r.p.Latest, res.Checkpoint)
 	if res.Restored != nil {
 		for _, s := range res.Restored.Skipped {
-			r.p.Incidents = append(r.p.Incidents, Incident{Generation: r.p.Generation, Epoch: res.Metrics.Epoch, Kind: "corrupt-checkpoint", Detail: s.ID + ": " + s.Reason})
+			r.skipped(r.p.Generation, res.Metrics.Epoch, s)
 		}
 	}
 	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
 		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
+}
+
+// skipped records a checkpoint a restore passed over as damaged, once per gang.
+func (r *run) skipped(gen, epoch int, s spec.SkippedCheckpoint) {
+	detail := s.ID + ": " + s.Reason
+	for _, inc := range r.p.Incidents {
+		if inc.Kind == "corrupt-checkpoint" && inc.Generation == gen && inc.Detail == detail {
+			return
+		}
+	}
+	r.p.Incidents = append(r.p.Incidents, Incident{Generation: gen, Epoch: epoch, Kind: "corrupt-checkpoint", Detail: detail})
 }
 
 // countFailure charges an epoch's failure to the right budget, or returns the

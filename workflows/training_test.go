@@ -406,6 +406,10 @@ func TestElasticGangShrinksAndGrowsBack(t *testing.T) {
 	h := newHarness(t)
 	h.grant(1, 1, 0) // one of two slots at first
 	h.grant(2, 2, 0) // the probe for the missing slot gets it
+	h.epoch = func(spec.EpochInput) error {
+		time.Sleep(100 * time.Millisecond) // an epoch lasts long enough for the probe's grant to arrive
+		return nil
+	}
 	p, err := h.start(`{"hyper": {"epochs": 4, "batch_size": 64}, "scaling": {"workers": 2, "min_workers": 1, "gang_timeout": "1s"}, "checkpoint": {"every_epochs": 3}}`)
 	if err != nil {
 		t.Fatal(err)
