@@ -320,6 +320,67 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 	recordHistory(t, c, "it-term-1", "sigterm-preemption")
 }
 
+// TestElasticGangGrowsBack: 2 ranks asked for, min_workers 1, and only one
+// agent up: the run trains with one rank (global batch kept); a second agent
+// starts, and at an epoch boundary the gang grows back to 2 ranks.
+func TestElasticGangGrowsBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-elastic"
+	startWorker(t, "ctl", "workflows", queue)
+	startWorker(t, "agent-a", "agent", queue)
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 12)
+	s.Scaling.MinWorkers = 1
+	s.Scaling.GangTimeout = spec.Duration(2 * time.Second)
+	run := startRun(t, c, "it-elastic-1", queue, s)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		p := progress(t, c, "it-elastic-1")
+		if p != nil && p.Epoch >= 2 && p.World == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not train on with one rank: %+v", p)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	started := time.Now()
+	startWorker(t, "agent-b", "agent", queue)
+	grown := time.Duration(0)
+	for time.Since(started) < time.Minute && grown == 0 {
+		if p := progress(t, c, "it-elastic-1"); p != nil && p.World == 2 {
+			grown = time.Since(started)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if grown == 0 {
+		t.Fatal("the gang did not grow back to 2 ranks within a minute of a second agent starting")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var p *workflows.Progress
+	if err := run.Get(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	var resized []string
+	for _, inc := range p.Incidents {
+		if inc.Kind == "resized" {
+			resized = append(resized, inc.Detail)
+		}
+	}
+	last := p.Metrics[len(p.Metrics)-1]
+	t.Logf("grew back %v after the second agent started; resizes %q; final accuracy %.4f", grown.Round(time.Millisecond), resized, last.TestAccuracy)
+	if p.State != workflows.StateCompleted || p.Epoch != 12 || p.Failures != 0 || len(resized) != 2 {
+		t.Fatalf("progress %+v", p)
+	}
+	if last.TestAccuracy < 0.85 {
+		t.Fatalf("test accuracy %.4f; want at least 0.85", last.TestAccuracy)
+	}
+	recordHistory(t, c, "it-elastic-1", "elastic-gang-grows")
+}
+
 func TestBadSpecIsRefusedAtOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the server")
