@@ -78,8 +78,12 @@ func SDKLogger(log *zap.Logger) sdklog.Logger {
 }
 
 // RegisterWorkflows registers durabletrain's workflows on a worker of yours.
+// (TrainingWorkflow and TuneWorkflow, and the activity that writes a
+// search's results).
 func RegisterWorkflows(w worker.Registry) {
 	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	w.RegisterWorkflowWithOptions(workflows.TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+	w.RegisterActivityWithOptions(activities.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
 }
 
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of

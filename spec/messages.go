@@ -3,6 +3,11 @@ package spec
 // Names shared by the workflows and the activities that serve them.
 const (
 	WorkflowTraining = "TrainingWorkflow"
+	WorkflowTune     = "TuneWorkflow"
+
+	ActivityWriteTuneResults = "WriteTuneResults" // the search's results table as CSV in blob storage
+	SignalTrialReport        = "trial-report"     // a trial (child TrainingWorkflow) -> its search, after every epoch
+	QueryResults             = "results"          // the search's TuneResults
 
 	ActivityHoldSlot       = "HoldSlot"       // reserves one GPU slot for a gang and holds it
 	ActivityRunEpoch       = "RunEpoch"       // one rank trains one epoch
@@ -25,6 +30,13 @@ const (
 	ErrUser      = "durabletrain.UserError" // bad spec, missing data, diverged: fail the run
 	ErrPreempted = "durabletrain.Preempted" // the worker is shutting down: its own budget
 )
+
+// TrialReport is what a trial tells its search after an epoch.
+type TrialReport struct {
+	WorkflowID string         `json:"workflow_id"`
+	Metrics    EpochMetrics   `json:"metrics"`
+	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
+}
 
 // StopResult answers the stop update once the run has ended.
 type StopResult struct {

@@ -102,6 +102,7 @@ func (FIFO) OnResult(Result) Decision { return Continue }
 // the values recorded there so far; either way its value is recorded. No
 // trial waits for others: promotion is decided on arrival.
 type ASHA struct {
+	maxT  int
 	rf    float64
 	rungs []rung // highest milestone first
 	sign  float64
@@ -115,7 +116,7 @@ type rung struct {
 
 // NewASHA makes an ASHA scheduler; sign is +1 to maximise, −1 to minimise.
 func NewASHA(grace int, rf float64, maxT int, sign float64) *ASHA {
-	a := &ASHA{rf: rf, sign: sign}
+	a := &ASHA{rf: rf, sign: sign, maxT: maxT}
 	for k := 0; ; k++ {
 		m := float64(grace) * math.Pow(rf, float64(k))
 		if m >= float64(maxT) {
@@ -138,6 +139,9 @@ func (a *ASHA) Milestones() []int {
 }
 
 func (a *ASHA) OnResult(r Result) Decision {
+	if r.Iteration >= a.maxT {
+		return Stop // max_t reached: the trial has had all it may
+	}
 	v := a.sign * r.Value
 	for i := range a.rungs {
 		g := &a.rungs[i]

@@ -623,6 +623,12 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	}
 	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
 		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
+	// A trial of a search reports to it (fire and forget: a search that has
+	// ended has nothing to decide).
+	if parent := workflow.GetInfo(ctx).ParentWorkflowExecution; parent != nil {
+		workflow.SignalExternalWorkflow(ctx, parent.ID, "", spec.SignalTrialReport,
+			spec.TrialReport{WorkflowID: workflow.GetInfo(ctx).WorkflowExecution.ID, Metrics: res.Metrics, Checkpoint: r.p.Latest})
+	}
 }
 
 // skipped records a checkpoint a restore passed over as damaged, once per gang.

@@ -1,0 +1,78 @@
+package activities
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"gocloud.dev/blob"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// WriteTuneResults writes a search's results table as CSV to
+// <url>/<name>/results.csv and returns where: one row per trial with its
+// config (one column per searched path), status, epochs, last and best
+// metric, and checkpoint. It runs on the workflows' queue.
+func WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+	b, err := blob.OpenBucket(ctx, in.URL)
+	if err != nil {
+		return "", fmt.Errorf("opening %s for the results: %w", in.URL, err)
+	}
+	defer b.Close()
+	key := in.Name + "/results.csv"
+	w, err := b.NewWriter(ctx, key, &blob.WriterOptions{ContentType: "text/csv"})
+	if err != nil {
+		return "", err
+	}
+	if err := writeCSV(w, in.Results); err != nil {
+		w.Close()
+		return "", err
+	}
+	if err := w.Close(); err != nil {
+		return "", err
+	}
+	return in.URL + " " + key, nil
+}
+
+func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) error {
+	var paths []string
+	for _, t := range r.Trials {
+		for p := range t.Config {
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
+	}
+	slices.Sort(paths)
+	c := csv.NewWriter(w)
+	head := append([]string{"trial", "workflow_id"}, paths...)
+	head = append(head, "status", "epochs", "last_"+r.Metric, "best_"+r.Metric, "checkpoint", "reason")
+	c.Write(head)
+	num := func(v *float64) string {
+		if v == nil {
+			return ""
+		}
+		return strconv.FormatFloat(*v, 'g', 6, 64)
+	}
+	for _, t := range r.Trials {
+		row := []string{strconv.Itoa(t.Trial), t.WorkflowID}
+		for _, p := range paths {
+			var v any
+			json.Unmarshal(t.Config[p], &v)
+			b, _ := json.Marshal(v)
+			row = append(row, string(b))
+		}
+		ckpt := ""
+		if t.Checkpoint != nil {
+			ckpt = t.Checkpoint.Run + "/" + t.Checkpoint.ID
+		}
+		row = append(row, t.Status, strconv.Itoa(t.Epochs), num(t.Last), num(t.Best), ckpt, t.Reason)
+		c.Write(row)
+	}
+	c.Flush()
+	return c.Error()
+}

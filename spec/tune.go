@@ -1,0 +1,35 @@
+package spec
+
+import "encoding/json"
+
+// TrialStatus is one row of the results table.
+type TrialStatus struct {
+	Trial      int                        `json:"trial"`
+	WorkflowID string                     `json:"workflow_id"`
+	Config     map[string]json.RawMessage `json:"config"`
+	Status     string                     `json:"status"`
+	Epochs     int                        `json:"epochs"`
+	Last       *float64                   `json:"last,omitempty"` // the metric's latest value
+	Best       *float64                   `json:"best,omitempty"` // its best value by mode
+	Checkpoint *CheckpointRef             `json:"checkpoint,omitempty"`
+	Reason     string                     `json:"reason,omitempty"` // why it stopped early, or how it failed
+}
+
+// TuneResults is the search as the results query shows it, and its result.
+type TuneResults struct {
+	Name       string        `json:"name"`
+	State      string        `json:"state"`
+	Metric     string        `json:"metric"`
+	Mode       string        `json:"mode"`
+	Scheduler  string        `json:"scheduler"`
+	Trials     []TrialStatus `json:"trials"`
+	Best       int           `json:"best"` // index of the best trial by its last value (Ray's scope "last"); -1 if none
+	ResultsCSV string        `json:"results_csv,omitempty"`
+}
+
+// WriteTuneResultsInput is what the CSV activity writes.
+type WriteTuneResultsInput struct {
+	URL     string       `json:"url"`
+	Name    string       `json:"name"`
+	Results *TuneResults `json:"results"`
+}

@@ -1,0 +1,108 @@
+package workflows
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// fakeTrial stands in for TrainingWorkflow: its accuracy after epoch e is
+// lr*10 + e/100 (so the trial with the highest lr is best), it reports every
+// epoch to its search, and it honours the stop signal at an epoch boundary.
+func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.Context, in json.RawMessage) (*Progress, error) {
+	return func(ctx workflow.Context, in json.RawMessage) (*Progress, error) {
+		s, err := spec.Parse(in)
+		if err != nil {
+			return nil, err
+		}
+		s = s.WithDefaults()
+		mu.Lock()
+		*running++
+		*maxRunning = max(*maxRunning, *running)
+		mu.Unlock()
+		defer func() { mu.Lock(); *running--; mu.Unlock() }()
+		stop := workflow.GetSignalChannel(ctx, spec.SignalStop)
+		info := workflow.GetInfo(ctx)
+		p := &Progress{Run: s.Name, Epochs: s.Hyper.Epochs, State: StateCompleted}
+		for e := range s.Hyper.Epochs {
+			if stop.ReceiveAsync(nil) {
+				p.State = StateStopped
+				break
+			}
+			workflow.Sleep(ctx, time.Second)
+			m := spec.EpochMetrics{Epoch: e, TestAccuracy: s.Hyper.LR*10 + float64(e)/100, TestLoss: 1 - s.Hyper.LR}
+			p.Metrics = append(p.Metrics, m)
+			p.Epoch = e + 1
+			p.Latest = &spec.CheckpointRef{Run: s.Name, ID: "ckpt", Epoch: e + 1}
+			workflow.SignalExternalWorkflow(ctx, info.ParentWorkflowExecution.ID, "", spec.SignalTrialReport,
+				spec.TrialReport{WorkflowID: info.WorkflowExecution.ID, Metrics: m, Checkpoint: p.Latest}).Get(ctx, nil)
+		}
+		return p, nil
+	}
+}
+
+func TestTuneWithASHAStopsTheWorseTrialsAndKeepsTheBest(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	var mu sync.Mutex
+	running, maxRunning := 0, 0
+	env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+	env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	var written *spec.TuneResults
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+		written = in.Results
+		return in.URL + " " + in.Name + "/results.csv", nil
+	}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "search-1"})
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{
+		"train": {"hyper": {"epochs": 8}},
+		"param_space": {"hyper.lr": {"grid_search": [0.006, 0.008, 0.001, 0.004, 0.002, 0.007, 0.003, 0.005]}},
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2,
+		"scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": 8}}`))
+	if err := env.GetWorkflowError(); err != nil {
+		t.Fatal(err)
+	}
+	var res spec.TuneResults
+	if err := env.GetWorkflowResult(&res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Trials) != 8 || res.State != TuneCompleted || written == nil {
+		t.Fatalf("results %+v", res)
+	}
+	early := 0
+	for _, tr := range res.Trials {
+		t.Logf("trial %d %s epochs %d last %v: %s", tr.Trial, tr.Status, tr.Epochs, *tr.Last, tr.Reason)
+		if tr.Status == TrialEarlyStop {
+			early++
+		}
+	}
+	if early < 4 {
+		t.Fatalf("%d of 8 trials stopped early; ASHA with reduction factor 2 should stop at least half", early)
+	}
+	if res.Best != 1 || res.Trials[1].Status != TrialCompleted || res.Trials[1].Epochs != 8 {
+		t.Fatalf("best trial %d; want 1 (the highest lr), run to its end", res.Best)
+	}
+	if maxRunning > 2 {
+		t.Fatalf("%d trials ran at once; max_concurrent_trials is 2", maxRunning)
+	}
+}
+
+func TestTuneRefusesABadSpecAtOnce(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"param_space": {"hyper.learning_rate": {"choice": [0.1]}}}`))
+	if err := env.GetWorkflowError(); err == nil || !strings.Contains(err.Error(), "learning_rate") {
+		t.Fatalf("got %v, want an error naming hyper.learning_rate", err)
+	}
+}
