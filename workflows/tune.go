@@ -173,8 +173,11 @@ func finish(t *spec.TrialStatus, p *Progress, err error, byCriterion bool, metri
 		t.Status = TrialStopped
 	case t.Status == TrialStopping && p != nil && p.State == StateStopped:
 		t.Status = TrialEarlyStop
+	case t.Status == TrialStopping:
+		// The trial finished its epochs before the stop reached it.
+		t.Status, t.Reason = TrialCompleted, t.Reason+"; it had finished before the stop reached it"
 	default:
-		t.Status = TrialCompleted // it ran out of epochs before a stop landed
+		t.Status = TrialCompleted
 	}
 }
 

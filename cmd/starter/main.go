@@ -6,6 +6,7 @@
 //	starter list                                   recent runs
 //	starter checkpoints -id RUN                    the run's checkpoints
 //	starter resume -id RUN -wait                   a new run from RUN's latest verified checkpoint
+//	starter tune -f tune.json -wait                a hyperparameter search, its live status table, the best config
 //
 // Exit codes: 0 done, 1 the run failed, 2 bad input, 3 Temporal unreachable.
 package main
@@ -67,7 +68,7 @@ func fail(code int, format string, args ...any) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(exitUsage, "usage: starter train|status|stop|list|checkpoints|resume [flags]; starter CMD -h for its flags")
+		fail(exitUsage, "usage: starter train|status|stop|list|checkpoints|resume|tune [flags]; starter CMD -h for its flags")
 	}
 	cmd, args := os.Args[1], os.Args[2:]
 	switch cmd {
@@ -81,8 +82,10 @@ func main() {
 		list(args)
 	case "checkpoints":
 		checkpoints(args)
+	case "tune":
+		tuneCmd(args)
 	default:
-		fail(exitUsage, "unknown command %q; want train, status, stop, list, checkpoints or resume", cmd)
+		fail(exitUsage, "unknown command %q; want train, status, stop, list, checkpoints, resume or tune", cmd)
 	}
 }
 

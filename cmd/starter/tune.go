@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/tune"
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+// tuneCmd starts a search (TuneWorkflow) from a tune spec file and, with
+// -wait, prints its status table as Ray Tune does until it ends, then the
+// best trial's config and checkpoint. With -id of a running search and no
+// -f, it only watches.
+func tuneCmd(args []string) {
+	fs := flag.NewFlagSet("tune", flag.ExitOnError)
+	var c common
+	c.flags(fs)
+	file := fs.String("f", "", "tune spec file (JSON): train, param_space, num_samples, metric, mode, scheduler, ...")
+	id := fs.String("id", "", "workflow ID (default: tune-<time>); without -f, the search to watch")
+	wait := fs.Bool("wait", false, "print the status table until the search ends")
+	fs.Parse(args)
+	cl := c.dial()
+	defer cl.Close()
+	ctx := context.Background()
+	if *file != "" {
+		raw, err := os.ReadFile(*file)
+		if err != nil {
+			fail(exitUsage, "%v", err)
+		}
+		if _, err := tune.ParseSpec(raw); err != nil {
+			fail(exitUsage, "%s: %v", *file, err)
+		}
+		if *id == "" {
+			*id = "tune-" + time.Now().Format("20060102-150405")
+		}
+		run, err := cl.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: *id, TaskQueue: c.queue}, spec.WorkflowTune, json.RawMessage(raw))
+		if err != nil {
+			fail(exitFailed, "starting search %s: %v", *id, err)
+		}
+		fmt.Printf("started search %s (run ID %s)\n", *id, run.GetRunID())
+	} else if *id == "" {
+		fail(exitUsage, "tune needs -f (a tune spec to start) or -id (a search to watch)")
+	}
+	if !*wait && *file != "" {
+		return
+	}
+	run := cl.GetWorkflow(ctx, *id, "")
+	done := make(chan error, 1)
+	var final *spec.TuneResults
+	go func() { done <- run.Get(ctx, &final) }()
+	last := ""
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				var app *temporal.ApplicationError
+				if errors.As(err, &app) {
+					fail(exitFailed, "search %s failed: %s", *id, app.Message())
+				}
+				fail(exitFailed, "search %s failed: %v", *id, err)
+			}
+			printTuneTable(final)
+			printBest(final)
+			return
+		case <-tick.C:
+			v, err := cl.QueryWorkflow(ctx, *id, "", spec.QueryResults)
+			if err != nil {
+				continue
+			}
+			var r *spec.TuneResults
+			if v.Get(&r) != nil || r == nil {
+				continue
+			}
+			if s := tuneTable(r); s != last {
+				fmt.Print(s)
+				last = s
+			}
+		}
+	}
+}
+
+// tuneTable is Ray Tune's status table: a count by status, then a row per trial.
+func tuneTable(r *spec.TuneResults) string {
+	var b strings.Builder
+	counts := map[string]int{}
+	for _, t := range r.Trials {
+		counts[t.Status]++
+	}
+	var parts []string
+	for _, st := range []string{workflows.TrialRunning, workflows.TrialStopping, workflows.TrialPending, workflows.TrialCompleted, workflows.TrialEarlyStop, workflows.TrialStopped, workflows.TrialFailed} {
+		if counts[st] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", counts[st], st))
+		}
+	}
+	fmt.Fprintf(&b, "== search %s: %s (scheduler %s, %s %s) ==\n", r.Name, strings.Join(parts, ", "), r.Scheduler, r.Mode, r.Metric)
+	var paths []string
+	for _, t := range r.Trials {
+		for p := range t.Config {
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
+	}
+	slices.Sort(paths)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "trial\tstatus\t%s\tepochs\tlast %s\tbest\n", strings.Join(paths, "\t"), r.Metric)
+	for _, t := range r.Trials {
+		var cfg []string
+		for _, p := range paths {
+			cfg = append(cfg, string(t.Config[p]))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.Trial, t.Status, strings.Join(cfg, "\t"), t.Epochs, metric(t.Last), metric(t.Best))
+	}
+	tw.Flush()
+	return b.String()
+}
+
+func printTuneTable(r *spec.TuneResults) { fmt.Print(tuneTable(r)) }
+
+func printBest(r *spec.TuneResults) {
+	if r.Best < 0 {
+		fmt.Printf("search %s ended (%s) without a trial to recommend\n", r.Name, r.State)
+		return
+	}
+	t := r.Trials[r.Best]
+	cfg, _ := json.Marshal(t.Config)
+	fmt.Printf("search %s %s: best trial %d (%s %s) with config %s\n", r.Name, r.State, t.Trial, r.Metric, metric(t.Last), cfg)
+	if t.Checkpoint != nil {
+		fmt.Printf("its checkpoint: %s/%s in %s\n", t.Checkpoint.Run, t.Checkpoint.ID, t.Checkpoint.URL)
+	}
+	if r.ResultsCSV != "" {
+		fmt.Printf("results table: %s\n", r.ResultsCSV)
+	}
+}
+
+func metric(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.4f", *v)
+}

@@ -1,0 +1,130 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+
+	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/workflows"
+)
+
+// TestTuneSearchSurvivesLosingEveryWorker: 8 trials over learning rate and
+// hidden width on the Fashion-MNIST subset with ASHA, two at a time. Mid-way
+// every worker process is killed with SIGKILL and new ones started: the
+// search goes on, no trial is lost or run twice, at least half the trials are
+// stopped early, and the best trial's accuracy is reported.
+func TestTuneSearchSurvivesLosingEveryWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-tune"
+	first := []*workerProc{startWorker(t, "ctl-1", "workflows", queue), startWorker(t, "agent-1", "agent", queue), startWorker(t, "agent-2", "agent", queue)}
+	c := dial(t)
+	ckpt := t.TempDir()
+	search := map[string]any{
+		"name": "it-tune-1",
+		"train": map[string]any{
+			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+			"hyper":      map[string]any{"epochs": 6},
+			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
+			"checkpoint": map[string]any{"url": "file://" + ckpt + "?metadata=skip"},
+			"failure":    map[string]any{"heartbeat_timeout": "3s"},
+		},
+		"param_space": map[string]any{
+			"hyper.lr":     map[string]any{"loguniform": []float64{1e-4, 3e-2}},
+			"model.hidden": map[string]any{"grid_search": [][]int{{32}, {256, 128}}},
+		},
+		"num_samples": 4, "metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2, "seed": 3,
+		"scheduler": map[string]any{"type": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": 6},
+	}
+	raw, _ := json.Marshal(search)
+	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: "it-tune-1", TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Once three trials have ended, kill every worker process.
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var r *spec.TuneResults
+		if v, err := c.QueryWorkflow(context.Background(), "it-tune-1", "", spec.QueryResults); err == nil && v.Get(&r) == nil {
+			ended := 0
+			for _, tr := range r.Trials {
+				if tr.Status != workflows.TrialPending && tr.Status != workflows.TrialRunning && tr.Status != workflows.TrialStopping {
+					ended++
+				}
+			}
+			if ended >= 3 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("three trials never ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, w := range first {
+		w.cmd.Process.Signal(syscall.SIGKILL)
+		w.cmd.Wait()
+	}
+	t.Log("killed every worker process mid-search; starting new ones")
+	startWorker(t, "ctl-2", "workflows", queue)
+	startWorker(t, "agent-3", "agent", queue)
+	startWorker(t, "agent-4", "agent", queue)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var res spec.TuneResults
+	if err := run.Get(ctx, &res); err != nil {
+		t.Fatal(err)
+	}
+	early := 0
+	for _, tr := range res.Trials {
+		cfg, _ := json.Marshal(tr.Config)
+		t.Logf("trial %d %-13s %s epochs %d last %.4f %s", tr.Trial, tr.Status, cfg, tr.Epochs, deref(tr.Last), tr.Reason)
+		if tr.Status == workflows.TrialEarlyStop {
+			early++
+		}
+		if tr.Status == workflows.TrialFailed || tr.Status == workflows.TrialPending {
+			t.Errorf("trial %d %s: %s", tr.Trial, tr.Status, tr.Reason)
+		}
+		// One execution per trial: none lost, none run twice.
+		resp, err := c.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{Namespace: "default",
+			Query: fmt.Sprintf("WorkflowId = '%s'", tr.WorkflowID)})
+		if err != nil || len(resp.Executions) != 1 {
+			t.Errorf("trial %d (%s): %d executions, %v", tr.Trial, tr.WorkflowID, len(resp.GetExecutions()), err)
+		}
+	}
+	if len(res.Trials) != 8 || res.Best < 0 {
+		t.Fatalf("results %+v", res)
+	}
+	best := res.Trials[res.Best]
+	t.Logf("best: trial %d, test accuracy %.4f, checkpoint %+v; %d of 8 stopped early", best.Trial, deref(best.Last), best.Checkpoint, early)
+	if early < 4 {
+		t.Fatalf("%d of 8 trials stopped early; want at least half", early)
+	}
+	if deref(best.Last) < 0.8 || best.Checkpoint == nil {
+		t.Fatalf("best trial %+v", best)
+	}
+	csv, err := os.ReadFile(filepath.Join(ckpt, "it-tune-1", "results.csv"))
+	if err != nil || strings.Count(string(csv), "\n") != 9 {
+		t.Fatalf("results.csv (%v):\n%s", err, csv)
+	}
+}
+
+func deref(v *float64) float64 {
+	if v == nil {
+		return -1
+	}
+	return *v
+}
