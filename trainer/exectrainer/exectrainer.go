@@ -1,0 +1,527 @@
+// Package exectrainer owns the exec backend: each rank is the user's own
+// training program (for example `python3 train.py --lr 0.001`), started once
+// per gang with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT) and CUDA_VISIBLE_DEVICES from the rank's slot, so
+// torch.distributed works unchanged, and driven one epoch at a time over a
+// local control socket by the Python module in python/durabletrain. The
+// checkpoint directory the program reports is saved as the checkpoint's
+// objects, and restored into a directory before the program starts.
+package exectrainer
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// Config is one rank's program.
+type Config struct {
+	Command    []string          // the program and its arguments
+	Dir        string            // its working directory ("" for the worker's)
+	Env        map[string]string // extra environment
+	Rank       int
+	World      int
+	LocalRank  int
+	MasterAddr string // rank 0's host
+	MasterPort int    // a free port there, the same for every rank
+	Devices    string // CUDA_VISIBLE_DEVICES; "" leaves it unset
+	Epochs     int    // the run's epochs, for DURABLETRAIN_EPOCHS
+	Scratch    string // a directory of the rank's own: control socket, restored and saved checkpoints
+	PythonPath string // where the durabletrain Python module is; prepended to PYTHONPATH
+	Log        *zap.Logger
+	// StartTimeout bounds how long the program may take to connect; default 2m.
+	StartTimeout time.Duration
+}
+
+// Trainer drives one rank's program.
+type Trainer struct {
+	cfg    Config
+	cursor trainer.Cursor
+
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	exitErr error
+	conn    net.Conn
+	lines   *bufio.Reader
+	tail    *tailBuffer
+
+	last     report
+	savedDir string // a copy of the last checkpoint directory the program reported
+}
+
+type report struct {
+	Op            string             `json:"op"`
+	Epoch         int                `json:"epoch"`
+	Metrics       map[string]float64 `json:"metrics"`
+	CheckpointDir string             `json:"checkpoint_dir"`
+}
+
+var _ trainer.Trainer = (*Trainer)(nil)
+
+// stateObject lists a saved checkpoint's files and the cursor.
+const stateObject = "exec-state.json"
+
+type state struct {
+	Cursor trainer.Cursor    `json:"cursor"`
+	Files  map[string]string `json:"files"` // relative path -> SHA-256
+}
+
+// New checks the config; the program starts at Init or Restore.
+func New(cfg Config) (*Trainer, error) {
+	if len(cfg.Command) == 0 {
+		return nil, errors.New("exec trainer: exec.command is empty; want the program and its arguments, e.g. [\"python3\", \"train.py\"]")
+	}
+	if cfg.Scratch == "" {
+		return nil, errors.New("exec trainer: no scratch directory")
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 2 * time.Minute
+	}
+	if err := os.MkdirAll(cfg.Scratch, 0o755); err != nil {
+		return nil, err
+	}
+	return &Trainer{cfg: cfg, tail: &tailBuffer{max: 20}}, nil
+}
+
+func (t *Trainer) Cursor() trainer.Cursor { return t.cursor }
+
+// Init starts the program with no checkpoint.
+func (t *Trainer) Init(ctx context.Context) error {
+	t.cursor = trainer.Cursor{}
+	return t.start(ctx, "")
+}
+
+// Restore writes the saved files into a fresh directory, verifying each
+// against the list saved with them, then starts the program on it. On error
+// nothing has started and the trainer is as it was.
+func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
+	var st state
+	if err := readJSON(ctx, from, stateObject, &st); err != nil {
+		return fmt.Errorf("exec trainer: %s: %w", stateObject, err)
+	}
+	dir, err := os.MkdirTemp(t.cfg.Scratch, "restored-")
+	if err != nil {
+		return err
+	}
+	for rel, sum := range st.Files {
+		if err := restoreFile(ctx, from, rel, sum, dir); err != nil {
+			os.RemoveAll(dir)
+			return fmt.Errorf("exec trainer: restoring %s: %w", rel, err)
+		}
+	}
+	if t.cmd != nil {
+		t.stop()
+	}
+	t.cursor = st.Cursor
+	return t.start(ctx, dir)
+}
+
+func restoreFile(ctx context.Context, from trainer.StateReader, rel, sum, dir string) error {
+	if strings.Contains(rel, "..") || filepath.IsAbs(rel) {
+		return fmt.Errorf("bad file name %q", rel)
+	}
+	r, err := from.Open(ctx, "files/"+rel)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	path := filepath.Join(dir, rel)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	_, err = io.Copy(io.MultiWriter(f, h), r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		return fmt.Errorf("content does not match the saved SHA-256 (%s, want %s)", got[:12], sum[:min(12, len(sum))])
+	}
+	return nil
+}
+
+// start launches the program and waits for it to connect.
+func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
+	sock := filepath.Join(t.cfg.Scratch, "control.sock")
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("exec trainer: control socket: %w", err)
+	}
+	defer ln.Close()
+	cmd := exec.Command(t.cfg.Command[0], t.cfg.Command[1:]...)
+	cmd.Dir = t.cfg.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a cancelled epoch kills the whole group
+	env := append(os.Environ(),
+		"RANK="+strconv.Itoa(t.cfg.Rank), "WORLD_SIZE="+strconv.Itoa(t.cfg.World), "LOCAL_RANK="+strconv.Itoa(t.cfg.LocalRank),
+		"MASTER_ADDR="+t.cfg.MasterAddr, "MASTER_PORT="+strconv.Itoa(t.cfg.MasterPort),
+		"DURABLETRAIN_CONTROL="+sock, "DURABLETRAIN_EPOCHS="+strconv.Itoa(t.cfg.Epochs),
+		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "PYTHONUNBUFFERED=1")
+	if checkpointDir != "" {
+		env = append(env, "DURABLETRAIN_CHECKPOINT_DIR="+checkpointDir)
+	}
+	if t.cfg.Devices != "" {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+t.cfg.Devices)
+	}
+	if t.cfg.PythonPath != "" {
+		env = append(env, "PYTHONPATH="+t.cfg.PythonPath+string(os.PathListSeparator)+os.Getenv("PYTHONPATH"))
+	}
+	for k, v := range t.cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	cmd.Env = env
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("exec trainer: starting %s: %w", strings.Join(t.cfg.Command, " "), err)
+	}
+	t.cmd, t.exited, t.exitErr = cmd, make(chan struct{}), nil
+	var streams sync.WaitGroup
+	for name, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
+		streams.Go(func() {
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				line := sc.Text()
+				if name == "stderr" {
+					t.tail.add(line)
+				}
+				t.cfg.Log.Info(line, zap.Int("rank", t.cfg.Rank), zap.String("stream", name))
+			}
+		})
+	}
+	go func() {
+		streams.Wait()
+		t.exitErr = cmd.Wait()
+		close(t.exited)
+	}()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	timer := time.NewTimer(t.cfg.StartTimeout)
+	defer timer.Stop()
+	select {
+	case c := <-accepted:
+		t.conn, t.lines = c, bufio.NewReader(c)
+		return nil
+	case <-t.exited:
+		return t.exitError("exited before it connected to the control socket (does it import durabletrain and call epochs()?)")
+	case <-timer.C:
+		t.stop()
+		return fmt.Errorf("exec trainer: %s did not connect within %v", t.cfg.Command[0], t.cfg.StartTimeout)
+	case <-ctx.Done():
+		t.stop()
+		return ctx.Err()
+	}
+}
+
+// exitError describes how the program ended, with its last lines of stderr.
+func (t *Trainer) exitError(what string) error {
+	return &ExitError{Program: strings.Join(t.cfg.Command, " "), Rank: t.cfg.Rank, What: what, Err: t.exitErr, Stderr: t.tail.lines()}
+}
+
+// ExitError is a program that ended when it should not have: a user error.
+type ExitError struct {
+	Program string
+	Rank    int
+	What    string
+	Err     error
+	Stderr  []string
+}
+
+func (e *ExitError) Error() string {
+	msg := fmt.Sprintf("rank %d: %s %s", e.Rank, e.Program, e.What)
+	if e.Err != nil {
+		msg += " (" + e.Err.Error() + ")"
+	}
+	if len(e.Stderr) > 0 {
+		msg += "; last lines of stderr:\n" + strings.Join(e.Stderr, "\n")
+	}
+	return msg
+}
+
+// Killed says whether a signal ended the program (a killed rank, not a bug in it).
+func (e *ExitError) Killed() bool {
+	var ee *exec.ExitError
+	if errors.As(e.Err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return true
+		}
+	}
+	return false
+}
+
+// TrainEpoch has the program train the epoch and waits for its report. The
+// program ends epochs only at their end: Leave and UntilStep do not apply.
+func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochOptions) (trainer.EpochMetrics, error) {
+	if t.conn == nil {
+		return trainer.EpochMetrics{}, errors.New("exec trainer: the program is not running (call Init or Restore)")
+	}
+	if epoch != t.cursor.Epoch {
+		return trainer.EpochMetrics{}, fmt.Errorf("exec trainer: asked to train epoch %d but the state is at epoch %d", epoch, t.cursor.Epoch)
+	}
+	start := time.Now()
+	if err := t.expect(ctx, "ready", nil); err != nil {
+		return trainer.EpochMetrics{}, err
+	}
+	if err := t.send(map[string]any{"op": "epoch", "epoch": epoch}); err != nil {
+		return trainer.EpochMetrics{}, err
+	}
+	var r report
+	if err := t.expect(ctx, "report", &r); err != nil {
+		return trainer.EpochMetrics{}, err
+	}
+	if r.CheckpointDir != "" {
+		if err := t.keep(r.CheckpointDir, epoch); err != nil {
+			return trainer.EpochMetrics{}, err
+		}
+	}
+	if err := t.send(map[string]any{"op": "ack"}); err != nil {
+		return trainer.EpochMetrics{}, err
+	}
+	t.last = r
+	t.cursor = trainer.Cursor{Epoch: epoch + 1}
+	m := trainer.EpochMetrics{Epoch: epoch, Steps: 1, TrainLoss: r.Metrics["train_loss"], Seconds: time.Since(start).Seconds(),
+		Samples: int(r.Metrics["samples"])}
+	if m.Seconds > 0 {
+		m.SamplesPerSecond = float64(m.Samples) / m.Seconds
+	}
+	if opts.Progress != nil {
+		opts.Progress(trainer.Progress{Epoch: epoch, Step: 1, Steps: 1, Loss: m.TrainLoss})
+	}
+	return m, nil
+}
+
+// keep copies the reported checkpoint directory, so the program may reuse its own.
+func (t *Trainer) keep(dir string, epoch int) error {
+	dst := filepath.Join(t.cfg.Scratch, fmt.Sprintf("saved-%06d", epoch))
+	os.RemoveAll(dst)
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		return copyFile(path, filepath.Join(dst, rel))
+	})
+	if err != nil {
+		return fmt.Errorf("exec trainer: taking the checkpoint directory %s: %w", dir, err)
+	}
+	if t.savedDir != "" && t.savedDir != dst {
+		os.RemoveAll(t.savedDir)
+	}
+	t.savedDir = dst
+	return nil
+}
+
+// Evaluate returns what the program reported for the epoch: it evaluates itself.
+func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
+	if t.last.Metrics == nil {
+		return trainer.EvalMetrics{}, errors.New("exec trainer: no epoch reported yet")
+	}
+	return trainer.EvalMetrics{TestLoss: t.last.Metrics["test_loss"], TestAccuracy: t.last.Metrics["test_accuracy"],
+		Examples: int(t.last.Metrics["test_examples"])}, nil
+}
+
+// Save writes the last reported checkpoint directory, file by file, and the
+// list of files with their SHA-256 and the cursor.
+func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
+	if t.savedDir == "" {
+		return errors.New("exec trainer: the program has reported no checkpoint_dir to save: call durabletrain.report(metrics, checkpoint_dir=...)")
+	}
+	st := state{Cursor: t.cursor, Files: map[string]string{}}
+	err := filepath.WalkDir(t.savedDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(t.savedDir, path)
+		sum, err := saveFile(ctx, to, path, "files/"+filepath.ToSlash(rel))
+		st.Files[filepath.ToSlash(rel)] = sum
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	w, err := to.Create(ctx, stateObject)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(st)
+	if _, err := w.Write(b); err != nil {
+		w.Close()
+		return err
+	}
+	return w.Close()
+}
+
+// Close asks the program to end, and kills its process group if it does not.
+func (t *Trainer) Close() error {
+	if t.cmd == nil {
+		return nil
+	}
+	t.stop()
+	return nil
+}
+
+func (t *Trainer) stop() {
+	if t.conn != nil {
+		t.send(map[string]any{"op": "exit"})
+		t.conn.Close()
+		t.conn = nil
+	}
+	select {
+	case <-t.exited:
+	case <-time.After(5 * time.Second):
+		syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
+		<-t.exited
+	}
+	t.cmd = nil
+}
+
+func (t *Trainer) send(msg any) error {
+	b, _ := json.Marshal(msg)
+	_, err := t.conn.Write(append(b, '\n'))
+	if err != nil {
+		return t.exitError("closed its control socket")
+	}
+	return nil
+}
+
+// expect reads the program's next message, which must be op; a cancelled
+// context kills the process group.
+func (t *Trainer) expect(ctx context.Context, op string, into *report) error {
+	type line struct {
+		b   []byte
+		err error
+	}
+	got := make(chan line, 1)
+	go func() {
+		b, err := t.lines.ReadBytes('\n')
+		got <- line{b, err}
+	}()
+	select {
+	case l := <-got:
+		if l.err != nil {
+			<-t.exited
+			return t.exitError(fmt.Sprintf("ended while it should %s", map[string]string{"ready": "ask for an epoch", "report": "train and report an epoch"}[op]))
+		}
+		var r report
+		if err := json.Unmarshal(l.b, &r); err != nil || r.Op != op {
+			return fmt.Errorf("exec trainer: rank %d sent %q where %q was due", t.cfg.Rank, strings.TrimSpace(string(l.b)), op)
+		}
+		if into != nil {
+			*into = r
+		}
+		return nil
+	case <-ctx.Done():
+		syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
+		<-t.exited
+		t.conn.Close()
+		t.conn, t.cmd = nil, nil
+		return ctx.Err()
+	}
+}
+
+func readJSON(ctx context.Context, from trainer.StateReader, name string, v any) error {
+	r, err := from.Open(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+func saveFile(ctx context.Context, to trainer.StateWriter, path, name string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	w, err := to.Create(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(w, h), f); err != nil {
+		w.Close()
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), w.Close()
+}
+
+func copyFile(src, dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// tailBuffer keeps the last lines of a stream.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []string
+}
+
+func (b *tailBuffer) add(s string) {
+	b.mu.Lock()
+	b.buf = append(b.buf, s)
+	if len(b.buf) > b.max {
+		b.buf = b.buf[len(b.buf)-b.max:]
+	}
+	b.mu.Unlock()
+}
+
+func (b *tailBuffer) lines() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.buf...)
+}

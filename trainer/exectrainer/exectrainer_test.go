@@ -1,0 +1,121 @@
+package exectrainer
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+func newCounter(t *testing.T, env map[string]string) *Trainer {
+	t.Helper()
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	py, _ := filepath.Abs("../../python")
+	script, _ := filepath.Abs("testdata/counter.py")
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", script}, Dir: t.TempDir(), Env: env, World: 1,
+		MasterAddr: "127.0.0.1", MasterPort: 1, Epochs: 10, Scratch: t.TempDir(), PythonPath: py})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// The program lives across epochs, its reported checkpoint directory is
+// saved, and a new program restored from it goes on where the first stopped.
+func TestEpochsSaveAndRestore(t *testing.T) {
+	ctx := context.Background()
+	a := newCounter(t, nil)
+	if err := a.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for epoch := range 3 {
+		if _, err := a.TrainEpoch(ctx, epoch, trainer.EpochOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e, _ := a.Evaluate(ctx); e.TestAccuracy != 0.06 { // 1+2+3
+		t.Fatalf("evaluation %+v, want accuracy 0.06", e)
+	}
+	st := trainer.MemState{}
+	if err := a.Save(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	b := newCounter(t, nil)
+	if err := b.Restore(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if b.Cursor() != (trainer.Cursor{Epoch: 3}) {
+		t.Fatalf("restored cursor %+v", b.Cursor())
+	}
+	if _, err := b.TrainEpoch(ctx, 3, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := b.Evaluate(ctx); e.TestAccuracy != 0.10 { // 6 + 4
+		t.Fatalf("after restoring and one more epoch: %+v, want accuracy 0.10", e)
+	}
+	// A damaged file is caught by its SHA-256, and nothing starts.
+	st["files/value.json"] = []byte(`{"value": 999}`)
+	c := newCounter(t, nil)
+	if err := c.Restore(ctx, st); err == nil || !strings.Contains(err.Error(), "SHA-256") {
+		t.Fatalf("restoring a damaged file: %v", err)
+	}
+	if c.cmd != nil {
+		t.Fatal("a program started on a damaged checkpoint")
+	}
+}
+
+// A program that exits non-zero fails the epoch with its last lines of stderr.
+func TestFailingProgramReportsItsStderr(t *testing.T) {
+	ctx := context.Background()
+	tr := newCounter(t, map[string]string{"FAIL_AT_EPOCH": "1"})
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := tr.TrainEpoch(ctx, 1, trainer.EpochOptions{})
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Killed() || !strings.Contains(err.Error(), "the data is broken at epoch 1") || !strings.Contains(err.Error(), "exit status 3") {
+		t.Fatalf("got %v, want the program's exit status and its last stderr line", err)
+	}
+}
+
+// Cancelling an epoch kills the program's whole process group at once.
+func TestCancelKillsTheProcessGroup(t *testing.T) {
+	tr := newCounter(t, map[string]string{"HANG": "1"})
+	if err := tr.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pid := tr.cmd.Process.Pid
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the context's error", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("cancel took %v", d)
+	}
+	if err := exec.Command("kill", "-0", strconv.Itoa(pid)).Run(); err == nil {
+		t.Fatalf("process %d still alive after the cancel", pid)
+	}
+}
+
+// A command that is not there is a clear error at start.
+func TestMissingProgram(t *testing.T) {
+	tr, _ := New(Config{Command: []string{"/nonexistent/python9"}, Scratch: t.TempDir()})
+	if err := tr.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/nonexistent/python9") {
+		t.Fatalf("got %v", err)
+	}
+}
+
