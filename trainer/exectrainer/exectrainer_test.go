@@ -118,4 +118,3 @@ func TestMissingProgram(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
-
