@@ -10,10 +10,13 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/...
 
-.PHONY: chaos images temporal-cli deps deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: chaos images temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
 deps:
 	@scripts/deps.sh
+
+deps-test:
+	@scripts/deps.sh test
 
 deps-bench:
 	@scripts/deps.sh bench
@@ -33,7 +36,7 @@ bin/temporal:
 	GOBIN=$(CURDIR)/bin $(GO) install github.com/temporalio/cli/cmd/temporal@v1.5.1
 
 ## test: every test, again under the race detector (all but integration), and the OpenBLAS build
-test: deps vet bin/temporal
+test: deps-test vet bin/temporal
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE)
 	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/...

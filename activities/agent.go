@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
+	"github.com/durabletrain/durabletrain/trainer/exectrainer"
 	"github.com/durabletrain/durabletrain/trainer/native"
 )
 
@@ -35,6 +37,9 @@ type Agent struct {
 	Slots     []Slot
 	Devices   DeviceStats // reads GPU utilisation and memory for heartbeats and logs; nil on CPU slots
 	Log       *zap.Logger
+	// PythonPath is where the durabletrain Python module is, for exec runs
+	// (prepended to their PYTHONPATH).
+	PythonPath string
 	// Transport is the collective's transport: "" (shared memory between
 	// ranks on one host, else TCP) or "tcp" (always TCP: hosts that share a
 	// kernel but should not share memory, as network namespaces do).
@@ -73,10 +78,11 @@ type replicaKey struct {
 
 // replica is one rank's warm state: its gang membership, its trainer, its store.
 type replica struct {
-	slot  int // the slot index it runs on
-	group *collective.Group
-	tr    trainer.Trainer
-	store *checkpoint.Store
+	slot    int    // the slot index it runs on
+	scratch string // an exec rank's directory, removed with the replica
+	group   *collective.Group
+	tr      trainer.Trainer
+	store   *checkpoint.Store
 }
 
 func (r *replica) close() {
@@ -88,6 +94,9 @@ func (r *replica) close() {
 	}
 	if r.store != nil {
 		r.store.Close()
+	}
+	if r.scratch != "" {
+		os.RemoveAll(r.scratch)
 	}
 }
 
@@ -367,10 +376,13 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	if rep != nil && rep.tr.Cursor().Step == 0 {
 		return rep, nil, nil
 	}
-	beat.set(map[string]any{"phase": "loading data"})
-	train, test, err := a.dataset(ctx, in.Spec.Dataset.URL)
-	if err != nil {
-		return nil, nil, userError(err)
+	var train, test *dataset.Set
+	var err error
+	if in.Spec.Trainer != "exec" { // an exec program loads its own data
+		beat.set(map[string]any{"phase": "loading data"})
+		if train, test, err = a.dataset(ctx, in.Spec.Dataset.URL); err != nil {
+			return nil, nil, userError(err)
+		}
 	}
 	store, err := checkpoint.Open(ctx, in.Spec.Checkpoint.URL, a.Log)
 	if err != nil {
@@ -386,15 +398,22 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.close()
 		return nil, nil, err
 	}
-	h := in.Spec.Hyper
-	batch := h.BatchSize
-	if in.BatchSize > 0 {
-		batch = in.BatchSize
+	if in.Spec.Trainer == "exec" {
+		rep.tr, err = a.execTrainer(ctx, rep, in)
+	} else {
+		h := in.Spec.Hyper
+		batch := h.BatchSize
+		if in.BatchSize > 0 {
+			batch = in.BatchSize
+		}
+		rep.tr, err = native.New(native.Config{Hidden: in.Spec.Model.Hidden, Optimizer: h.Optimizer, LR: h.LR, Momentum: h.Momentum,
+			WeightDecay: h.WeightDecay, BatchSize: batch, Seed: h.Seed}, train, test, rep.group)
 	}
-	rep.tr, err = native.New(native.Config{Hidden: in.Spec.Model.Hidden, Optimizer: h.Optimizer, LR: h.LR, Momentum: h.Momentum,
-		WeightDecay: h.WeightDecay, BatchSize: batch, Seed: h.Seed}, train, test, rep.group)
 	if err != nil {
 		rep.close()
+		if errors.Is(err, errGangBroken) {
+			return nil, nil, err
+		}
 		return nil, nil, userError(err)
 	}
 	beat.set(map[string]any{"phase": "restoring"})
@@ -571,6 +590,10 @@ func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err erro
 		return err
 	case errors.Is(err, trainer.ErrDiverged):
 		return userError(err)
+	}
+	var exit *exectrainer.ExitError
+	if errors.As(err, &exit) && !exit.Killed() {
+		return userError(err) // the program failed on its own: retrying will not help
 	}
 	return err
 }

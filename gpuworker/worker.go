@@ -52,6 +52,7 @@ type Config struct {
 	CollectiveBind      string        // default ":0"
 	CollectiveAdvertise string        // host:port peers dial; default the bind address, with this host's IP for an unspecified host
 	CollectiveTransport string        // "" (shared memory on one host, else TCP) or "tcp"
+	PythonPath          string        // the directory holding the durabletrain Python module, for exec runs
 	Identity            string        // default hostname-pid
 	Grace               time.Duration // on shutdown, how long running activities get to finish; default 10s
 	Log                 *zap.Logger
@@ -146,7 +147,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		found, gpus := DiscoverSlots(cfg.CPUSlots, log)
 		defer gpus.Close()
 		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln, Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()),
-			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace), Transport: cfg.CollectiveTransport}
+			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace), Transport: cfg.CollectiveTransport, PythonPath: cfg.PythonPath}
 		if gpus != nil {
 			agent.Devices = gpus
 		}

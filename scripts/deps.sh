@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages durabletrain's demo, tests and benchmarks use,
 # when they are missing. Safe to run again; needs root (or sudo) to install.
-#   scripts/deps.sh            what the demo and tests need
+#   scripts/deps.sh            what the demo needs
+#   scripts/deps.sh test       also PyTorch, for the exec backend's tests (examples/pytorch)
 #   scripts/deps.sh bench      also the peers the benchmarks compare against
 set -euo pipefail
 need=(libopenblas-dev dataset-fashion-mnist)
-if [ "${1:-}" = bench ]; then
-  need+=(python3-torch libopenblas0-openmp openmpi-bin libopenmpi-dev)
-fi
+case "${1:-}" in
+  test) need+=(python3-torch) ;;
+  bench) need+=(python3-torch libopenblas0-openmp openmpi-bin libopenmpi-dev) ;;
+esac
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

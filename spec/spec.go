@@ -22,8 +22,10 @@ import (
 type Training struct {
 	// Name names the run's checkpoints in storage; default: the workflow ID.
 	Name string `json:"name,omitempty"`
-	// Trainer is the backend: "native" (default).
+	// Trainer is the backend: "native" (default, the Go MLP) or "exec" (your
+	// own program per rank, see Exec).
 	Trainer    string     `json:"trainer,omitempty"`
+	Exec       *Exec      `json:"exec,omitempty"`
 	Model      Model      `json:"model"`
 	Dataset    Dataset    `json:"dataset"`
 	Hyper      Hyper      `json:"hyper"`
@@ -37,6 +39,15 @@ type Training struct {
 	// namespace must have them (the dev server registers them; elsewhere:
 	// `temporal operator search-attribute create`), so it is off by default.
 	SearchAttributes bool `json:"search_attributes,omitempty"`
+}
+
+// Exec is the program each rank of an "exec" run starts (once per gang),
+// with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and
+// CUDA_VISIBLE_DEVICES set; it imports the durabletrain Python module.
+type Exec struct {
+	Command []string          `json:"command"`       // e.g. ["python3", "train.py", "--lr", "0.001"]
+	Dir     string            `json:"dir,omitempty"` // working directory on the worker
+	Env     map[string]string `json:"env,omitempty"`
 }
 
 type Model struct {
@@ -196,8 +207,10 @@ func (t Training) Validate() error {
 	switch {
 	case t.Name != "" && !namePattern.MatchString(t.Name):
 		return bad("name", fmt.Sprintf("%q", t.Name), "1-200 letters, digits or ._=+@-, starting with a letter or digit")
-	case t.Trainer != "native":
-		return bad("trainer", fmt.Sprintf("%q", t.Trainer), `"native"`)
+	case t.Trainer != "native" && t.Trainer != "exec":
+		return bad("trainer", fmt.Sprintf("%q", t.Trainer), `"native" or "exec"`)
+	case t.Trainer == "exec" && (t.Exec == nil || len(t.Exec.Command) == 0):
+		return bad("exec.command", "empty", `the program each rank runs, e.g. ["python3", "train.py"]`)
 	case len(t.Model.Hidden) > 16:
 		return bad("model.hidden", t.Model.Hidden, "at most 16 hidden layers")
 	case !urlPattern.MatchString(t.Dataset.URL):

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -36,6 +37,7 @@ func main() {
 	flag.StringVar(&cfg.CollectiveBind, "collective-bind", ":0", "address the collective listener binds")
 	flag.StringVar(&cfg.CollectiveAdvertise, "collective-advertise", "", "address peers dial (default: the bound port on 127.0.0.1; set it on multi-host setups)")
 	flag.StringVar(&cfg.CollectiveTransport, "collective-transport", "", `"" (shared memory between ranks on one host, else TCP) or "tcp"`)
+	flag.StringVar(&cfg.PythonPath, "python-path", envOr("DURABLETRAIN_PYTHONPATH", pythonNextToBinary()), "directory holding the durabletrain Python module (python/ of the repository), for exec runs")
 	flag.StringVar(&cfg.Identity, "identity", "", "worker identity (default hostname-pid)")
 	flag.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running ranks get to leave on shutdown")
 	flag.Parse()
@@ -73,4 +75,18 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// pythonNextToBinary is ../python from the worker binary (bin/worker in a
+// checkout), if the durabletrain module is there.
+func pythonNextToBinary() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	dir := filepath.Join(filepath.Dir(filepath.Dir(exe)), "python")
+	if _, err := os.Stat(filepath.Join(dir, "durabletrain", "__init__.py")); err != nil {
+		return ""
+	}
+	return dir
 }
