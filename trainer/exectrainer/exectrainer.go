@@ -134,7 +134,15 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 		t.stop()
 	}
 	t.cursor = st.Cursor
-	return t.start(ctx, dir)
+	if len(st.Files) == 0 { // saved before any epoch: a fresh start
+		os.RemoveAll(dir)
+		return t.start(ctx, "")
+	}
+	if err := t.start(ctx, dir); err != nil {
+		return err
+	}
+	t.savedDir = dir // what the program resumed from is the state until it reports another
+	return nil
 }
 
 func restoreFile(ctx context.Context, from trainer.StateReader, rel, sum, dir string) error {
@@ -357,10 +365,13 @@ func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
 // Save writes the last reported checkpoint directory, file by file, and the
 // list of files with their SHA-256 and the cursor.
 func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
-	if t.savedDir == "" {
-		return errors.New("exec trainer: the program has reported no checkpoint_dir to save: call durabletrain.report(metrics, checkpoint_dir=...)")
-	}
 	st := state{Cursor: t.cursor, Files: map[string]string{}}
+	if t.savedDir == "" {
+		if t.cursor != (trainer.Cursor{}) {
+			return errors.New("exec trainer: the program has reported no checkpoint_dir to save: call durabletrain.report(metrics, checkpoint_dir=...)")
+		}
+		return writeState(ctx, to, st) // nothing trained yet
+	}
 	err := filepath.WalkDir(t.savedDir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -373,11 +384,15 @@ func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 	if err != nil {
 		return err
 	}
+	return writeState(ctx, to, st)
+}
+
+func writeState(ctx context.Context, to trainer.StateWriter, st state) error {
 	w, err := to.Create(ctx, stateObject)
 	if err != nil {
 		return err
 	}
-	b, _ := json.Marshal(st)
+	b, _ := json.Marshal(st) // map keys sorted: deterministic
 	if _, err := w.Write(b); err != nil {
 		w.Close()
 		return err

@@ -3,6 +3,7 @@ package exectrainer
 import (
 	"context"
 	"errors"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/durabletrain/durabletrain/trainer"
+	"github.com/durabletrain/durabletrain/trainer/trainertest"
 )
 
 func newCounter(t *testing.T, env map[string]string) *Trainer {
@@ -117,4 +119,34 @@ func TestMissingProgram(t *testing.T) {
 	if err := tr.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/nonexistent/python9") {
 		t.Fatalf("got %v", err)
 	}
+}
+
+// The conformance suite every backend passes, on the PyTorch example (DDP
+// with gloo) over the committed Fashion-MNIST subset.
+func TestConformance(t *testing.T) {
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
+	}
+	py, _ := filepath.Abs("../../python")
+	script, _ := filepath.Abs("../../examples/pytorch/train.py")
+	data, _ := filepath.Abs("../../testdata/fashion-mnist-small")
+	port := 0
+	trainertest.Run(t, func(t testing.TB, comm trainer.Reducer) trainer.Trainer {
+		if comm.Rank() == 0 { // one rendezvous port per gang, shared by its ranks
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port = ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+		}
+		tr, err := New(Config{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "256"}, Dir: t.TempDir(),
+			Env: map[string]string{"OMP_NUM_THREADS": "1"}, Rank: comm.Rank(), World: comm.World(), MasterAddr: "127.0.0.1",
+			MasterPort: port, Epochs: 10, Scratch: t.TempDir(), PythonPath: py})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}, trainertest.Options{EpochGranular: true})
 }
