@@ -85,3 +85,71 @@ func runDirect(benchBin, data string, epochs int) error {
 	}
 	return nil
 }
+
+// BenchmarkPyTorchExecVsDirect times examples/pytorch/train.py for 10 epochs
+// on 2 ranks twice per iteration: launched directly with the same
+// environment torchrun would give it (two processes, DURABLETRAIN_EPOCHS), and
+// as an exec run through durabletrain (the embedded server, two warm worker
+// processes, from ExecuteWorkflow to completion, checkpointing every epoch
+// as the direct run writes its checkpoint directory every epoch too). It
+// reports the wall-time ratio; the target is at most 1.05.
+//
+//	go test -run '^$' -bench PyTorchExecVsDirect -benchtime 2x ./integration
+func BenchmarkPyTorchExecVsDirect(b *testing.B) {
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		b.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch)")
+	}
+	data := "/usr/share/datasets/fashion-mnist"
+	if _, err := os.Stat(data); err != nil {
+		data = strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	}
+	const epochs = 10
+	py, _ := filepath.Abs("../python")
+	script, _ := filepath.Abs("../examples/pytorch/train.py")
+	args := []string{script, "--data", data, "--batch-size", "64"}
+	// One thread per rank on both sides, with the same BLAS.
+	threads := map[string]string{"OMP_NUM_THREADS": "1", "LD_LIBRARY_PATH": "/usr/lib/x86_64-linux-gnu/openblas-openmp"}
+	queue := "bench-exec"
+	startWorker(b, "bench-exec-a", "both", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	startWorker(b, "bench-exec-b", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	c := dial(b)
+	var direct, through time.Duration
+	for i := range b.N {
+		start := time.Now()
+		cmds := make([]*exec.Cmd, 2)
+		for r := range cmds {
+			cmds[r] = exec.Command("/usr/bin/python3", append(args, "--checkpoint-dir", filepath.Join(b.TempDir(), "ckpt"))...)
+			cmds[r].Env = append(os.Environ(), "RANK="+fmt.Sprint(r), "WORLD_SIZE=2", "LOCAL_RANK="+fmt.Sprint(r), "MASTER_ADDR=127.0.0.1",
+				"MASTER_PORT=29533", "DURABLETRAIN_EPOCHS="+fmt.Sprint(epochs), "PYTHONPATH="+py, "OMP_NUM_THREADS=1",
+				"LD_LIBRARY_PATH="+threads["LD_LIBRARY_PATH"])
+			cmds[r].Dir = b.TempDir()
+			if err := cmds[r].Start(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for r, cmd := range cmds {
+			if err := cmd.Wait(); err != nil {
+				b.Fatalf("direct rank %d: %v", r, err)
+			}
+		}
+		direct += time.Since(start)
+
+		s := spec.Training{Trainer: "exec", Exec: &spec.Exec{Command: append([]string{"/usr/bin/python3"}, args...), Env: threads, Dir: b.TempDir()},
+			Hyper: spec.Hyper{Epochs: epochs}, Scaling: spec.Scaling{Workers: 2, TaskQueue: queue},
+			Checkpoint: spec.Checkpoint{URL: "file://" + b.TempDir() + "?metadata=skip"}}
+		start = time.Now()
+		run := startRun(b, c, fmt.Sprintf("bench-exec-%d-%d", time.Now().UnixNano(), i), queue, s)
+		var p *workflows.Progress
+		if err := run.Get(context.Background(), &p); err != nil {
+			b.Fatal(err)
+		}
+		through += time.Since(start)
+		if i == 0 {
+			last := p.Metrics[len(p.Metrics)-1]
+			b.Logf("through durabletrain: test accuracy %.4f after %d epochs", last.TestAccuracy, p.Epoch)
+		}
+	}
+	b.ReportMetric(direct.Seconds()/float64(b.N), "direct-s")
+	b.ReportMetric(through.Seconds()/float64(b.N), "durabletrain-s")
+	b.ReportMetric(through.Seconds()/direct.Seconds(), "wall-ratio")
+}
