@@ -77,7 +77,7 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 			"checkpoint": map[string]any{"url": "file://" + h.ckptDir + "?metadata=skip"},
 			"failure":    map[string]any{"heartbeat_timeout": "4s", "max_failures": 10},
 		},
-		"param_space": map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{0.01, 0.0003, 0.002, 0.0001}}},
+		"param_space":           map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{0.01, 0.0003, 0.002, 0.0001}}},
 		"max_concurrent_trials": 2,
 		"scheduler":             map[string]any{"type": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": 5},
 	})
