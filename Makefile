@@ -8,7 +8,7 @@ TAGS      ?= openblas
 export OPENBLAS_NUM_THREADS ?= 1
 export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
-RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/...
+RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
 
 .PHONY: chaos images temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
