@@ -5,7 +5,6 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strconv"
 
 	"gocloud.dev/blob"
@@ -39,15 +38,7 @@ func WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsInput) (strin
 }
 
 func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) error {
-	var paths []string
-	for _, t := range r.Trials {
-		for p := range t.Config {
-			if !slices.Contains(paths, p) {
-				paths = append(paths, p)
-			}
-		}
-	}
-	slices.Sort(paths)
+	paths := r.ConfigPaths()
 	c := csv.NewWriter(w)
 	head := append([]string{"trial", "workflow_id"}, paths...)
 	head = append(head, "status", "epochs", "last_"+r.Metric, "best_"+r.Metric, "checkpoint", "reason")

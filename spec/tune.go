@@ -1,6 +1,9 @@
 package spec
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"slices"
+)
 
 // TrialStatus is one row of the results table.
 type TrialStatus struct {
@@ -32,4 +35,19 @@ type WriteTuneResultsInput struct {
 	URL     string       `json:"url"`
 	Name    string       `json:"name"`
 	Results *TuneResults `json:"results"`
+}
+
+// ConfigPaths are the spec paths the trials' configs set, sorted: the
+// columns of a results table.
+func (r *TuneResults) ConfigPaths() []string {
+	var paths []string
+	for _, t := range r.Trials {
+		for p := range t.Config {
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
+	}
+	slices.Sort(paths)
+	return paths
 }

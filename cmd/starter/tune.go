@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -108,15 +107,7 @@ func tuneTable(r *spec.TuneResults) string {
 		}
 	}
 	fmt.Fprintf(&b, "== search %s: %s (scheduler %s, %s %s) ==\n", r.Name, strings.Join(parts, ", "), r.Scheduler, r.Mode, r.Metric)
-	var paths []string
-	for _, t := range r.Trials {
-		for p := range t.Config {
-			if !slices.Contains(paths, p) {
-				paths = append(paths, p)
-			}
-		}
-	}
-	slices.Sort(paths)
+	paths := r.ConfigPaths()
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "trial\tstatus\t%s\tepochs\tlast %s\tbest\n", strings.Join(paths, "\t"), r.Metric)
 	for _, t := range r.Trials {
