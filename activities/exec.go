@@ -58,5 +58,5 @@ func (a *Agent) execTrainer(ctx context.Context, rep *replica, in spec.EpochInpu
 	x := in.Spec.Exec
 	return exectrainer.New(exectrainer.Config{Command: x.Command, Dir: x.Dir, Env: x.Env, Rank: in.Rank, World: len(in.Peers),
 		LocalRank: local, MasterAddr: masterHost, MasterPort: int(port[0]), Devices: device, Epochs: in.Spec.Hyper.Epochs,
-		Scratch: filepath.Join(scratch, "rank"), PythonPath: a.PythonPath, Log: a.Log.Named("exec")})
+		Scratch: filepath.Join(scratch, "rank"), PythonPath: a.PythonPath, Log: a.Log.Named("exec"), Saves: in.Rank == 0})
 }

@@ -34,7 +34,7 @@ func WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsInput) (strin
 	if err := w.Close(); err != nil {
 		return "", err
 	}
-	return in.URL + " " + key, nil
+	return key + " in " + in.URL, nil
 }
 
 func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) error {

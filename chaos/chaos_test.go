@@ -3,8 +3,8 @@ package chaos_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,10 +28,8 @@ func TestChaosShort(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
-	for _, b := range []string{"devserver", "worker"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, b), "../cmd/"+b).CombinedOutput(); err != nil {
-			t.Fatalf("building %s: %v\n%s", b, err, out)
-		}
+	if err := chaos.Build(bin, "", io.Discard); err != nil {
+		t.Fatal(err)
 	}
 	var log bytes.Buffer
 	rep, err := chaos.Run(context.Background(), chaos.Config{Seed: 7, Faults: len(chaos.Kinds), FaultsPerRun: 3, Epochs: 4,

@@ -15,6 +15,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -149,29 +150,11 @@ type Harness struct {
 // and tears everything down.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg = cfg.withDefaults()
-	if err := Available(); err != nil {
+	h, err := start(ctx, cfg, hostNet{bridge: "dtcbr0", prefix: "10.231.7"})
+	if err != nil {
 		return nil, err
 	}
-	h := &Harness{cfg: cfg, net: hostNet{bridge: "dtcbr0", prefix: "10.231.7"}, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 0xc4a05))}
-	h.ckptDir = filepath.Join(cfg.Dir, "checkpoints")
-	for _, d := range []string{h.ckptDir, filepath.Join(cfg.Dir, "logs")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if err := h.net.setUp(cfg.Hosts); err != nil {
-		return nil, err
-	}
-	defer h.net.tearDown(cfg.Hosts)
-	if err := h.startProcesses(); err != nil {
-		return nil, err
-	}
-	defer h.stopProcesses()
-	var err error
-	if h.client, err = h.dial(ctx); err != nil {
-		return nil, err
-	}
-	defer h.client.Close()
+	defer h.close()
 
 	rep := &Report{}
 	h.logf("reference run: %d ranks, %d epochs, no faults", cfg.Ranks, cfg.Epochs)
@@ -204,6 +187,68 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.Identical = state == rep.Reference
 	}
 	return rep, nil
+}
+
+// start makes the hosts, starts the dev server and a worker per host, and
+// connects; close undoes it all. cfg must have its defaults.
+func start(ctx context.Context, cfg Config, net hostNet) (*Harness, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	h := &Harness{cfg: cfg, net: net, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 0xc4a05))}
+	h.ckptDir = filepath.Join(cfg.Dir, "checkpoints")
+	for _, d := range []string{h.ckptDir, filepath.Join(cfg.Dir, "logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := h.net.setUp(cfg.Hosts); err != nil {
+		return nil, err
+	}
+	err := h.startProcesses()
+	if err == nil {
+		h.client, err = h.dial(ctx)
+	}
+	if err != nil {
+		h.close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *Harness) close() {
+	if h.client != nil {
+		h.client.Close()
+	}
+	h.stopProcesses()
+	h.net.tearDown(h.cfg.Hosts)
+}
+
+// Build compiles the dev server and the worker (with the given build tags)
+// into bin, for Config.Bin.
+func Build(bin, tags string, log io.Writer) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	for _, b := range [][]string{{"devserver", ""}, {"worker", tags}} {
+		fmt.Fprintf(log, "chaos: building %s\n", b[0])
+		cmd := exec.Command("go", "build", "-tags", b[1], "-o", filepath.Join(bin, b[0]), "./cmd/"+b[0])
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building %s: %w\n%s", b[0], err, out)
+		}
+	}
+	return nil
+}
+
+// moduleRoot is the directory of this module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
+		return "", fmt.Errorf("chaos: run from within the durabletrain module (go env GOMOD: %v)", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
 // plan is the sequence of fault kinds: every kind once per round, in an

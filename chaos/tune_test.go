@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -44,29 +44,15 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 		}
 	})
 	bin := filepath.Join(dir, "bin")
-	for _, b := range []string{"devserver", "worker"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, b), "../cmd/"+b).CombinedOutput(); err != nil {
-			t.Fatalf("building %s: %v\n%s", b, err, out)
-		}
-	}
-	h := &Harness{cfg: Config{Hosts: 2, Bin: bin, Dir: dir}.withDefaults(), net: hostNet{bridge: "dtcbr1", prefix: "10.231.8"}}
-	h.ckptDir = filepath.Join(dir, "checkpoints")
-	os.MkdirAll(filepath.Join(dir, "logs"), 0o755)
-	os.MkdirAll(h.ckptDir, 0o755)
-	if err := h.net.setUp(h.cfg.Hosts); err != nil {
+	if err := Build(bin, "", io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	defer h.net.tearDown(h.cfg.Hosts)
-	if err := h.startProcesses(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.stopProcesses()
 	ctx := context.Background()
-	var err error
-	if h.client, err = h.dial(ctx); err != nil {
+	h, err := start(ctx, Config{Hosts: 2, Bin: bin, Dir: dir}.withDefaults(), hostNet{bridge: "dtcbr1", prefix: "10.231.8"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { h.client.Close() }()
+	defer h.close()
 
 	search, _ := json.Marshal(map[string]any{
 		"name": "chaos-search",

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -64,15 +63,7 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 		t.Fatal("never found a rank's Python process to kill")
 	}
 	t.Logf("killed the Python process %d of one rank", killed)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	var p *workflows.Progress
-	if err := run.Get(ctx, &p); err != nil {
-		t.Fatal(err)
-	}
-	for _, inc := range p.Incidents {
-		t.Logf("incident: %s: %s", inc.Kind, inc.Detail)
-	}
+	p := awaitRun(t, run, 4*time.Minute)
 	last := p.Metrics[len(p.Metrics)-1]
 	t.Logf("3 epochs of the PyTorch example, 2 ranks: test accuracy %.4f; %d failures, %d gangs", last.TestAccuracy, p.Failures, p.Generation)
 	if p.State != workflows.StateCompleted || p.Epoch != 3 || p.Failures < 1 || p.Generation < 2 {

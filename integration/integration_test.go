@@ -125,6 +125,21 @@ func startRun(t testing.TB, c client.Client, id, queue string, s spec.Training) 
 	return run
 }
 
+// awaitRun waits up to limit for a run's result and logs its incidents.
+func awaitRun(t *testing.T, run client.WorkflowRun, limit time.Duration) *workflows.Progress {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var p *workflows.Progress
+	if err := run.Get(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	for _, inc := range p.Incidents {
+		t.Logf("incident: %s: %s", inc.Kind, inc.Detail)
+	}
+	return p
+}
+
 func subsetSpec(t *testing.T, queue string, workers, epochs int) spec.Training {
 	return spec.Training{
 		Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()},
@@ -149,12 +164,7 @@ func TestTrainsAcrossTwoWorkerProcesses(t *testing.T) {
 	s := subsetSpec(t, queue, 2, 10)
 	s.SearchAttributes = true
 	run := startRun(t, c, "it-train-1", queue, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var p *workflows.Progress
-	if err := run.Get(ctx, &p); err != nil {
-		t.Fatal(err)
-	}
+	p := awaitRun(t, run, 5*time.Minute)
 	last := p.Metrics[len(p.Metrics)-1]
 	t.Logf("10 epochs, 2 ranks: test accuracy %.4f, %.0f samples/s", last.TestAccuracy, last.SamplesPerSecond)
 	if p.State != workflows.StateCompleted || p.Epoch != 10 || p.Generation != 1 {
@@ -229,18 +239,12 @@ func TestKilledWorkerIsReplacedAndTheRunCompletes(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var p *workflows.Progress
-	if err := run.Get(ctx, &p); err != nil {
-		t.Fatal(err)
-	}
+	p := awaitRun(t, run, 3*time.Minute)
 	t.Logf("kill -9 of %s: detected after %v, new gang training after %v; %d failures, %d gangs", victim.name, detected.Round(time.Millisecond), resumed.Round(time.Millisecond), p.Failures, p.Generation)
 	if p.State != workflows.StateCompleted || p.Epoch != 6 || p.Failures < 1 || p.Generation < 2 {
 		t.Fatalf("progress %+v", p)
 	}
 	for _, inc := range p.Incidents {
-		t.Logf("incident: %s: %s", inc.Kind, inc.Detail)
 		if len(inc.Detail) > 300 {
 			t.Errorf("an incident a person has to read is %d characters long", len(inc.Detail))
 		}
@@ -293,15 +297,7 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s did not exit within 10s of SIGTERM (grace 2s)", victim.name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var p *workflows.Progress
-	if err := run.Get(ctx, &p); err != nil {
-		t.Fatal(err)
-	}
-	for _, inc := range p.Incidents {
-		t.Logf("incident: %s: %s", inc.Kind, inc.Detail)
-	}
+	p := awaitRun(t, run, 3*time.Minute)
 	if p.State != workflows.StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Preemptions != 1 {
 		t.Fatalf("progress %+v", p)
 	}
@@ -358,12 +354,7 @@ func TestElasticGangGrowsBack(t *testing.T) {
 	if grown == 0 {
 		t.Fatal("the gang did not grow back to 2 ranks within a minute of a second agent starting")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var p *workflows.Progress
-	if err := run.Get(ctx, &p); err != nil {
-		t.Fatal(err)
-	}
+	p := awaitRun(t, run, 3*time.Minute)
 	var resized []string
 	for _, inc := range p.Incidents {
 		if inc.Kind == "resized" {

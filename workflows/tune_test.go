@@ -61,7 +61,7 @@ func TestTuneWithASHAStopsTheWorseTrialsAndKeepsTheBest(t *testing.T) {
 	var written *spec.TuneResults
 	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
 		written = in.Results
-		return in.URL + " " + in.Name + "/results.csv", nil
+		return in.Name + "/results.csv in " + in.URL, nil
 	}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
 	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "search-1"})
 	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{

@@ -14,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -40,7 +39,7 @@ func main() {
 	}
 	cfg.Dir, _ = filepath.Abs(*dir)
 	cfg.Bin = filepath.Join(cfg.Dir, "bin")
-	if err := build(cfg.Bin, *tags); err != nil {
+	if err := chaos.Build(cfg.Bin, *tags, os.Stderr); err != nil {
 		fail(err)
 	}
 	start := time.Now()
@@ -59,19 +58,6 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println("every run completed, with final weights bit-identical to the uninterrupted run")
-}
-
-// build compiles the dev server and the worker into bin.
-func build(bin, tags string) error {
-	for _, b := range [][]string{{"devserver", ""}, {"worker", tags}} {
-		fmt.Fprintf(os.Stderr, "chaos: building %s\n", b[0])
-		cmd := exec.Command("go", "build", "-tags", b[1], "-o", filepath.Join(bin, b[0]), "./cmd/"+b[0])
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building %s: %w", b[0], err)
-		}
-	}
-	return nil
 }
 
 func fail(err error) {

@@ -45,6 +45,10 @@ type Config struct {
 	Devices    string // CUDA_VISIBLE_DEVICES; "" leaves it unset
 	Epochs     int    // the run's epochs, for DURABLETRAIN_EPOCHS
 	Scratch    string // a directory of the rank's own: control socket, restored and saved checkpoints
+	// Saves: this rank's Save is called (rank 0 of a run), so it copies each
+	// checkpoint directory the program reports. Other ranks skip the copy,
+	// which for a large model is the cost of the checkpoint itself.
+	Saves      bool
 	PythonPath string // where the durabletrain Python module is; prepended to PYTHONPATH
 	Log        *zap.Logger
 	// StartTimeout bounds how long the program may take to connect; default 2m.
@@ -311,7 +315,7 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 	if err := t.expect(ctx, "report", &r); err != nil {
 		return trainer.EpochMetrics{}, err
 	}
-	if r.CheckpointDir != "" {
+	if r.CheckpointDir != "" && t.cfg.Saves {
 		if err := t.keep(r.CheckpointDir, epoch); err != nil {
 			return trainer.EpochMetrics{}, err
 		}
@@ -367,6 +371,9 @@ func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
 func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 	st := state{Cursor: t.cursor, Files: map[string]string{}}
 	if t.savedDir == "" {
+		if !t.cfg.Saves {
+			return fmt.Errorf("exec trainer: rank %d was not configured to save (Config.Saves)", t.cfg.Rank)
+		}
 		if t.cursor != (trainer.Cursor{}) {
 			return errors.New("exec trainer: the program has reported no checkpoint_dir to save: call durabletrain.report(metrics, checkpoint_dir=...)")
 		}

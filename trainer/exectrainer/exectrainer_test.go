@@ -23,7 +23,7 @@ func newCounter(t *testing.T, env map[string]string) *Trainer {
 	py, _ := filepath.Abs("../../python")
 	script, _ := filepath.Abs("testdata/counter.py")
 	tr, err := New(Config{Command: []string{"/usr/bin/python3", script}, Dir: t.TempDir(), Env: env, World: 1,
-		MasterAddr: "127.0.0.1", MasterPort: 1, Epochs: 10, Scratch: t.TempDir(), PythonPath: py})
+		MasterAddr: "127.0.0.1", MasterPort: 1, Epochs: 10, Scratch: t.TempDir(), PythonPath: py, Saves: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +72,25 @@ func TestEpochsSaveAndRestore(t *testing.T) {
 	}
 	if c.cmd != nil {
 		t.Fatal("a program started on a damaged checkpoint")
+	}
+}
+
+// A rank that does not save (not rank 0) does not copy what the program reports.
+func TestRanksThatDoNotSaveCopyNothing(t *testing.T) {
+	ctx := context.Background()
+	tr := newCounter(t, nil)
+	tr.cfg.Saves = false
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if copies, _ := filepath.Glob(filepath.Join(tr.cfg.Scratch, "saved-*")); len(copies) != 0 || tr.savedDir != "" {
+		t.Fatalf("a rank that does not save copied %v", copies)
+	}
+	if err := tr.Save(ctx, trainer.MemState{}); err == nil || !strings.Contains(err.Error(), "not configured to save") {
+		t.Fatalf("Save on a rank that does not save: %v", err)
 	}
 }
 
@@ -142,7 +161,7 @@ func TestConformance(t *testing.T) {
 		}
 		tr, err := New(Config{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "256"}, Dir: t.TempDir(),
 			Env: map[string]string{"OMP_NUM_THREADS": "1"}, Rank: comm.Rank(), World: comm.World(), MasterAddr: "127.0.0.1",
-			MasterPort: port, Epochs: 10, Scratch: t.TempDir(), PythonPath: py})
+			MasterPort: port, Epochs: 10, Scratch: t.TempDir(), PythonPath: py, Saves: true})
 		if err != nil {
 			t.Fatal(err)
 		}
