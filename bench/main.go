@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
 )
 
 var tables = map[string]func(args []string) error{

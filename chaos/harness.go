@@ -23,11 +23,9 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.uber.org/zap"
 
-	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // Fault kinds.
@@ -326,14 +324,14 @@ func (h *Harness) spec(id string) spec.Training {
 }
 
 // progress queries the run; nil while the server does not answer.
-func (h *Harness) progress(ctx context.Context, id string) *workflows.Progress {
+func (h *Harness) progress(ctx context.Context, id string) *spec.Progress {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	v, err := h.client.QueryWorkflow(qctx, id, "", spec.QueryProgress)
 	if err != nil {
 		return nil
 	}
-	var p workflows.Progress
+	var p spec.Progress
 	if v.Get(&p) != nil {
 		return nil
 	}
@@ -342,7 +340,7 @@ func (h *Harness) progress(ctx context.Context, id string) *workflows.Progress {
 
 // runWithFaults starts a run, injects the given faults one after another
 // (each once the run has recovered from the last), and waits for the end.
-func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, rep *Report) (*workflows.Progress, error) {
+func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, rep *Report) (*spec.Progress, error) {
 	start := time.Now()
 	input, _ := json.Marshal(h.spec(id))
 	run, err := h.client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: "chaos"}, spec.WorkflowTraining, json.RawMessage(input))
@@ -360,7 +358,7 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	var p *workflows.Progress
+	var p *spec.Progress
 	err = run.Get(wctx, &p)
 	r := RunResult{ID: id, Seconds: time.Since(start).Seconds()}
 	if p != nil {
@@ -382,14 +380,14 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 	if err != nil {
 		return p, err
 	}
-	if p.State != workflows.StateCompleted || p.Epoch != h.cfg.Epochs {
+	if p.State != spec.StateCompleted || p.Epoch != h.cfg.Epochs {
 		return p, fmt.Errorf("run %s ended %s at epoch %d of %d", id, p.State, p.Epoch, h.cfg.Epochs)
 	}
 	return p, nil
 }
 
 // finalState is the SHA-256 of the final checkpoint's objects, verified.
-func (h *Harness) finalState(ctx context.Context, p *workflows.Progress) (string, error) {
+func (h *Harness) finalState(ctx context.Context, p *spec.Progress) (string, error) {
 	if p == nil || p.Latest == nil {
 		return "", errors.New("no final checkpoint")
 	}
@@ -413,23 +411,23 @@ func (h *Harness) finalState(ctx context.Context, p *workflows.Progress) (string
 }
 
 // waitPhase waits until the run is in the phase, and returns the progress then.
-func (h *Harness) waitPhase(ctx context.Context, id, phase string) (*workflows.Progress, string) {
+func (h *Harness) waitPhase(ctx context.Context, id, phase string) (*spec.Progress, string) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		p := h.progress(ctx, id)
 		switch {
 		case p == nil:
-		case p.State == workflows.StateCompleted || p.State == workflows.StateFailed:
+		case p.State == spec.StateCompleted || p.State == spec.StateFailed:
 			return p, phase
-		case phase == PhaseGang && p.State == workflows.StateFormingGang:
+		case phase == PhaseGang && p.State == spec.StateFormingGang:
 			time.Sleep(time.Duration(h.rng.IntN(300)) * time.Millisecond)
 			return h.progress(ctx, id), phase
-		case phase == PhaseGang && p.State == workflows.StateTraining:
+		case phase == PhaseGang && p.State == spec.StateTraining:
 			return p, PhaseEpoch // the gang formed before we could strike
-		case phase == PhaseEpoch && p.State == workflows.StateTraining && len(p.Gang) > 0:
+		case phase == PhaseEpoch && p.State == spec.StateTraining && len(p.Gang) > 0:
 			time.Sleep(time.Duration(200+h.rng.IntN(800)) * time.Millisecond)
 			return h.progress(ctx, id), phase
-		case phase == PhaseCheckpoint && p.State == workflows.StateTraining && len(p.Gang) > 0:
+		case phase == PhaseCheckpoint && p.State == spec.StateTraining && len(p.Gang) > 0:
 			if h.waitCheckpointWrite(ctx, p.Run) {
 				return h.progress(ctx, id), phase
 			}
@@ -461,7 +459,7 @@ func (h *Harness) waitCheckpointWrite(ctx context.Context, run string) bool {
 }
 
 // hostOf is the supervised process of the worker a rank runs on.
-func (h *Harness) hostOf(p *workflows.Progress, rank int) *proc {
+func (h *Harness) hostOf(p *spec.Progress, rank int) *proc {
 	if p == nil || rank >= len(p.Gang) {
 		return nil
 	}

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/durabletrain/durabletrain/workflows"
+	"github.com/durabletrain/durabletrain/spec"
 )
 
 // recoveryLimit bounds how long a fault may take to recover from before the
@@ -22,7 +22,7 @@ const recoveryLimit = 90 * time.Second
 func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 	p, phase := h.waitPhase(ctx, id, phase)
 	f := Fault{Run: id, Kind: kind, Phase: phase}
-	if p == nil || p.State == workflows.StateCompleted || p.State == workflows.StateFailed {
+	if p == nil || p.State == spec.StateCompleted || p.State == spec.StateFailed {
 		f.Note = "the run ended before the fault could land"
 		return f
 	}
@@ -33,7 +33,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 			time.Sleep(50 * time.Millisecond)
 		}
 		p = h.progress(ctx, id)
-		if p == nil || len(p.Gang) == 0 || p.State != workflows.StateTraining {
+		if p == nil || len(p.Gang) == 0 || p.State != spec.StateTraining {
 			f.Note = "no gang training to strike"
 			return f
 		}
@@ -109,12 +109,12 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 		if answering == 0 {
 			answering = time.Since(start)
 		}
-		if q.State == workflows.StateCompleted {
+		if q.State == spec.StateCompleted {
 			f.OK, f.Note = true, f.Note+"the run completed first"
 			break
 		}
 		if kind == Server {
-			if q.Epoch > epoch || q.Generation > gen && q.State == workflows.StateTraining {
+			if q.Epoch > epoch || q.Generation > gen && q.State == spec.StateTraining {
 				f.Resumed, f.OK = time.Since(start), true
 				f.Note += fmt.Sprintf("server answering again after %v", answering.Round(time.Millisecond))
 				break
@@ -123,7 +123,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 			if f.Detected == 0 && (q.Failures+q.Preemptions > before || phase == PhaseGang && len(q.Incidents) > incidents) {
 				f.Detected = time.Since(start)
 			}
-			if phase == PhaseGang && q.State == workflows.StateTraining && len(q.Gang) > 0 {
+			if phase == PhaseGang && q.State == spec.StateTraining && len(q.Gang) > 0 {
 				// Struck while the gang formed: whether or not it cost a gang, training began.
 				f.Resumed, f.OK = time.Since(start), true
 				if f.Detected == 0 {
@@ -131,7 +131,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 				}
 				break
 			}
-			if f.Detected > 0 && q.State == workflows.StateTraining && q.Generation > gen && len(q.Gang) > 0 {
+			if f.Detected > 0 && q.State == spec.StateTraining && q.Generation > gen && len(q.Gang) > 0 {
 				f.Resumed, f.OK = time.Since(start), true
 				break
 			}

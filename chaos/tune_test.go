@@ -16,7 +16,6 @@ import (
 
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // TestSearchSurvivesEveryProcessKilled: a 4-trial ASHA search on the hosts
@@ -79,7 +78,7 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 		if r := h.results(ctx); r != nil {
 			ended = 0
 			for _, tr := range r.Trials {
-				if tr.Status == workflows.TrialCompleted || tr.Status == workflows.TrialEarlyStop {
+				if tr.Status == spec.TrialCompleted || tr.Status == spec.TrialEarlyStop {
 					ended++
 				}
 			}
@@ -113,7 +112,7 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 	}
 	for _, tr := range res.Trials {
 		t.Logf("trial %d %s epochs %d: %s", tr.Trial, tr.Status, tr.Epochs, tr.Reason)
-		if tr.Status != workflows.TrialCompleted && tr.Status != workflows.TrialEarlyStop {
+		if tr.Status != spec.TrialCompleted && tr.Status != spec.TrialEarlyStop {
 			t.Errorf("trial %d ended %s", tr.Trial, tr.Status)
 		}
 		resp, err := h.client.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{Namespace: "default",

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 
+	_ "gocloud.dev/blob/memblob" // a binary imports the drivers of the URLs it accepts
+
 	"github.com/durabletrain/durabletrain/checkpoint"
 )
 

@@ -19,8 +19,6 @@ import (
 
 	"go.uber.org/zap"
 	"gocloud.dev/blob"
-	_ "gocloud.dev/blob/fileblob" // file:// always works
-	_ "gocloud.dev/blob/memblob"  // mem:// always works
 	"gocloud.dev/gcerrors"
 )
 

@@ -10,13 +10,13 @@ import (
 	"io"
 
 	"gocloud.dev/blob"
-	_ "gocloud.dev/blob/fileblob" // file:// always works
-	_ "gocloud.dev/blob/memblob"  // mem:// always works
 	"gocloud.dev/gcerrors"
+
+	"github.com/durabletrain/durabletrain/spec"
 )
 
 // DefaultURL is where Debian's dataset-fashion-mnist package installs the files.
-const DefaultURL = "file:///usr/share/datasets/fashion-mnist"
+const DefaultURL = spec.DefaultDatasetURL
 
 // Classes is the number of Fashion-MNIST labels.
 const Classes = 10

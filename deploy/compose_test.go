@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/durabletrain/durabletrain/workflows"
+	"github.com/durabletrain/durabletrain/spec"
 )
 
 // TestComposeTrainsAcrossContainers builds the image from our binaries,
@@ -64,12 +64,12 @@ func TestComposeTrainsAcrossContainers(t *testing.T) {
 	out := run(t, compose("run", "--rm", "starter", "train", "-id", "e2e", "-workers", "2", "-epochs", "3", "-wait"))
 	t.Logf("trained in %v:\n%s", time.Since(start).Round(time.Millisecond), lastLines(out, 4))
 
-	var p workflows.Progress
+	var p spec.Progress
 	status := run(t, compose("run", "--rm", "starter", "status", "-id", "e2e", "-json"))
 	if err := json.Unmarshal([]byte(status[strings.Index(status, "{"):]), &p); err != nil {
 		t.Fatalf("starter status -json: %v\n%s", err, status)
 	}
-	if p.State != workflows.StateCompleted || p.Epoch != 3 || len(p.Metrics) != 3 || p.Failures != 0 {
+	if p.State != spec.StateCompleted || p.Epoch != 3 || len(p.Metrics) != 3 || p.Failures != 0 {
 		t.Fatalf("progress %+v", p)
 	}
 	if acc := p.Metrics[2].TestAccuracy; acc < 0.80 {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // BenchmarkTemporalVsDirect times the same 2-rank, 10-epoch training run
@@ -53,7 +52,7 @@ func BenchmarkTemporalVsDirect(b *testing.B) {
 			Checkpoint: spec.Checkpoint{URL: "file://" + b.TempDir() + "?metadata=skip", EveryEpochs: epochs}}
 		start = time.Now()
 		run := startRun(b, c, fmt.Sprintf("bench-temporal-%d-%d", time.Now().UnixNano(), i), queue, s)
-		var p *workflows.Progress
+		var p *spec.Progress
 		if err := run.Get(context.Background(), &p); err != nil {
 			b.Fatal(err)
 		}
@@ -139,7 +138,7 @@ func BenchmarkPyTorchExecVsDirect(b *testing.B) {
 			Checkpoint: spec.Checkpoint{URL: "file://" + b.TempDir() + "?metadata=skip"}}
 		start = time.Now()
 		run := startRun(b, c, fmt.Sprintf("bench-exec-%d-%d", time.Now().UnixNano(), i), queue, s)
-		var p *workflows.Progress
+		var p *spec.Progress
 		if err := run.Get(context.Background(), &p); err != nil {
 			b.Fatal(err)
 		}

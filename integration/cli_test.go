@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // temporalCLI is the Temporal CLI v1.5.1 that `make temporal-cli` installs
@@ -52,14 +51,14 @@ func TestTemporalCLIDrivesARun(t *testing.T) {
 		"--workflow-id", "it-cli-1", "--input", string(input))
 
 	// Watch it with the progress query until two epochs are done.
-	var p workflows.Progress
+	var p spec.Progress
 	deadline := time.Now().Add(2 * time.Minute)
 	for p.Epoch < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the run did not reach epoch 2: %+v", p)
 		}
 		var answer struct {
-			QueryResult []workflows.Progress `json:"queryResult"`
+			QueryResult []spec.Progress `json:"queryResult"`
 		}
 		out := temporal("workflow", "query", "--workflow-id", "it-cli-1", "--name", spec.QueryProgress, "--output", "json")
 		if err := json.Unmarshal(out, &answer); err != nil || len(answer.QueryResult) != 1 {
@@ -68,7 +67,7 @@ func TestTemporalCLIDrivesARun(t *testing.T) {
 		p = answer.QueryResult[0]
 		time.Sleep(200 * time.Millisecond)
 	}
-	if p.State != workflows.StateTraining || len(p.Gang) != 2 || len(p.Metrics) < 2 {
+	if p.State != spec.StateTraining || len(p.Gang) != 2 || len(p.Metrics) < 2 {
 		t.Fatalf("progress through the CLI: %+v", p)
 	}
 
@@ -81,7 +80,7 @@ func TestTemporalCLIDrivesARun(t *testing.T) {
 	}
 	r := answer.Result
 	t.Logf("stopped through the CLI: %+v, checkpoint %+v", r, r.Latest)
-	if r.State != workflows.StateStopped || r.Epoch < 2 || r.Epoch >= 50 || r.Latest == nil || r.Latest.Epoch != r.Epoch {
+	if r.State != spec.StateStopped || r.Epoch < 2 || r.Epoch >= 50 || r.Latest == nil || r.Latest.Epoch != r.Epoch {
 		t.Fatalf("stop update answered %s", out)
 	}
 	desc := temporal("workflow", "describe", "--workflow-id", "it-cli-1", "--output", "json")

@@ -11,7 +11,6 @@ import (
 
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // TestPyTorchExampleThroughDurabletrain runs examples/pytorch/train.py (DDP
@@ -48,7 +47,7 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	killed := 0
 	for killed == 0 && time.Now().Before(deadline) {
 		p := progress(t, c, "it-exec-1")
-		if p != nil && p.Epoch >= 1 && p.State == workflows.StateTraining {
+		if p != nil && p.Epoch >= 1 && p.State == spec.StateTraining {
 			out, _ := exec.Command("pgrep", "-f", script).Output()
 			if pids := strings.Fields(string(out)); len(pids) > 0 {
 				pid, _ := strconv.Atoi(pids[len(pids)-1])
@@ -66,7 +65,7 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	p := awaitRun(t, run, 4*time.Minute)
 	last := p.Metrics[len(p.Metrics)-1]
 	t.Logf("3 epochs of the PyTorch example, 2 ranks: test accuracy %.4f; %d failures, %d gangs", last.TestAccuracy, p.Failures, p.Generation)
-	if p.State != workflows.StateCompleted || p.Epoch != 3 || p.Failures < 1 || p.Generation < 2 {
+	if p.State != spec.StateCompleted || p.Epoch != 3 || p.Failures < 1 || p.Generation < 2 {
 		t.Fatalf("progress %+v", p)
 	}
 	if last.TestAccuracy <= 0.8 {

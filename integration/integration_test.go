@@ -24,7 +24,6 @@ import (
 	"github.com/durabletrain/durabletrain/internal/devserver"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 var recordHistories = flag.Bool("record-histories", false, "write the histories of the runs to ../workflows/testdata/histories for the replay tests")
@@ -126,11 +125,11 @@ func startRun(t testing.TB, c client.Client, id, queue string, s spec.Training) 
 }
 
 // awaitRun waits up to limit for a run's result and logs its incidents.
-func awaitRun(t *testing.T, run client.WorkflowRun, limit time.Duration) *workflows.Progress {
+func awaitRun(t *testing.T, run client.WorkflowRun, limit time.Duration) *spec.Progress {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	var p *workflows.Progress
+	var p *spec.Progress
 	if err := run.Get(ctx, &p); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +166,7 @@ func TestTrainsAcrossTwoWorkerProcesses(t *testing.T) {
 	p := awaitRun(t, run, 5*time.Minute)
 	last := p.Metrics[len(p.Metrics)-1]
 	t.Logf("10 epochs, 2 ranks: test accuracy %.4f, %.0f samples/s", last.TestAccuracy, last.SamplesPerSecond)
-	if p.State != workflows.StateCompleted || p.Epoch != 10 || p.Generation != 1 {
+	if p.State != spec.StateCompleted || p.Epoch != 10 || p.Generation != 1 {
 		t.Fatalf("progress %+v", p)
 	}
 	if last.TestAccuracy < 0.85 {
@@ -234,14 +233,14 @@ func TestKilledWorkerIsReplacedAndTheRunCompletes(t *testing.T) {
 		if p != nil && p.Failures > 0 && detected == 0 {
 			detected = time.Since(killed)
 		}
-		if p != nil && p.Generation >= 2 && p.State == workflows.StateTraining && resumed == 0 {
+		if p != nil && p.Generation >= 2 && p.State == spec.StateTraining && resumed == 0 {
 			resumed = time.Since(killed)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	p := awaitRun(t, run, 3*time.Minute)
 	t.Logf("kill -9 of %s: detected after %v, new gang training after %v; %d failures, %d gangs", victim.name, detected.Round(time.Millisecond), resumed.Round(time.Millisecond), p.Failures, p.Generation)
-	if p.State != workflows.StateCompleted || p.Epoch != 6 || p.Failures < 1 || p.Generation < 2 {
+	if p.State != spec.StateCompleted || p.Epoch != 6 || p.Failures < 1 || p.Generation < 2 {
 		t.Fatalf("progress %+v", p)
 	}
 	for _, inc := range p.Incidents {
@@ -272,7 +271,7 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 	var victim *workerProc
 	for victim == nil && time.Now().Before(deadline) {
 		p := progress(t, c, "it-term-1")
-		if p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == workflows.StateTraining {
+		if p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == spec.StateTraining {
 			for _, pl := range p.Gang {
 				for _, w := range agents {
 					if pl.Worker == w.name && pl.Rank == 1 {
@@ -298,7 +297,7 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 		t.Fatalf("%s did not exit within 10s of SIGTERM (grace 2s)", victim.name)
 	}
 	p := awaitRun(t, run, 3*time.Minute)
-	if p.State != workflows.StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Preemptions != 1 {
+	if p.State != spec.StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Preemptions != 1 {
 		t.Fatalf("progress %+v", p)
 	}
 	if len(p.Incidents) != 1 || !strings.Contains(p.Incidents[0].Detail, "checkpointed at epoch 1 step") {
@@ -363,7 +362,7 @@ func TestElasticGangGrowsBack(t *testing.T) {
 	}
 	last := p.Metrics[len(p.Metrics)-1]
 	t.Logf("grew back %v after the second agent started; resizes %q; final accuracy %.4f", grown.Round(time.Millisecond), resized, last.TestAccuracy)
-	if p.State != workflows.StateCompleted || p.Epoch != 12 || p.Failures != 0 || len(resized) != 2 {
+	if p.State != spec.StateCompleted || p.Epoch != 12 || p.Failures != 0 || len(resized) != 2 {
 		t.Fatalf("progress %+v", p)
 	}
 	// Resizing keeps the global batch, so training converges as a fixed gang's does (0.85-0.86 here).
@@ -395,12 +394,12 @@ func TestBadSpecIsRefusedAtOnce(t *testing.T) {
 	}
 }
 
-func progress(t *testing.T, c client.Client, id string) *workflows.Progress {
+func progress(t *testing.T, c client.Client, id string) *spec.Progress {
 	v, err := c.QueryWorkflow(context.Background(), id, "", spec.QueryProgress)
 	if err != nil {
 		return nil
 	}
-	var p *workflows.Progress
+	var p *spec.Progress
 	if v.Get(&p) != nil {
 		return nil
 	}
@@ -453,7 +452,7 @@ func TestTwoRunsCompetingForTooFewSlotsBothFinish(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	for _, run := range runs {
-		var p *workflows.Progress
+		var p *spec.Progress
 		if err := run.Get(ctx, &p); err != nil {
 			t.Fatal(err)
 		}
@@ -464,7 +463,7 @@ func TestTwoRunsCompetingForTooFewSlotsBothFinish(t *testing.T) {
 			}
 		}
 		t.Logf("%s: %s after %d gangs (%d gang timeouts)", run.GetID(), p.State, p.Generation, timeouts)
-		if p.State != workflows.StateCompleted || p.Epoch != 3 || p.Failures != 0 {
+		if p.State != spec.StateCompleted || p.Epoch != 3 || p.Failures != 0 {
 			t.Fatalf("%s: progress %+v", run.GetID(), p)
 		}
 	}

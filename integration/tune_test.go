@@ -16,7 +16,6 @@ import (
 
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // TestTuneSearchSurvivesLosingEveryWorker: 8 trials over learning rate and
@@ -60,7 +59,7 @@ func TestTuneSearchSurvivesLosingEveryWorker(t *testing.T) {
 		if v, err := c.QueryWorkflow(context.Background(), "it-tune-1", "", spec.QueryResults); err == nil && v.Get(&r) == nil {
 			ended := 0
 			for _, tr := range r.Trials {
-				if tr.Status != workflows.TrialPending && tr.Status != workflows.TrialRunning && tr.Status != workflows.TrialStopping {
+				if tr.Status != spec.TrialPending && tr.Status != spec.TrialRunning && tr.Status != spec.TrialStopping {
 					ended++
 				}
 			}
@@ -92,10 +91,10 @@ func TestTuneSearchSurvivesLosingEveryWorker(t *testing.T) {
 	for _, tr := range res.Trials {
 		cfg, _ := json.Marshal(tr.Config)
 		t.Logf("trial %d %-13s %s epochs %d last %.4f %s", tr.Trial, tr.Status, cfg, tr.Epochs, deref(tr.Last), tr.Reason)
-		if tr.Status == workflows.TrialEarlyStop {
+		if tr.Status == spec.TrialEarlyStop {
 			early++
 		}
-		if tr.Status == workflows.TrialFailed || tr.Status == workflows.TrialPending {
+		if tr.Status == spec.TrialFailed || tr.Status == spec.TrialPending {
 			t.Errorf("trial %d %s: %s", tr.Trial, tr.Status, tr.Reason)
 		}
 		// One execution per trial: none lost, none run twice.

@@ -26,9 +26,8 @@ const (
 	SearchAttributeState = "DurabletrainState" // Keyword: forming-gang, training, ...
 	SearchAttributeEpoch = "DurabletrainEpoch" // Int: epochs done
 
-	// Application error types the workflow classifies failures by.
-	ErrUser      = "durabletrain.UserError" // bad spec, missing data, diverged: fail the run
-	ErrPreempted = "durabletrain.Preempted" // the worker is shutting down: its own budget
+	// DefaultControlQueue is the task queue the workflows run on.
+	DefaultControlQueue = "durabletrain"
 )
 
 // TrialReport is what a trial tells its search after an epoch.

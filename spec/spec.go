@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/durabletrain/durabletrain/internal/registry"
 )
 
 // Training is one training run, as `temporal workflow start --input` or the
@@ -22,8 +24,9 @@ import (
 type Training struct {
 	// Name names the run's checkpoints in storage; default: the workflow ID.
 	Name string `json:"name,omitempty"`
-	// Trainer is the backend: "native" (default, the Go MLP) or "exec" (your
-	// own program per rank, see Exec).
+	// Trainer names the backend each rank runs, as registered on the GPU
+	// workers (trainer.Register): "native" (default, the Go MLP), "exec"
+	// (your own program per rank, see Exec), or one of your own.
 	Trainer    string     `json:"trainer,omitempty"`
 	Exec       *Exec      `json:"exec,omitempty"`
 	Model      Model      `json:"model"`
@@ -55,7 +58,12 @@ type Model struct {
 }
 
 type Dataset struct {
-	URL string `json:"url,omitempty"` // gocloud.dev/blob URL of the Fashion-MNIST files
+	URL string `json:"url,omitempty"` // gocloud.dev/blob URL of the files
+	// Format names the loader, as registered on the GPU workers
+	// (dataset.Register): "idx" (default: MNIST-style IDX files such as
+	// Fashion-MNIST's), or one of your own. Backends that load their own
+	// data (exec) ignore it.
+	Format string `json:"format,omitempty"`
 }
 
 type Hyper struct {
@@ -98,9 +106,16 @@ type Failure struct {
 	HeartbeatTimeout Duration `json:"heartbeat_timeout,omitempty"` // a rank silent this long is lost; default 10s
 }
 
+// Backends and data set formats built in; workers may register more.
+const (
+	TrainerNative = "native"
+	TrainerExec   = "exec"
+)
+
 const (
 	DefaultTaskQueue     = "durabletrain-gpu"
-	DefaultDatasetURL    = "file:///usr/share/datasets/fashion-mnist"
+	DefaultDatasetURL    = "file:///usr/share/datasets/fashion-mnist" // where Debian's dataset-fashion-mnist installs it
+	DefaultDatasetFormat = "idx"
 	DefaultCheckpointURL = "file:///var/lib/durabletrain/checkpoints?create_dir=1"
 	MaxWorkers           = 1024
 )
@@ -123,13 +138,16 @@ func Parse(data []byte) (Training, error) {
 // WithDefaults fills what was left out.
 func (t Training) WithDefaults() Training {
 	if t.Trainer == "" {
-		t.Trainer = "native"
+		t.Trainer = TrainerNative
 	}
 	if t.Model.Hidden == nil {
 		t.Model.Hidden = []int{256, 128}
 	}
 	if t.Dataset.URL == "" {
 		t.Dataset.URL = DefaultDatasetURL
+	}
+	if t.Dataset.Format == "" {
+		t.Dataset.Format = DefaultDatasetFormat
 	}
 	h := &t.Hyper
 	if h.Epochs == 0 {
@@ -174,10 +192,10 @@ func (t Training) WithDefaults() Training {
 		c.KeepLast = 2
 	}
 	if c.Score == "" {
-		c.Score = "test_accuracy"
+		c.Score = MetricTestAccuracy
 	}
 	if c.Mode == "" {
-		c.Mode = "max"
+		c.Mode = ModeMax
 	}
 	f := &t.Failure
 	if f.MaxFailures == 0 {
@@ -191,6 +209,9 @@ func (t Training) WithDefaults() Training {
 	}
 	return t
 }
+
+// pluginName is what a registered backend or data set format may be called.
+var pluginName = registry.Name
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@-]{0,199}$`)
 
@@ -207,14 +228,18 @@ func (t Training) Validate() error {
 	switch {
 	case t.Name != "" && !namePattern.MatchString(t.Name):
 		return bad("name", fmt.Sprintf("%q", t.Name), "1-200 letters, digits or ._=+@-, starting with a letter or digit")
-	case t.Trainer != "native" && t.Trainer != "exec":
-		return bad("trainer", fmt.Sprintf("%q", t.Trainer), `"native" or "exec"`)
-	case t.Trainer == "exec" && (t.Exec == nil || len(t.Exec.Command) == 0):
+	case !pluginName.MatchString(t.Trainer):
+		return bad("trainer", fmt.Sprintf("%q", t.Trainer), `"native", "exec", or the name of a backend registered on the workers (lower-case letters, digits, - and _)`)
+	case t.Trainer != TrainerExec && t.Exec != nil:
+		return bad("exec", "set", fmt.Sprintf(`no exec section unless trainer is "exec" (trainer is %q)`, t.Trainer))
+	case t.Trainer == TrainerExec && (t.Exec == nil || len(t.Exec.Command) == 0):
 		return bad("exec.command", "empty", `the program each rank runs, e.g. ["python3", "train.py"]`)
 	case len(t.Model.Hidden) > 16:
 		return bad("model.hidden", t.Model.Hidden, "at most 16 hidden layers")
 	case !urlPattern.MatchString(t.Dataset.URL):
 		return bad("dataset.url", fmt.Sprintf("%q", t.Dataset.URL), "a file://, s3://, gs://, azblob:// or mem:// URL")
+	case !pluginName.MatchString(t.Dataset.Format):
+		return bad("dataset.format", fmt.Sprintf("%q", t.Dataset.Format), `"idx", or the name of a loader registered on the workers (lower-case letters, digits, - and _)`)
 	case h.Epochs < 1 || h.Epochs > 100000:
 		return bad("hyper.epochs", h.Epochs, "1 to 100000")
 	case h.BatchSize < 1 || h.BatchSize > 65536:
@@ -247,9 +272,9 @@ func (t Training) Validate() error {
 		return bad("checkpoint.keep_last", c.KeepLast, "1 or more")
 	case c.KeepBest < 0:
 		return bad("checkpoint.keep_best", c.KeepBest, "0 or more")
-	case c.Score != "test_accuracy" && c.Score != "test_loss" && c.Score != "train_loss":
-		return bad("checkpoint.score", fmt.Sprintf("%q", c.Score), `"test_accuracy", "test_loss" or "train_loss"`)
-	case c.Mode != "max" && c.Mode != "min":
+	case CheckMetric("checkpoint.score", c.Score) != nil:
+		return bad("checkpoint.score", fmt.Sprintf("%q", c.Score), quoteList(Metrics))
+	case CheckMode("checkpoint.mode", c.Mode) != nil:
 		return bad("checkpoint.mode", fmt.Sprintf("%q", c.Mode), `"max" or "min"`)
 	case f.MaxFailures < 0:
 		return bad("failure.max_failures", f.MaxFailures, "0 or more")

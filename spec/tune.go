@@ -5,6 +5,24 @@ import (
 	"slices"
 )
 
+// Trial states: TrialStatus.Status.
+const (
+	TrialPending   = "pending"
+	TrialRunning   = "running"
+	TrialStopping  = "stopping"      // the scheduler or a stop criterion stopped it; it finishes its epoch
+	TrialEarlyStop = "early-stopped" // ended by the scheduler, with its checkpoint
+	TrialStopped   = "stopped"       // ended by a stop criterion
+	TrialCompleted = "completed"
+	TrialFailed    = "failed"
+)
+
+// Search states: TuneResults.State.
+const (
+	TuneRunning      = "running"
+	TuneCompleted    = "completed"
+	TuneFailedTrials = "completed-with-failures"
+)
+
 // TrialStatus is one row of the results table.
 type TrialStatus struct {
 	Trial      int                        `json:"trial"`
@@ -50,4 +68,16 @@ func (r *TuneResults) ConfigPaths() []string {
 	}
 	slices.Sort(paths)
 	return paths
+}
+
+// Observe records an epoch's value of metric as the trial's last value, and
+// as its best if it beats the best so far under mode; it returns the value.
+func (t *TrialStatus) Observe(m EpochMetrics, metric, mode string) float64 {
+	v, _ := m.Value(metric)
+	t.Last = &v
+	if t.Best == nil || Better(mode, v, *t.Best) {
+		b := v
+		t.Best = &b
+	}
+	return v
 }

@@ -2,9 +2,11 @@
 // interface every backend implements (build or restore state, train an epoch
 // on this rank's shard with a gradient all-reduce every step, evaluate, save
 // state), and the types they report. Backends live in sub-packages: native
-// (pure Go on gonum, the default). It knows nothing of Temporal: the
-// activities drive a Trainer, and trainertest is the conformance suite every
-// backend passes.
+// (pure Go on gonum, the default) and exectrainer (your program per rank),
+// each registering itself by name (Register) so that a spec's "trainer"
+// picks it and a Go user adds one without touching the workers' code. It
+// knows nothing of Temporal: the activities drive a Trainer, and trainertest
+// is the conformance suite every backend passes.
 package trainer
 
 import (
@@ -103,9 +105,9 @@ type StateReader interface {
 	Open(ctx context.Context, name string) (io.ReadCloser, error)
 }
 
-// ErrDiverged marks a user error: the loss became NaN or infinite. Retrying
-// the same configuration cannot help.
-var ErrDiverged = errors.New("training diverged")
+// ErrDiverged: the loss became NaN or infinite. Retrying the same
+// configuration cannot help, so it is a user error (errors.Is(err, ErrUser)).
+var ErrDiverged = UserError(errors.New("training diverged"))
 
 // DivergedError says where the loss stopped being finite.
 func DivergedError(epoch, step int, loss float64) error {

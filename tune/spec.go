@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/durabletrain/durabletrain/spec"
 )
 
 // Spec is a search, as TuneWorkflow takes it (Ray Tune's tune.run arguments):
@@ -29,8 +31,8 @@ type Spec struct {
 	ResultsURL          string             `json:"results_url,omitempty"` // blob URL results.csv goes under; default the trials' checkpoint URL
 }
 
-// Metrics a search can rank trials by, and stop criteria can name.
-var Metrics = []string{"test_accuracy", "test_loss", "train_loss"}
+// TrainingIteration is the stop criterion on epochs done (Ray's name).
+const TrainingIteration = "training_iteration"
 
 // ParseSpec reads a search strictly (unknown fields are errors), fills the
 // defaults and validates it, naming the field and what is accepted.
@@ -45,10 +47,10 @@ func ParseSpec(raw []byte) (Spec, error) {
 		s.NumSamples = 1
 	}
 	if s.Metric == "" {
-		s.Metric = "test_accuracy"
+		s.Metric = spec.MetricTestAccuracy
 	}
 	if s.Mode == "" {
-		s.Mode = "max"
+		s.Mode = spec.ModeMax
 	}
 	if s.MaxConcurrentTrials == 0 {
 		s.MaxConcurrentTrials = 1
@@ -58,31 +60,20 @@ func ParseSpec(raw []byte) (Spec, error) {
 		return s, fmt.Errorf(`tune spec: param_space is empty; want at least one "spec.path": {"grid_search"|"choice"|"uniform"|"loguniform"|"randint": ...}`)
 	case s.NumSamples < 1 || s.NumSamples > 10000:
 		return s, fmt.Errorf("tune spec: num_samples is %d; want 1 to 10000", s.NumSamples)
-	case !slices.Contains(Metrics, s.Metric):
-		return s, fmt.Errorf("tune spec: metric is %q; want one of %s", s.Metric, strings.Join(Metrics, ", "))
-	case s.Mode != "max" && s.Mode != "min":
-		return s, fmt.Errorf(`tune spec: mode is %q; want "max" or "min"`, s.Mode)
+	case spec.CheckMetric("metric", s.Metric) != nil:
+		return s, fmt.Errorf("tune spec: %v", spec.CheckMetric("metric", s.Metric))
+	case spec.CheckMode("mode", s.Mode) != nil:
+		return s, fmt.Errorf("tune spec: %v", spec.CheckMode("mode", s.Mode))
 	case s.MaxConcurrentTrials < 1:
 		return s, fmt.Errorf("tune spec: max_concurrent_trials is %d; want 1 or more", s.MaxConcurrentTrials)
 	}
 	for k := range s.Stop {
-		if k != "training_iteration" && !slices.Contains(Metrics, k) {
-			return s, fmt.Errorf("tune spec: stop.%s: want training_iteration or one of %s", k, strings.Join(Metrics, ", "))
+		if k != TrainingIteration && !slices.Contains(spec.Metrics, k) {
+			return s, fmt.Errorf("tune spec: stop.%s: want %s or one of %s", k, TrainingIteration, strings.Join(spec.Metrics, ", "))
 		}
 	}
 	if _, err := New(s.Scheduler, s.Mode); err != nil {
 		return s, fmt.Errorf("tune spec: %v", err)
 	}
 	return s, nil
-}
-
-// Value is the metric a trial reports, by name.
-func Value(metric string, testAccuracy, testLoss, trainLoss float64) float64 {
-	switch metric {
-	case "test_loss":
-		return testLoss
-	case "train_loss":
-		return trainLoss
-	}
-	return testAccuracy
 }

@@ -98,12 +98,12 @@ func (h *harness) grant(gen, slots int, _ time.Duration) {
 	h.mu.Unlock()
 }
 
-func (h *harness) start(specJSON string) (*Progress, error) {
+func (h *harness) start(specJSON string) (*spec.Progress, error) {
 	h.env.ExecuteWorkflow(spec.WorkflowTraining, json.RawMessage(specJSON))
 	if !h.env.IsWorkflowCompleted() {
 		h.t.Fatal("the workflow did not complete")
 	}
-	var p *Progress
+	var p *spec.Progress
 	err := h.env.GetWorkflowResult(&p)
 	return p, err
 }
@@ -115,7 +115,7 @@ func TestHappyPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != StateCompleted || p.Epoch != 3 || len(p.Metrics) != 3 || p.Generation != 1 || p.Failures != 0 {
+	if p.State != spec.StateCompleted || p.Epoch != 3 || len(p.Metrics) != 3 || p.Generation != 1 || p.Failures != 0 {
 		t.Fatalf("progress %+v", p)
 	}
 	if len(h.inputs()) != 6 {
@@ -175,10 +175,10 @@ func TestRankFailureReformsTheGangAndResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != StateCompleted || p.Epoch != 4 || p.Failures != 1 || p.Generation != 2 {
+	if p.State != spec.StateCompleted || p.Epoch != 4 || p.Failures != 1 || p.Generation != 2 {
 		t.Fatalf("progress %+v", p)
 	}
-	if len(p.Incidents) != 1 || p.Incidents[0].Kind != "failure" ||
+	if len(p.Incidents) != 1 || p.Incidents[0].Kind != spec.IncidentFailure ||
 		p.Incidents[0].Detail != "rank 1 on host-2: collective: rank 0 failed: connection lost" {
 		t.Fatalf("incidents %+v; want one line naming the rank, its worker and the activity's own message", p.Incidents)
 	}
@@ -310,7 +310,7 @@ func TestPreemptionsHaveTheirOwnBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Preemptions != 3 || p.Failures != 0 || p.State != StateCompleted {
+	if p.Preemptions != 3 || p.Failures != 0 || p.State != spec.StateCompleted {
 		t.Fatalf("progress %+v", p)
 	}
 }
@@ -333,7 +333,7 @@ func TestPreemptedGangResumesFromTheCheckpointItLeftWith(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != StateCompleted || p.Preemptions != 1 || p.Failures != 0 || p.Generation != 2 {
+	if p.State != spec.StateCompleted || p.Preemptions != 1 || p.Failures != 0 || p.Generation != 2 {
 		t.Fatalf("progress %+v", p)
 	}
 	for _, in := range h.inputs() {
@@ -359,7 +359,7 @@ func TestStopFinishesTheEpochCheckpointsAndCompletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != StateStopped || p.Epoch != 2 || h.saves != 1 || p.Latest == nil || p.Latest.ID != "ckpt-on-stop" {
+	if p.State != spec.StateStopped || p.Epoch != 2 || h.saves != 1 || p.Latest == nil || p.Latest.ID != "ckpt-on-stop" {
 		t.Fatalf("progress %+v, %d saves", p, h.saves)
 	}
 }
@@ -394,7 +394,7 @@ func TestStopUpdateAnswersWithTheFinalCheckpoint(t *testing.T) {
 	if answerErr != nil || !answered {
 		t.Fatalf("the update was not answered: %v", answerErr)
 	}
-	if p.State != StateStopped || answer.State != StateStopped || answer.Epoch != 2 || answer.Latest == nil || answer.Latest.ID != "ckpt-on-stop" {
+	if p.State != spec.StateStopped || answer.State != spec.StateStopped || answer.Epoch != 2 || answer.Latest == nil || answer.Latest.ID != "ckpt-on-stop" {
 		t.Fatalf("progress %+v, update answer %+v", p, answer)
 	}
 }
@@ -414,7 +414,7 @@ func TestElasticGangShrinksAndGrowsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Workers != 2 {
+	if p.State != spec.StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Workers != 2 {
 		t.Fatalf("progress %+v", p)
 	}
 	worlds := map[int]int{}
@@ -436,7 +436,7 @@ func TestElasticGangShrinksAndGrowsBack(t *testing.T) {
 	}
 	var resized []string
 	for _, inc := range p.Incidents {
-		if inc.Kind == "resized" {
+		if inc.Kind == spec.IncidentResized {
 			resized = append(resized, inc.Detail)
 		}
 	}
@@ -447,9 +447,6 @@ func TestElasticGangShrinksAndGrowsBack(t *testing.T) {
 
 // Without min_workers a partial gang is never taken.
 func TestPartialGangIsNotTakenWithoutMinWorkers(t *testing.T) {
-	old := gangBackoffBase
-	gangBackoffBase = 50 * time.Millisecond
-	defer func() { gangBackoffBase = old }()
 	h := newHarness(t)
 	h.grant(1, 1, 0)
 	h.grant(2, 2, 0)
@@ -468,9 +465,8 @@ func TestPartialGangIsNotTakenWithoutMinWorkers(t *testing.T) {
 }
 
 func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
-	old := gangBackoffBase
-	gangBackoffBase = 50 * time.Millisecond // held slots keep the test clock at real time
-	defer func() { gangBackoffBase = old }()
+	// The back-off is at most the gang timeout (1s here) plus jitter: held
+	// slots keep the test clock at real time.
 	h := newHarness(t)
 	h.grant(1, 1, time.Second) // only one of two slots in generation 1
 	h.grant(2, 2, 5*time.Minute)
@@ -478,16 +474,14 @@ func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Generation != 2 || p.Failures != 0 || len(p.Incidents) != 1 || p.Incidents[0].Kind != "gang-timeout" {
+	if p.Generation != 2 || p.Failures != 0 || len(p.Incidents) != 1 || p.Incidents[0].Kind != spec.IncidentGangTimeout {
 		t.Fatalf("progress %+v", p)
 	}
 }
 
 func TestContinueAsNewCarriesTheState(t *testing.T) {
-	old := ContinueAsNewAfterEvents
-	ContinueAsNewAfterEvents = 0 // the test environment reports no history length
-	defer func() { ContinueAsNewAfterEvents = old }()
 	h := newHarness(t)
+	h.env.SetContinueAsNewSuggested(true) // as the server says once a history grows large
 	h.grant(1, 1, time.Second)
 	h.env.ExecuteWorkflow(spec.WorkflowTraining, json.RawMessage(`{"name": "long", "hyper": {"epochs": 5}}`))
 	err := h.env.GetWorkflowError()

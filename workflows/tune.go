@@ -3,7 +3,6 @@ package workflows
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -12,20 +11,6 @@ import (
 
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/tune"
-)
-
-// Trial states in spec.TuneResults.
-const (
-	TrialPending     = "pending"
-	TrialRunning     = "running"
-	TrialStopping    = "stopping"      // the scheduler or a stop criterion stopped it; it finishes its epoch
-	TrialEarlyStop   = "early-stopped" // ended by the scheduler, with its checkpoint
-	TrialStopped     = "stopped"       // ended by a stop criterion
-	TrialCompleted   = "completed"
-	TrialFailed      = "failed"
-	TuneRunning      = "running"
-	TuneCompleted    = "completed"
-	TuneFailedTrials = "completed-with-failures"
 )
 
 // TuneWorkflow runs a hyperparameter search: each trial is a child
@@ -48,12 +33,12 @@ func TuneWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.TuneResult
 	if name == "" {
 		name = runName(info.WorkflowExecution.ID)
 	}
-	res := &spec.TuneResults{Name: name, State: TuneRunning, Metric: s.Metric, Mode: s.Mode, Scheduler: schedulerName(s.Scheduler), Best: -1}
+	res := &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scheduler: schedulerName(s.Scheduler), Best: -1}
 	byID := map[string]int{}
 	for i, tr := range trials {
 		id := fmt.Sprintf("%s-trial-%03d", info.WorkflowExecution.ID, i)
 		byID[id] = i
-		res.Trials = append(res.Trials, spec.TrialStatus{Trial: i, WorkflowID: id, Config: tr.Config, Status: TrialPending})
+		res.Trials = append(res.Trials, spec.TrialStatus{Trial: i, WorkflowID: id, Config: tr.Config, Status: spec.TrialPending})
 	}
 	if err := workflow.SetQueryHandler(ctx, spec.QueryResults, func() (*spec.TuneResults, error) { return res, nil }); err != nil {
 		return nil, err
@@ -76,9 +61,9 @@ func TuneWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.TuneResult
 		})
 		f := workflow.ExecuteChildWorkflow(cctx, spec.WorkflowTraining, json.RawMessage(in))
 		children[i] = f
-		t.Status = TrialRunning
+		t.Status = spec.TrialRunning
 		sel.AddFuture(f, func(f workflow.Future) {
-			var p *Progress
+			var p *spec.Progress
 			err := f.Get(ctx, &p)
 			done++
 			finish(t, p, err, byCriterion[i], s.Metric, s.Mode)
@@ -96,19 +81,10 @@ func TuneWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.TuneResult
 			return
 		}
 		t := &res.Trials[i]
-		if t.Status != TrialRunning {
+		if t.Status != spec.TrialRunning {
 			return // already stopping or ended: nothing more to decide
 		}
-		v := tune.Value(s.Metric, r.Metrics.TestAccuracy, r.Metrics.TestLoss, r.Metrics.TrainLoss)
-		t.Epochs = r.Metrics.Epoch + 1
-		t.Last = &v
-		if t.Best == nil || better(s.Mode, v, *t.Best) {
-			b := v
-			t.Best = &b
-		}
-		if r.Checkpoint != nil {
-			t.Checkpoint = r.Checkpoint
-		}
+		v := observe(t, r, s.Metric, s.Mode)
 		if t.Epochs >= trials[i].Spec.WithDefaults().Hyper.Epochs {
 			return // its last epoch: it ends anyway
 		}
@@ -119,7 +95,7 @@ func TuneWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.TuneResult
 			reason = fmt.Sprintf("%s stopped it at epoch %d (%s %.4f)", res.Scheduler, t.Epochs, s.Metric, v)
 		}
 		if reason != "" {
-			t.Status, t.Reason = TrialStopping, reason
+			t.Status, t.Reason = spec.TrialStopping, reason
 			children[i].SignalChildWorkflow(ctx, spec.SignalStop, nil)
 		}
 	})
@@ -130,12 +106,7 @@ func TuneWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.TuneResult
 			next++
 		}
 	}
-	res.State = TuneCompleted
-	for _, t := range res.Trials {
-		if t.Status == TrialFailed {
-			res.State = TuneFailedTrials
-		}
-	}
+	res.State = searchState(res.Trials)
 	res.Best = bestTrial(res.Trials, s.Mode)
 	url := s.ResultsURL
 	if url == "" && len(trials) > 0 {
@@ -147,77 +118,4 @@ func TuneWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.TuneResult
 		workflow.GetLogger(ctx).Warn("the results CSV was not written", "error", err)
 	}
 	return res, nil
-}
-
-// finish records how a trial's workflow ended.
-func finish(t *spec.TrialStatus, p *Progress, err error, byCriterion bool, metric, mode string) {
-	if p != nil {
-		t.Epochs = p.Epoch
-		if p.Latest != nil {
-			t.Checkpoint = p.Latest
-		}
-		// The trial's own history is complete; its last report may still be in flight.
-		for _, m := range p.Metrics {
-			v := tune.Value(metric, m.TestAccuracy, m.TestLoss, m.TrainLoss)
-			t.Last = &v
-			if t.Best == nil || better(mode, v, *t.Best) {
-				b := v
-				t.Best = &b
-			}
-		}
-	}
-	switch {
-	case err != nil:
-		t.Status, t.Reason = TrialFailed, shortError(err)
-	case t.Status == TrialStopping && p != nil && p.State == StateStopped && byCriterion:
-		t.Status = TrialStopped
-	case t.Status == TrialStopping && p != nil && p.State == StateStopped:
-		t.Status = TrialEarlyStop
-	case t.Status == TrialStopping:
-		// The trial finished its epochs before the stop reached it.
-		t.Status, t.Reason = TrialCompleted, t.Reason+"; it had finished before the stop reached it"
-	default:
-		t.Status = TrialCompleted
-	}
-}
-
-// stopCriterion says which stop criterion a report meets (Ray's stop dict:
-// a value at or above the threshold), or "".
-func stopCriterion(stop map[string]float64, epochs int, m spec.EpochMetrics) string {
-	keys := []string{"training_iteration", "test_accuracy", "test_loss", "train_loss"}
-	values := []float64{float64(epochs), m.TestAccuracy, m.TestLoss, m.TrainLoss}
-	for i, k := range keys {
-		if th, ok := stop[k]; ok && values[i] >= th {
-			return fmt.Sprintf("stop.%s: %v reached %v", k, values[i], th)
-		}
-	}
-	return ""
-}
-
-func better(mode string, a, b float64) bool {
-	if mode == "min" {
-		return a < b
-	}
-	return a > b
-}
-
-// bestTrial is the trial with the best last value, or -1.
-func bestTrial(trials []spec.TrialStatus, mode string) int {
-	best := -1
-	for i, t := range trials {
-		if t.Last == nil || math.IsNaN(*t.Last) || t.Status == TrialFailed {
-			continue
-		}
-		if best < 0 || better(mode, *t.Last, *trials[best].Last) {
-			best = i
-		}
-	}
-	return best
-}
-
-func schedulerName(c tune.SchedulerConfig) string {
-	if c.Type == "" {
-		return "fifo"
-	}
-	return c.Type
 }

@@ -19,8 +19,8 @@ import (
 // fakeTrial stands in for TrainingWorkflow: its accuracy after epoch e is
 // lr*10 + e/100 (so the trial with the highest lr is best), it reports every
 // epoch to its search, and it honours the stop signal at an epoch boundary.
-func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.Context, in json.RawMessage) (*Progress, error) {
-	return func(ctx workflow.Context, in json.RawMessage) (*Progress, error) {
+func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.Context, in json.RawMessage) (*spec.Progress, error) {
+	return func(ctx workflow.Context, in json.RawMessage) (*spec.Progress, error) {
 		s, err := spec.Parse(in)
 		if err != nil {
 			return nil, err
@@ -33,10 +33,10 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 		defer func() { mu.Lock(); *running--; mu.Unlock() }()
 		stop := workflow.GetSignalChannel(ctx, spec.SignalStop)
 		info := workflow.GetInfo(ctx)
-		p := &Progress{Run: s.Name, Epochs: s.Hyper.Epochs, State: StateCompleted}
+		p := &spec.Progress{Run: s.Name, Epochs: s.Hyper.Epochs, State: spec.StateCompleted}
 		for e := range s.Hyper.Epochs {
 			if stop.ReceiveAsync(nil) {
-				p.State = StateStopped
+				p.State = spec.StateStopped
 				break
 			}
 			workflow.Sleep(ctx, time.Second)
@@ -76,20 +76,20 @@ func TestTuneWithASHAStopsTheWorseTrialsAndKeepsTheBest(t *testing.T) {
 	if err := env.GetWorkflowResult(&res); err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Trials) != 8 || res.State != TuneCompleted || written == nil {
+	if len(res.Trials) != 8 || res.State != spec.TuneCompleted || written == nil {
 		t.Fatalf("results %+v", res)
 	}
 	early := 0
 	for _, tr := range res.Trials {
 		t.Logf("trial %d %s epochs %d last %v: %s", tr.Trial, tr.Status, tr.Epochs, *tr.Last, tr.Reason)
-		if tr.Status == TrialEarlyStop {
+		if tr.Status == spec.TrialEarlyStop {
 			early++
 		}
 	}
 	if early < 4 {
 		t.Fatalf("%d of 8 trials stopped early; ASHA with reduction factor 2 should stop at least half", early)
 	}
-	if res.Best != 1 || res.Trials[1].Status != TrialCompleted || res.Trials[1].Epochs != 8 {
+	if res.Best != 1 || res.Trials[1].Status != spec.TrialCompleted || res.Trials[1].Epochs != 8 {
 		t.Fatalf("best trial %d; want 1 (the highest lr), run to its end", res.Best)
 	}
 	if maxRunning > 2 {

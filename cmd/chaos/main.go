@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/chaos"
 )
 

@@ -32,7 +32,6 @@ import (
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 const (
@@ -192,7 +191,7 @@ func watch(cl client.Client, id string) {
 	if tty {
 		fmt.Println()
 	}
-	var p *workflows.Progress
+	var p *spec.Progress
 	err := cl.GetWorkflow(context.Background(), id, "").Get(context.Background(), &p)
 	if err != nil {
 		var app *temporal.ApplicationError
@@ -204,7 +203,7 @@ func watch(cl client.Client, id string) {
 	summary(p, time.Since(start))
 }
 
-func progressLine(p *workflows.Progress, elapsed time.Duration) string {
+func progressLine(p *spec.Progress, elapsed time.Duration) string {
 	const width = 30
 	done := float64(p.Epoch) / float64(max(1, p.Epochs))
 	bar := strings.Repeat("█", int(done*width)) + strings.Repeat("░", width-int(done*width))
@@ -223,7 +222,7 @@ func progressLine(p *workflows.Progress, elapsed time.Duration) string {
 	return line
 }
 
-func summary(p *workflows.Progress, elapsed time.Duration) {
+func summary(p *spec.Progress, elapsed time.Duration) {
 	fmt.Printf("run %s %s after %d/%d epochs in %s (%d gangs, %d failures, %d preemptions)\n",
 		p.Run, p.State, p.Epoch, p.Epochs, elapsed.Round(time.Second), p.Generation, p.Failures, p.Preemptions)
 	if n := len(p.Metrics); n > 0 {
@@ -238,12 +237,12 @@ func summary(p *workflows.Progress, elapsed time.Duration) {
 	}
 }
 
-func query(cl client.Client, id string) (*workflows.Progress, error) {
+func query(cl client.Client, id string) (*spec.Progress, error) {
 	v, err := cl.QueryWorkflow(context.Background(), id, "", spec.QueryProgress)
 	if err != nil {
 		return nil, fmt.Errorf("querying run %s: %w", id, err)
 	}
-	var p *workflows.Progress
+	var p *spec.Progress
 	return p, v.Get(&p)
 }
 

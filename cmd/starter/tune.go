@@ -16,7 +16,6 @@ import (
 
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/tune"
-	"github.com/durabletrain/durabletrain/workflows"
 )
 
 // tuneCmd starts a search (TuneWorkflow) from a tune spec file and, with
@@ -101,7 +100,7 @@ func tuneTable(r *spec.TuneResults) string {
 		counts[t.Status]++
 	}
 	var parts []string
-	for _, st := range []string{workflows.TrialRunning, workflows.TrialStopping, workflows.TrialPending, workflows.TrialCompleted, workflows.TrialEarlyStop, workflows.TrialStopped, workflows.TrialFailed} {
+	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed} {
 		if counts[st] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[st], st))
 		}

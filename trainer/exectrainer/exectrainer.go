@@ -284,6 +284,10 @@ func (e *ExitError) Error() string {
 	return msg
 }
 
+// Is makes a program that failed by itself a user error
+// (errors.Is(err, trainer.ErrUser)); one a signal ended is not.
+func (e *ExitError) Is(target error) bool { return target == trainer.ErrUser && !e.Killed() }
+
 // Killed says whether a signal ended the program (a killed rank, not a bug in it).
 func (e *ExitError) Killed() bool {
 	var ee *exec.ExitError

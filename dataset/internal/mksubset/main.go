@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/dataset"
 )
 

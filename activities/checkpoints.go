@@ -1,0 +1,81 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// checkpointTogether has rank 0 save and commit, then tells every rank
+// whether the commit succeeded, so each can report the same reference (the
+// workflow learns it from whichever rank answers first). metrics is nil for
+// a mid-epoch checkpoint.
+func (a *Agent) checkpointTogether(ctx context.Context, rep *replica, in spec.EpochInput, metrics *spec.EpochMetrics) (*spec.CheckpointRef, error) {
+	ok := []float32{0}
+	var saveErr error
+	if in.Rank == 0 {
+		if _, saveErr = a.save(ctx, rep, in.Run, in.Spec, len(in.Peers), metrics); saveErr == nil {
+			ok[0] = 1
+		}
+	}
+	if err := rep.group.AllReduce(ctx, ok); err != nil {
+		return nil, errors.Join(saveErr, err)
+	}
+	switch {
+	case saveErr != nil:
+		return nil, saveErr
+	case ok[0] == 0:
+		return nil, errors.New("rank 0 could not commit the checkpoint")
+	}
+	c := rep.tr.Cursor()
+	ref := &spec.CheckpointRef{URL: rep.store.URL(), Run: in.Run, ID: checkpoint.ID(c.Epoch, c.Step), Epoch: c.Epoch, Step: c.Step}
+	a.slots.setCheckpoint(in.Slot, ref)
+	return ref, nil
+}
+
+// SaveCheckpoint checkpoints rank 0's warm replica now (on stop).
+func (a *Agent) SaveCheckpoint(ctx context.Context, in spec.SaveCheckpointInput) (spec.CheckpointRef, error) {
+	a.init()
+	rep := a.replicas.get(keyOf(ctx, in.Generation, 0))
+	if rep == nil {
+		return spec.CheckpointRef{}, fmt.Errorf("no warm replica of rank 0 for generation %d on %s", in.Generation, a.Identity)
+	}
+	ref, err := a.save(ctx, rep, in.Run, in.Spec, in.Spec.Scaling.Workers, &in.Metrics)
+	if err != nil {
+		return spec.CheckpointRef{}, err
+	}
+	return *ref, nil
+}
+
+// save writes the replica's state, commits it with its manifest, and applies
+// the spec's retention.
+func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (*spec.CheckpointRef, error) {
+	c := rep.tr.Cursor()
+	w, err := rep.store.Begin(ctx, run, c.Epoch, c.Step)
+	if err != nil {
+		return nil, err
+	}
+	if err := rep.tr.Save(ctx, w); err != nil {
+		return nil, err
+	}
+	info := checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity}}
+	if m != nil { // a mid-epoch checkpoint has no evaluation to rank it by
+		info.Metrics = m.Map()
+	}
+	manifest, err := w.Commit(ctx, info)
+	if err != nil {
+		return nil, err
+	}
+	cp := s.Checkpoint
+	if deleted, err := rep.store.Prune(ctx, run, checkpoint.Retention{KeepLast: cp.KeepLast, KeepBest: cp.KeepBest, Score: cp.Score, Mode: cp.Mode}); err != nil {
+		a.Log.Warn("checkpoint retention failed", zap.String("run", run), zap.Error(err))
+	} else if len(deleted) > 0 {
+		a.Log.Info("checkpoints pruned", zap.String("run", run), zap.Strings("deleted", deleted))
+	}
+	return &spec.CheckpointRef{URL: rep.store.URL(), Run: run, ID: manifest.ID, Epoch: manifest.Epoch, Step: manifest.Step}, nil
+}

@@ -1,0 +1,188 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// RunEpoch trains the epoch the rank's state is at, on this rank's shard.
+//
+// When the worker is told to shut down (SIGTERM, a preemption) the rank does
+// not drop out: it votes to leave in the next step's all-reduce, the whole
+// gang stops after that same step, rank 0 checkpoints there (mid-epoch), and
+// every rank returns a preemption that carries the checkpoint's reference.
+// Only if that takes longer than LeaveTimeout is the rank cut off.
+func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochResult, error) {
+	a.init()
+	key := keyOf(ctx, in.Generation, in.Rank)
+	defer a.slots.running(in.Slot)()
+	beat := startHeartbeat(ctx, a.gpuStats(in.Slot))
+	defer beat.stop()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	leave := a.watchStop(ctx, cancel, in)
+
+	rep, restored, err := a.replica(ctx, key, in, beat)
+	if err == nil && isClosed(leave) {
+		err = errShuttingDown // joined or restored while stopping: nothing trained, nothing to save
+	}
+	if err != nil {
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
+	}
+	epoch := rep.tr.Cursor().Epoch
+	m, err := a.trainEpoch(ctx, rep, in, leave, beat)
+	if err != nil {
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
+	}
+	if m.Left {
+		return spec.EpochResult{}, a.leaveGang(ctx, key, rep, in, leave, beat)
+	}
+	e, err := rep.tr.Evaluate(ctx)
+	if err != nil {
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
+	}
+	res := spec.EpochResult{Rank: in.Rank, Restored: restored, Metrics: spec.EpochMetrics{
+		Epoch: epoch, Steps: m.Steps, TrainLoss: m.TrainLoss, TestLoss: e.TestLoss, TestAccuracy: e.TestAccuracy,
+		SamplesPerSecond: m.SamplesPerSecond, Seconds: m.Seconds}}
+	a.logEpoch(in, res.Metrics)
+	// A rank whose worker began stopping during the epoch's last step or the
+	// evaluation asks for a checkpoint now, so its gang's successor loses nothing.
+	leaving, err := anyLeaving(ctx, rep, leave)
+	if err != nil {
+		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
+	}
+	if in.Checkpoint || leaving || epochCheckpointDue(in.Spec, epoch) {
+		beat.set(map[string]any{"epoch": epoch, "checkpointing": true})
+		ref, err := a.checkpointTogether(ctx, rep, in, &res.Metrics)
+		if err != nil {
+			return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
+		}
+		res.Checkpoint = ref
+	}
+	return res, nil
+}
+
+// epochCheckpointDue says whether the spec asks for a checkpoint after epoch.
+func epochCheckpointDue(s spec.Training, epoch int) bool {
+	every := max(1, s.Checkpoint.EveryEpochs)
+	return (epoch+1)%every == 0 || epoch+1 >= s.Hyper.Epochs
+}
+
+// watchStop returns a channel closed once the worker begins to stop; if the
+// gang has not left LeaveTimeout later, the rank is cut off (cancel).
+func (a *Agent) watchStop(ctx context.Context, cancel context.CancelCauseFunc, in spec.EpochInput) <-chan struct{} {
+	leave := make(chan struct{})
+	go func() {
+		select {
+		case <-activity.GetWorkerStopChannel(ctx):
+			close(leave)
+			a.Log.Info("worker stopping: the gang leaves at the next step", zap.String("run", in.Run),
+				zap.Int("generation", in.Generation), zap.Int("rank", in.Rank), zap.Duration("leave_timeout", a.leaveTimeout()))
+			select {
+			case <-time.After(a.leaveTimeout()):
+				cancel(errShuttingDown)
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+	}()
+	return leave
+}
+
+func (a *Agent) logEpoch(in spec.EpochInput, m spec.EpochMetrics) {
+	fields := []zap.Field{zap.String("run", in.Run), zap.Int("generation", in.Generation), zap.Int("rank", in.Rank),
+		zap.Int("epoch", m.Epoch), zap.Float64("train_loss", m.TrainLoss), zap.Float64("test_accuracy", m.TestAccuracy),
+		zap.Float64("samples_per_second", m.SamplesPerSecond)}
+	if gpu := a.gpuStats(in.Slot); gpu != nil {
+		if g, ok := gpu(); ok {
+			fields = append(fields, zap.Int("gpu_utilization_percent", g.UtilizationPercent), zap.Uint64("gpu_memory_used_bytes", g.MemoryUsedBytes))
+		}
+	}
+	a.Log.Info("epoch done", fields...)
+}
+
+// trainEpoch trains the rest of the replica's epoch, stopping every
+// checkpoint.every_steps steps for a mid-epoch checkpoint, and returns the
+// metrics of all the steps it ran.
+func (a *Agent) trainEpoch(ctx context.Context, rep *replica, in spec.EpochInput, leave <-chan struct{}, beat *heartbeat) (trainer.EpochMetrics, error) {
+	epoch := rep.tr.Cursor().Epoch
+	every := in.Spec.Checkpoint.EverySteps
+	var total trainer.EpochMetrics
+	var lossSum float64
+	ran := 0
+	for {
+		from := rep.tr.Cursor().Step
+		opts := trainer.EpochOptions{Leave: leave, Progress: func(p trainer.Progress) {
+			beat.set(map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps, "loss": p.Loss})
+		}}
+		if every > 0 {
+			opts.UntilStep = (from/every + 1) * every
+		}
+		m, err := rep.tr.TrainEpoch(ctx, epoch, opts)
+		if err != nil {
+			return m, err
+		}
+		c := rep.tr.Cursor()
+		n := m.Steps - from // steps run when the epoch ended
+		if c.Epoch == epoch {
+			n = c.Step - from
+		}
+		total.Epoch, total.Steps, total.Left = epoch, m.Steps, m.Left
+		total.Samples += m.Samples
+		total.Seconds += m.Seconds
+		lossSum += m.TrainLoss * float64(n)
+		ran += n
+		if ran > 0 {
+			total.TrainLoss = lossSum / float64(ran)
+		}
+		if total.Seconds > 0 {
+			total.SamplesPerSecond = float64(total.Samples) / total.Seconds
+		}
+		if m.Left || c.Epoch != epoch {
+			return total, nil
+		}
+		// Stopped at an every_steps boundary: checkpoint there and go on.
+		beat.set(map[string]any{"epoch": epoch, "step": c.Step, "checkpointing": true})
+		if _, err := a.checkpointTogether(ctx, rep, in, nil); err != nil {
+			return total, err
+		}
+	}
+}
+
+// leaveGang ends an epoch the gang voted to leave: checkpoint where every
+// rank stopped, then report the preemption with that checkpoint.
+func (a *Agent) leaveGang(ctx context.Context, key replicaKey, rep *replica, in spec.EpochInput, leave <-chan struct{}, beat *heartbeat) error {
+	c := rep.tr.Cursor()
+	beat.set(map[string]any{"epoch": c.Epoch, "step": c.Step, "checkpointing": true, "leaving": true})
+	ref, err := a.checkpointTogether(ctx, rep, in, nil)
+	a.replicas.drop(key)
+	msg := fmt.Sprintf("worker %s is shutting down", a.Identity)
+	if !isClosed(leave) {
+		msg = "stopped with its gang: another rank's worker is shutting down"
+	}
+	if err != nil {
+		a.Log.Warn("leaving without a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.Error(err))
+		return preemption(msg+"; the checkpoint on leaving failed: "+err.Error(), nil)
+	}
+	a.Log.Info("left the gang after a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.String("checkpoint", ref.ID))
+	return preemption(msg, ref)
+}
+
+// anyLeaving asks the gang whether any rank's worker is stopping (one float all-reduce).
+func anyLeaving(ctx context.Context, rep *replica, leave <-chan struct{}) (bool, error) {
+	vote := []float32{0}
+	if isClosed(leave) {
+		vote[0] = 1
+	}
+	if err := rep.group.AllReduce(ctx, vote); err != nil {
+		return false, err
+	}
+	return vote[0] > 0, nil
+}

@@ -1,0 +1,151 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+type replicaKey struct {
+	workflowID string
+	generation int
+	rank       int
+}
+
+func keyOf(ctx context.Context, generation, rank int) replicaKey {
+	return replicaKey{activity.GetInfo(ctx).WorkflowExecution.ID, generation, rank}
+}
+
+// replica is one rank's warm state: its gang membership, its trainer, its store.
+type replica struct {
+	slot    int    // the slot index it runs on
+	scratch string // the rank's own directory, removed with the replica
+	group   *collective.Group
+	tr      trainer.Trainer
+	store   *checkpoint.Store
+}
+
+func (r *replica) close() {
+	if r.group != nil {
+		r.group.Close()
+	}
+	if r.tr != nil {
+		r.tr.Close()
+	}
+	if r.store != nil {
+		r.store.Close()
+	}
+	if r.scratch != "" {
+		os.RemoveAll(r.scratch)
+	}
+}
+
+// replicaTable holds the warm replicas of the ranks this worker runs.
+type replicaTable struct {
+	mu sync.Mutex
+	m  map[replicaKey]*replica
+}
+
+func (t *replicaTable) get(k replicaKey) *replica {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[k]
+}
+
+// put keeps rep under k, closing the replica it replaces.
+func (t *replicaTable) put(k replicaKey, rep *replica) {
+	t.mu.Lock()
+	old := t.m[k]
+	if t.m == nil {
+		t.m = map[replicaKey]*replica{}
+	}
+	t.m[k] = rep
+	t.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+}
+
+func (t *replicaTable) drop(k replicaKey) {
+	t.mu.Lock()
+	rep := t.m[k]
+	delete(t.m, k)
+	t.mu.Unlock()
+	if rep != nil {
+		rep.close()
+	}
+}
+
+// dropOn drops the workflow's replicas that ran on a released slot.
+func (t *replicaTable) dropOn(workflowID string, slot int) {
+	t.mu.Lock()
+	var drop []*replica
+	for k, rep := range t.m {
+		if k.workflowID == workflowID && rep.slot == slot {
+			drop = append(drop, rep)
+			delete(t.m, k)
+		}
+	}
+	t.mu.Unlock()
+	for _, rep := range drop {
+		rep.close()
+	}
+}
+
+// replica returns the rank's warm replica, or builds one: join the gang, ask
+// the spec's backend for the rank's trainer, and restore it (restore.go).
+func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput, beat *heartbeat) (*replica, *spec.RestoreReport, error) {
+	if rep := a.replicas.get(key); rep != nil && rep.tr.Cursor().Step == 0 {
+		return rep, nil, nil
+	}
+	backend, err := a.Backends.Lookup(in.Spec.Trainer)
+	if err != nil {
+		return nil, nil, userError(fmt.Errorf("spec: trainer: %w", err))
+	}
+	store, err := checkpoint.Open(ctx, in.Spec.Checkpoint.URL, a.Log)
+	if err != nil {
+		return nil, nil, userError(err)
+	}
+	rep := &replica{store: store, slot: in.Slot}
+	if rep.scratch, err = os.MkdirTemp("", fmt.Sprintf("durabletrain-%s-g%d-r%d-", in.Run, in.Generation, in.Rank)); err != nil {
+		rep.close()
+		return nil, nil, err
+	}
+	beat.set(map[string]any{"phase": "joining gang"})
+	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	rep.group, err = collective.Join(jctx, a.Listener, collective.Gang{Run: key.workflowID, Generation: uint64(in.Generation), Peers: in.Peers},
+		in.Rank, collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log})
+	if err != nil {
+		rep.close()
+		return nil, nil, err
+	}
+	rep.tr, err = backend.NewRank(ctx, trainer.Rank{Spec: in.Spec, Run: in.Run, Generation: in.Generation, Rank: in.Rank,
+		Peers: in.Peers, BatchSize: in.BatchSize, Comm: rep.group, Device: a.device(in.Slot), Scratch: rep.scratch,
+		PythonPath: a.PythonPath, Log: a.Log, Data: func(ctx context.Context) (*dataset.Set, *dataset.Set, error) {
+			beat.set(map[string]any{"phase": "loading data"})
+			return a.dataset(ctx, in.Spec.Dataset)
+		}})
+	if err != nil {
+		rep.close()
+		return nil, nil, err
+	}
+	beat.set(map[string]any{"phase": "restoring"})
+	report, err := a.restore(ctx, rep, in)
+	if err != nil {
+		rep.close()
+		return nil, nil, err
+	}
+	a.replicas.put(key, rep)
+	return rep, report, nil
+}

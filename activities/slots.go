@@ -1,0 +1,134 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// slotTable is what the agent knows per slot: whether a gang holds it, the
+// epoch running on it, and the latest checkpoint its gang committed. A slot
+// serves one rank of one gang at a time.
+type slotTable struct {
+	mu     sync.Mutex
+	order  []Slot
+	busy   map[int]bool
+	epochs map[int]chan struct{}       // closed when the slot's running RunEpoch returns
+	refs   map[int]*spec.CheckpointRef // the latest checkpoint the slot's gang committed
+}
+
+func (t *slotTable) init(slots []Slot) {
+	t.order = slots
+	t.busy, t.epochs, t.refs = map[int]bool{}, map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}
+}
+
+// take reserves the first free slot.
+func (t *slotTable) take() (Slot, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.order {
+		if !t.busy[s.Index] {
+			t.busy[s.Index] = true
+			return s, true
+		}
+	}
+	return Slot{}, false
+}
+
+// free forgets everything about a slot's gang and makes it free again.
+func (t *slotTable) free(i int) {
+	t.mu.Lock()
+	delete(t.busy, i)
+	delete(t.refs, i)
+	t.mu.Unlock()
+}
+
+func (t *slotTable) setCheckpoint(i int, ref *spec.CheckpointRef) {
+	t.mu.Lock()
+	t.refs[i] = ref
+	t.mu.Unlock()
+}
+
+func (t *slotTable) checkpoint(i int) *spec.CheckpointRef {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.refs[i]
+}
+
+// running marks the slot's epoch as running until the returned func is called.
+func (t *slotTable) running(i int) func() {
+	done := make(chan struct{})
+	t.mu.Lock()
+	t.epochs[i] = done
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		if t.epochs[i] == done {
+			delete(t.epochs, i)
+		}
+		t.mu.Unlock()
+		close(done)
+	}
+}
+
+// waitEpoch waits until the slot's running epoch, if any, has returned, or at most limit.
+func (t *slotTable) waitEpoch(ctx context.Context, i int, limit time.Duration) {
+	t.mu.Lock()
+	done := t.epochs[i]
+	t.mu.Unlock()
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(limit):
+	}
+}
+
+// HoldSlot reserves a free slot for one rank of a gang, tells the workflow
+// where it is, and holds it, heartbeating, until the workflow releases it (by
+// cancelling) or the worker shuts down (a preemption).
+func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
+	a.init()
+	slot, ok := a.slots.take()
+	if !ok {
+		return temporal.NewApplicationError(fmt.Sprintf("no free slot on %s", a.Identity), spec.ErrNoSlot)
+	}
+	defer func() {
+		a.replicas.dropOn(in.WorkflowID, slot.Index)
+		a.slots.free(slot.Index)
+	}()
+	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slot.Index, GPU: slot.GPU}
+	if err := activity.GetClient(ctx).SignalWorkflow(ctx, in.WorkflowID, in.RunID, spec.SignalSlotGranted,
+		spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: placement}); err != nil {
+		return fmt.Errorf("telling workflow %s about slot %d: %w", in.WorkflowID, slot.Index, err)
+	}
+	log := a.Log.With(zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slot.Index))
+	log.Info("slot held", zap.Int("rank", in.Request), zap.String("gpu", slot.GPU))
+	t := time.NewTicker(heartbeatInterval(ctx))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Released by the workflow (the gang ended): the expected end of a hold.
+			log.Info("slot released")
+			return nil
+		case <-activity.GetWorkerStopChannel(ctx):
+			// Let the rank's epoch stop with its gang and checkpoint first:
+			// a lease lost now would cancel the gang mid-checkpoint.
+			a.slots.waitEpoch(ctx, slot.Index, a.leaveTimeout()+time.Second)
+			log.Info("slot given up: the worker is stopping")
+			return a.preempted(slot.Index)
+		case <-t.C:
+			activity.RecordHeartbeat(ctx, placement)
+		}
+	}
+}

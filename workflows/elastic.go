@@ -1,0 +1,83 @@
+package workflows
+
+import (
+	"fmt"
+
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// probe asks for the slots a degraded gang lacks, as the next generation's
+// extra ranks; the slots it gets are held until the gang grows at an epoch
+// boundary (growGang), or released with the gang.
+type probe struct {
+	generation int
+	requests   []int
+	holds      []workflow.Future
+	release    workflow.CancelFunc
+	placements map[int]spec.Placement
+	failed     bool
+}
+
+// growGang, at an epoch boundary of a degraded gang, starts a probe for the
+// missing slots or, once the probe holds them all, makes the next gang: the
+// current ranks and the probe's, which restore from the checkpoint just taken.
+func (r *run) growGang(ctx workflow.Context) {
+	g, workers := r.gang, r.spec.Scaling.Workers
+	if g == nil || len(g.placements) >= workers || !r.elastic {
+		return
+	}
+	if r.probe == nil || r.probe.failed {
+		r.startProbe(ctx, len(g.placements), workers)
+		return
+	}
+	pr := r.probe
+	for {
+		var s spec.SlotGranted
+		if !r.grants.ReceiveAsync(&s) {
+			break
+		}
+		if s.Generation == pr.generation {
+			pr.placements[s.Request] = s.Placement
+		}
+	}
+	if len(pr.placements) < len(pr.requests) {
+		return
+	}
+	grown := &gang{generation: pr.generation, secret: nil,
+		placements: append([]spec.Placement{}, g.placements...), holds: append([]workflow.Future{}, g.holds...)}
+	for i, req := range pr.requests {
+		pl := pr.placements[req]
+		pl.Rank = len(grown.placements)
+		grown.placements = append(grown.placements, pl)
+		grown.holds = append(grown.holds, pr.holds[i])
+	}
+	oldRelease, probeRelease := g.release, pr.release
+	grown.release = func() { oldRelease(); probeRelease() }
+	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&grown.secret)
+	r.p.Incidents = append(r.p.Incidents, spec.Incident{Generation: grown.generation, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
+		Detail: fmt.Sprintf("grew from %d to %d ranks", len(g.placements), len(grown.placements))})
+	r.gang, r.probe = grown, nil
+	r.p.Gang, r.p.World = grown.placements, len(grown.placements)
+}
+
+// startProbe (re)starts the probe for ranks have..workers-1 as a new generation.
+func (r *run) startProbe(ctx workflow.Context, have, workers int) {
+	if r.probe != nil {
+		r.probe.release()
+	}
+	r.p.Generation++
+	pr := &probe{generation: r.p.Generation, placements: map[int]spec.Placement{}}
+	for i := have; i < workers; i++ {
+		pr.requests = append(pr.requests, i)
+	}
+	pr.holds, _, pr.release = r.holdSlots(ctx, pr.generation, pr.requests)
+	for _, h := range pr.holds {
+		workflow.Go(ctx, func(ctx workflow.Context) {
+			h.Get(ctx, nil)
+			pr.failed = true // a probe's slot that ends (no slot in time, a lost worker) spoils the probe
+		})
+	}
+	r.probe = pr
+}

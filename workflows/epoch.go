@@ -1,0 +1,130 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// runEpoch runs one RunEpoch per rank on the rank's own worker, in parallel.
+// The first failure of a rank, or the loss of a slot's lease, cancels the
+// rest; what the ranks had already reported still counts (mergeEpoch).
+func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
+	g := r.gang
+	epochCtx, cancel := workflow.WithCancel(ctx)
+	defer cancel()
+	peers := make([]string, len(g.placements))
+	for i, pl := range g.placements {
+		peers[i] = pl.Collective
+	}
+	world := len(g.placements)
+	checkpoint := checkpointAfter(r.spec, epoch, r.p.Epochs, world)
+	batch := rankBatch(r.spec, world)
+	resume := r.p.Attempts > 0
+	r.p.Attempts++
+	futures := make([]workflow.Future, len(g.placements))
+	for rank, pl := range g.placements {
+		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
+			TaskQueue:           pl.HostQueue,
+			StartToCloseTimeout: 7 * 24 * time.Hour,
+			HeartbeatTimeout:    time.Duration(r.spec.Failure.HeartbeatTimeout),
+			RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
+		})
+		futures[rank] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, spec.EpochInput{
+			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, Secret: g.secret,
+			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
+			Slot: pl.Slot, BatchSize: batch,
+		})
+	}
+	ranks := make([]rankEnd, len(futures))
+	settled := make([]bool, len(futures))
+	var leftWith []*spec.CheckpointRef // checkpoints the slots of a stopping worker reported
+	done := 0
+	var first error
+	sel := workflow.NewSelector(ctx)
+	for rank, f := range futures {
+		ranks[rank].where = fmt.Sprintf("rank %d on %s", rank, g.placements[rank].Worker)
+		sel.AddFuture(f, func(f workflow.Future) {
+			done++
+			settled[rank] = true
+			if ranks[rank].err = f.Get(ctx, &ranks[rank].result); ranks[rank].err != nil && first == nil {
+				first = &rankError{what: ranks[rank].where, err: ranks[rank].err}
+			}
+		})
+	}
+	for i, h := range g.holds {
+		sel.AddFuture(h, func(f workflow.Future) {
+			err := f.Get(ctx, nil)
+			if first == nil {
+				first = &rankError{what: fmt.Sprintf("lost the slot of rank %d on %s", i, g.placements[i].Worker), err: leaseErr(err)}
+			}
+			leftWith = append(leftWith, checkpointIn(err))
+		})
+	}
+	for done < len(futures) && first == nil {
+		sel.Select(ctx)
+	}
+	if first != nil {
+		// Cancelled activities settle at once; those that finished keep their results.
+		cancel()
+		for rank, f := range futures {
+			if !settled[rank] {
+				ranks[rank].err = f.Get(ctx, &ranks[rank].result)
+			}
+		}
+	}
+	return mergeEpoch(ranks, first, leftWith)
+}
+
+// record counts a finished epoch and tells the run's search, if it is a trial.
+func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
+	r.p.Metrics = append(r.p.Metrics, res.Metrics)
+	// The ranks train the epoch their state is at: after a failure that is the
+	// latest checkpoint's, which may be behind the epochs counted so far.
+	r.p.Epoch = res.Metrics.Epoch + 1
+	r.p.Latest = newer(r.p.Latest, res.Checkpoint)
+	if res.Restored != nil {
+		for _, s := range res.Restored.Skipped {
+			r.skipped(r.p.Generation, res.Metrics.Epoch, s)
+		}
+	}
+	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
+		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
+	// A trial of a search reports to it (fire and forget: a search that has
+	// ended has nothing to decide).
+	if parent := workflow.GetInfo(ctx).ParentWorkflowExecution; parent != nil {
+		workflow.SignalExternalWorkflow(ctx, parent.ID, "", spec.SignalTrialReport,
+			spec.TrialReport{WorkflowID: workflow.GetInfo(ctx).WorkflowExecution.ID, Metrics: res.Metrics, Checkpoint: r.p.Latest})
+	}
+}
+
+// skipped records a checkpoint a restore passed over as damaged, once per gang.
+func (r *run) skipped(gen, epoch int, s spec.SkippedCheckpoint) {
+	if inc := skippedIncident(r.p.Incidents, gen, epoch, s); inc != nil {
+		r.p.Incidents = append(r.p.Incidents, *inc)
+	}
+}
+
+// saveCheckpoint has rank 0 checkpoint its warm replica now (a stop between epochs).
+func (r *run) saveCheckpoint(ctx workflow.Context) error {
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		TaskQueue:           r.gang.placements[0].HostQueue,
+		StartToCloseTimeout: time.Hour,
+		HeartbeatTimeout:    time.Duration(r.spec.Failure.HeartbeatTimeout),
+		RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
+	})
+	var ref spec.CheckpointRef
+	in := spec.SaveCheckpointInput{Run: r.p.Run, Generation: r.gang.generation, Spec: r.spec}
+	if m, ok := r.p.LastMetrics(); ok {
+		in.Metrics = m
+	}
+	if err := workflow.ExecuteActivity(actx, spec.ActivitySaveCheckpoint, in).Get(ctx, &ref); err != nil {
+		return err
+	}
+	r.p.Latest = &ref
+	return nil
+}

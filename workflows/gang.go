@@ -1,0 +1,177 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// gang is a reserved set of slots, one per rank, held by HoldSlot activities.
+type gang struct {
+	generation int
+	placements []spec.Placement
+	holds      []workflow.Future
+	release    workflow.CancelFunc
+	secret     []byte
+}
+
+var errStopped = errors.New("stopped while forming a gang")
+
+// formGang reserves every slot at once or none: on timeout it releases what it
+// holds and backs off with jitter, so that runs competing for too few slots
+// take turns instead of each holding part of a gang.
+func (r *run) formGang(ctx workflow.Context) error {
+	for attempt := 0; ; attempt++ {
+		r.p.Generation++
+		gen := r.p.Generation
+		g, err := r.reserve(ctx, gen)
+		if err == nil {
+			r.gang = g
+			r.p.Gang, r.p.World = g.placements, len(g.placements)
+			if n := len(g.placements); n < r.spec.Scaling.Workers {
+				r.p.Incidents = append(r.p.Incidents, spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
+					Detail: fmt.Sprintf("only %d of %d slots within scaling.gang_timeout: going on with %d ranks (scaling.min_workers %d), global batch kept", n, r.spec.Scaling.Workers, n, r.spec.Scaling.MinWorkers)})
+			}
+			return nil
+		}
+		if errors.Is(err, errStopped) {
+			return err
+		}
+		r.p.Incidents = append(r.p.Incidents, spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentGangTimeout, Detail: err.Error()})
+		var jitter int64
+		workflow.SideEffect(ctx, func(workflow.Context) any { return time.Now().UnixNano() }).Get(&jitter)
+		backoff := gangBackoff(attempt, time.Duration(r.spec.Scaling.GangTimeout), jitter)
+		workflow.GetLogger(ctx).Info("gang not formed; backing off", "generation", gen, "backoff", backoff, "error", err)
+		sel := workflow.NewSelector(ctx)
+		sel.AddFuture(workflow.NewTimer(ctx, backoff), func(workflow.Future) {})
+		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
+		sel.Select(ctx)
+		if r.p.Stopping {
+			return errStopped
+		}
+	}
+}
+
+// holdSlots starts one HoldSlot per request, each cancellable on its own;
+// cancelling the returned release cancels them all.
+func (r *run) holdSlots(ctx workflow.Context, gen int, requests []int) ([]workflow.Future, []workflow.CancelFunc, workflow.CancelFunc) {
+	holdCtx, release := workflow.WithCancel(ctx)
+	holdCtx = workflow.WithActivityOptions(holdCtx, workflow.ActivityOptions{
+		TaskQueue:              r.spec.Scaling.TaskQueue,
+		ScheduleToStartTimeout: time.Duration(r.spec.Scaling.GangTimeout),
+		StartToCloseTimeout:    365 * 24 * time.Hour,
+		HeartbeatTimeout:       time.Duration(r.spec.Failure.HeartbeatTimeout),
+		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1},
+	})
+	info := workflow.GetInfo(ctx)
+	holds := make([]workflow.Future, len(requests))
+	cancels := make([]workflow.CancelFunc, len(requests))
+	for i, req := range requests {
+		c, cancel := holdCtx, workflow.CancelFunc(func() {})
+		if r.elastic {
+			c, cancel = workflow.WithCancel(holdCtx)
+		}
+		cancels[i] = cancel
+		holds[i] = workflow.ExecuteActivity(c, spec.ActivityHoldSlot, spec.HoldSlotInput{
+			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: req})
+	}
+	return holds, cancels, release
+}
+
+// reserve starts one HoldSlot per rank and waits until each has signalled its
+// placement, one of them fails, the gang timeout passes, or a stop arrives.
+// At the timeout a gang of at least scaling.min_workers ranks is taken.
+func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
+	workers := r.spec.Scaling.Workers
+	requests := make([]int, workers)
+	for i := range requests {
+		requests[i] = i
+	}
+	holds, cancels, release := r.holdSlots(ctx, gen, requests)
+	var secret []byte
+	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
+
+	placements := make([]spec.Placement, workers)
+	granted := make([]bool, workers)
+	ended := make([]bool, workers) // a hold that ended before it was granted: no slot came
+	timedOut := false
+	var holdErr error
+	timerCtx, cancelTimer := workflow.WithCancel(ctx)
+	defer cancelTimer()
+	timer := workflow.NewTimer(timerCtx, time.Duration(r.spec.Scaling.GangTimeout))
+	count, gone := 0, 0
+	for count < workers && count+gone < workers && !timedOut && holdErr == nil && !r.p.Stopping {
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
+			var s spec.SlotGranted
+			c.Receive(ctx, &s)
+			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] || ended[s.Request] {
+				return // a slot of an older gang, or a duplicate
+			}
+			granted[s.Request] = true
+			placements[s.Request] = s.Placement
+			count++
+		})
+		sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
+		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
+		for i, h := range holds {
+			if ended[i] {
+				continue
+			}
+			sel.AddFuture(h, func(f workflow.Future) {
+				err := f.Get(ctx, nil)
+				ended[i] = true
+				if granted[i] {
+					holdErr = fmt.Errorf("slot %d ended before the gang formed: %v", i, err)
+				} else {
+					gone++
+				}
+			})
+		}
+		sel.Select(ctx)
+	}
+	if r.p.Stopping {
+		release()
+		return nil, errStopped
+	}
+	if holdErr != nil {
+		release()
+		return nil, holdErr
+	}
+	if count < workers && count < r.spec.Scaling.MinWorkers {
+		release()
+		return nil, fmt.Errorf("only %d of %d slots on task queue %q within scaling.gang_timeout %v", count, workers, r.spec.Scaling.TaskQueue, r.spec.Scaling.GangTimeout)
+	}
+	// The whole gang, or at least min_workers of it: the ungranted holds go.
+	g := &gang{generation: gen, release: release, secret: secret}
+	for i := range workers {
+		if granted[i] {
+			g.placements = append(g.placements, placements[i])
+			g.holds = append(g.holds, holds[i])
+		} else {
+			cancels[i]()
+		}
+	}
+	for i := range g.placements {
+		g.placements[i].Rank = i
+	}
+	return g, nil
+}
+
+func (r *run) releaseGang() {
+	if r.probe != nil {
+		r.probe.release()
+		r.probe = nil
+	}
+	if r.gang != nil {
+		r.gang.release()
+		r.gang = nil
+		r.p.Gang = nil
+		r.p.World = 0
+	}
+}

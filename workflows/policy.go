@@ -1,0 +1,267 @@
+package workflows
+
+// The run's decisions, as pure functions of their inputs (etcd/raft's habit):
+// no workflow.Context, no SDK call, so policy_test.go checks them with tables.
+// The workflow code around them only gathers inputs and carries out answers.
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// ContinueAsNewAfterEvents bounds the history of one run (Temporal caps it at
+// 51,200 events): past it, at an epoch boundary, the run continues as new.
+const ContinueAsNewAfterEvents = 10000
+
+// Gang formation backs off this long at first after a gang timeout (or the
+// gang timeout, if shorter), doubling up to gangBackoffMax.
+const (
+	gangBackoffBase = 5 * time.Second
+	gangBackoffMax  = 2 * time.Minute
+)
+
+// gangBackoff is how long to wait before the next try at forming a gang,
+// after attempt failed ones (0 for the first), plus jitter in [0, base).
+func gangBackoff(attempt int, gangTimeout time.Duration, jitterNanos int64) time.Duration {
+	base := min(gangBackoffBase, max(gangTimeout, time.Second))
+	jitter := time.Duration(jitterNanos % int64(base))
+	if jitter < 0 {
+		jitter = -jitter
+	}
+	return min(base<<min(attempt, 5), gangBackoffMax) + jitter
+}
+
+// checkpointAfter says whether the ranks checkpoint after epoch: every
+// checkpoint.every_epochs, after the last epoch, and after every epoch of a
+// degraded gang (so growing back loses nothing).
+func checkpointAfter(s spec.Training, epoch, epochs, world int) bool {
+	return (epoch+1)%s.Checkpoint.EveryEpochs == 0 || epoch+1 == epochs || world < s.Scaling.Workers
+}
+
+// rankBatch is each rank's batch in a gang of world ranks: the global batch
+// stays hyper.batch_size × scaling.workers whatever the gang's size.
+func rankBatch(s spec.Training, world int) int {
+	return (s.Hyper.BatchSize*s.Scaling.Workers + world - 1) / world
+}
+
+// continueAsNew says whether a run continues as new now, at an epoch boundary.
+func continueAsNew(p *spec.Progress, historyLength int, suggested bool) bool {
+	return p.Epoch < p.Epochs && !p.Stopping && (historyLength >= ContinueAsNewAfterEvents || suggested)
+}
+
+// Failure kinds errorKind tells apart: the two application error types the
+// activities use, and everything else.
+const kindInfrastructure = "infrastructure"
+
+// errorKind tells user errors and preemptions from infrastructure failures.
+func errorKind(err error) string {
+	var app *temporal.ApplicationError
+	if errors.As(err, &app) {
+		switch app.Type() {
+		case spec.ErrUser, spec.ErrPreempted:
+			return app.Type()
+		}
+	}
+	return kindInfrastructure
+}
+
+// charge counts an epoch's failure against its budget. It returns the
+// incident to record (nil for a user error), and the error that ends the run,
+// if it does: a user error, or a budget exhausted.
+func charge(p *spec.Progress, f spec.Failure, epoch int, err error) (*spec.Incident, error) {
+	inc := &spec.Incident{Generation: p.Generation, Epoch: epoch, Detail: err.Error()}
+	switch errorKind(err) {
+	case spec.ErrUser:
+		return nil, err
+	case spec.ErrPreempted:
+		inc.Kind = spec.IncidentPreemption
+		p.Preemptions++
+		if p.Preemptions > f.MaxPreemptions {
+			return inc, fmt.Errorf("%d preemptions exceed failure.max_preemptions %d; last: %w", p.Preemptions, f.MaxPreemptions, err)
+		}
+	default:
+		inc.Kind = spec.IncidentFailure
+		p.Failures++
+		if p.Failures > f.MaxFailures {
+			return inc, fmt.Errorf("%d failures exceed failure.max_failures %d; last: %w", p.Failures, f.MaxFailures, err)
+		}
+	}
+	return inc, nil
+}
+
+// runFailure is the error a failed run ends with: non-retryable, typed as a
+// user error or an exhausted budget, with a one-line message.
+func runFailure(err error) error {
+	if errorKind(err) == spec.ErrUser {
+		return temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
+	}
+	// The message says it all; a cause would print the same chain again.
+	return temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrBudgetExhausted, nil)
+}
+
+// epochOutcome is what one epoch of a gang came to.
+type epochOutcome struct {
+	result *spec.EpochResult   // a rank's full result, if the epoch counts
+	latest *spec.CheckpointRef // the newest checkpoint any rank reported, even in an error
+	err    error               // why the gang ended, if it did
+}
+
+// rankEnd is how one rank's RunEpoch ended.
+type rankEnd struct {
+	where  string // "rank 1 on worker-a", for messages
+	result spec.EpochResult
+	err    error
+}
+
+// mergeEpoch decides what an epoch came to from how each rank ended, the
+// first failure seen (a rank's, or a lost slot lease; nil if none), and the
+// checkpoints slots of stopping workers reported.
+//   - The epoch counts if every rank finished it, or if a rank that finished
+//     it committed its checkpoint (the rest failed after the state was safe).
+//   - The newest checkpoint anyone reported is kept, even from an error.
+//   - The gang's end is explained by the most telling error: a user error
+//     (no new gang can help) before a preemption (charged to its own budget)
+//     before the first failure seen.
+func mergeEpoch(ranks []rankEnd, first error, leftWith []*spec.CheckpointRef) epochOutcome {
+	var out epochOutcome
+	for i, r := range ranks {
+		if r.err != nil {
+			out.latest = newer(out.latest, checkpointIn(r.err))
+			continue
+		}
+		out.latest = newer(out.latest, r.result.Checkpoint)
+		if out.result == nil && (first == nil || r.result.Checkpoint != nil) {
+			out.result = &ranks[i].result
+		}
+	}
+	for _, ref := range leftWith {
+		out.latest = newer(out.latest, ref)
+	}
+	if first == nil {
+		return out
+	}
+	out.err = first
+	for _, kind := range []string{spec.ErrUser, spec.ErrPreempted} {
+		if errorKind(first) == kind {
+			return out
+		}
+		for _, r := range ranks {
+			if r.err != nil && errorKind(r.err) == kind {
+				out.err = &rankError{what: r.where, err: r.err}
+				return out
+			}
+		}
+	}
+	return out
+}
+
+// checkpointIn is the checkpoint a preempted rank or slot reported in its error.
+func checkpointIn(err error) *spec.CheckpointRef {
+	var app *temporal.ApplicationError
+	if err == nil || !errors.As(err, &app) || app.Type() != spec.ErrPreempted || !app.HasDetails() {
+		return nil
+	}
+	var ref spec.CheckpointRef
+	if app.Details(&ref) != nil || ref.ID == "" {
+		return nil
+	}
+	return &ref
+}
+
+// newer is the later of two checkpoints by cursor.
+func newer(a, b *spec.CheckpointRef) *spec.CheckpointRef {
+	switch {
+	case b == nil:
+		return a
+	case a == nil || b.Epoch > a.Epoch || b.Epoch == a.Epoch && b.Step > a.Step:
+		return b
+	}
+	return a
+}
+
+// rankError names where an epoch failed and keeps the activity's error for
+// errorKind, but reads as one line: the SDK's activity and application errors
+// repeat their causes and metadata in Error().
+type rankError struct {
+	what string
+	err  error
+}
+
+func (e *rankError) Error() string { return e.what + ": " + shortError(e.err) }
+func (e *rankError) Unwrap() error { return e.err }
+
+// shortError is the innermost message a person needs: an application error's
+// own message, a timeout's kind, or the error as it is.
+func shortError(err error) string {
+	var app *temporal.ApplicationError
+	var timeout *temporal.TimeoutError
+	switch {
+	case errors.As(err, &app):
+		return app.Message()
+	case errors.As(err, &timeout):
+		return strings.ToLower(strings.TrimPrefix(timeout.TimeoutType().String(), "TIMEOUT_TYPE_")) + " timeout (the worker stopped answering)"
+	}
+	return err.Error()
+}
+
+// leaseErr is why a slot's lease ended.
+func leaseErr(err error) error {
+	if err == nil {
+		return errors.New("the slot was released by its worker")
+	}
+	return err
+}
+
+// skippedIncident is the incident for a checkpoint a restore passed over as
+// damaged, or nil if the run already has it for that gang.
+func skippedIncident(incidents []spec.Incident, gen, epoch int, s spec.SkippedCheckpoint) *spec.Incident {
+	detail := s.ID + ": " + s.Reason
+	for _, inc := range incidents {
+		if inc.Kind == spec.IncidentCorruptCheckpoint && inc.Generation == gen && inc.Detail == detail {
+			return nil
+		}
+	}
+	return &spec.Incident{Generation: gen, Epoch: epoch, Kind: spec.IncidentCorruptCheckpoint, Detail: detail}
+}
+
+// details is the text the Temporal UI shows for a running run.
+func details(p *spec.Progress) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "**%s** · epoch %d/%d", p.State, p.Epoch, p.Epochs)
+	if m, ok := p.LastMetrics(); ok {
+		fmt.Fprintf(&b, " · test accuracy %.4f · loss %.4f · %.0f samples/s", m.TestAccuracy, m.TrainLoss, m.SamplesPerSecond)
+	}
+	if len(p.Gang) > 0 {
+		workers := make([]string, len(p.Gang))
+		for i, pl := range p.Gang {
+			workers[i] = pl.Worker
+		}
+		fmt.Fprintf(&b, " · gang %d on %s", p.Generation, strings.Join(workers, ", "))
+	}
+	if p.Failures+p.Preemptions > 0 {
+		fmt.Fprintf(&b, " · %d failures, %d preemptions", p.Failures, p.Preemptions)
+	}
+	return b.String()
+}
+
+var unsafeRunChars = regexp.MustCompile(`[^A-Za-z0-9._=+@-]`)
+
+// runName turns a workflow ID into a checkpoint run name.
+func runName(workflowID string) string {
+	n := unsafeRunChars.ReplaceAllString(workflowID, "-")
+	n = strings.TrimLeft(n, "._=+@-")
+	if n == "" {
+		n = "run"
+	}
+	if len(n) > 200 {
+		n = n[:200]
+	}
+	return n
+}

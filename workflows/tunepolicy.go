@@ -1,0 +1,95 @@
+package workflows
+
+// TuneWorkflow's decisions about trials, as pure functions (see policy.go).
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/tune"
+)
+
+// observe records a trial's report in its row and returns the metric's value.
+func observe(t *spec.TrialStatus, r spec.TrialReport, metric, mode string) float64 {
+	t.Epochs = r.Metrics.Epoch + 1
+	v := t.Observe(r.Metrics, metric, mode)
+	if r.Checkpoint != nil {
+		t.Checkpoint = r.Checkpoint
+	}
+	return v
+}
+
+// finish records how a trial's workflow ended.
+func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, metric, mode string) {
+	if p != nil {
+		t.Epochs = p.Epoch
+		if p.Latest != nil {
+			t.Checkpoint = p.Latest
+		}
+		// The trial's own history is complete; its last report may still be in flight.
+		for _, m := range p.Metrics {
+			t.Observe(m, metric, mode)
+		}
+	}
+	stopped := p != nil && p.State == spec.StateStopped
+	switch {
+	case err != nil:
+		t.Status, t.Reason = spec.TrialFailed, shortError(err)
+	case t.Status == spec.TrialStopping && stopped && byCriterion:
+		t.Status = spec.TrialStopped
+	case t.Status == spec.TrialStopping && stopped:
+		t.Status = spec.TrialEarlyStop
+	case t.Status == spec.TrialStopping:
+		// The trial finished its epochs before the stop reached it.
+		t.Status, t.Reason = spec.TrialCompleted, t.Reason+"; it had finished before the stop reached it"
+	default:
+		t.Status = spec.TrialCompleted
+	}
+}
+
+// stopCriterion says which stop criterion a report meets (Ray's stop dict:
+// a value at or above the threshold), or "".
+func stopCriterion(stop map[string]float64, epochs int, m spec.EpochMetrics) string {
+	if th, ok := stop[tune.TrainingIteration]; ok && float64(epochs) >= th {
+		return fmt.Sprintf("stop.%s: %v reached %v", tune.TrainingIteration, epochs, th)
+	}
+	for _, k := range spec.Metrics {
+		v, _ := m.Value(k)
+		if th, ok := stop[k]; ok && v >= th {
+			return fmt.Sprintf("stop.%s: %v reached %v", k, v, th)
+		}
+	}
+	return ""
+}
+
+// bestTrial is the trial with the best last value (Ray's scope "last"), or -1.
+func bestTrial(trials []spec.TrialStatus, mode string) int {
+	best := -1
+	for i, t := range trials {
+		if t.Last == nil || math.IsNaN(*t.Last) || t.Status == spec.TrialFailed {
+			continue
+		}
+		if best < 0 || spec.Better(mode, *t.Last, *trials[best].Last) {
+			best = i
+		}
+	}
+	return best
+}
+
+// searchState is a finished search's state: completed, or completed with failures.
+func searchState(trials []spec.TrialStatus) string {
+	for _, t := range trials {
+		if t.Status == spec.TrialFailed {
+			return spec.TuneFailedTrials
+		}
+	}
+	return spec.TuneCompleted
+}
+
+func schedulerName(c tune.SchedulerConfig) string {
+	if c.Type == "" {
+		return "fifo"
+	}
+	return c.Type
+}
