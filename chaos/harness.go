@@ -24,7 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -301,7 +301,7 @@ func (h *Harness) stopProcesses() {
 func (h *Harness) dial(ctx context.Context) (client.Client, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		c, err := gpuworker.Dial(h.serverAddr(), "default", false, "", zap.NewNop())
+		c, err := connect.Options{Address: h.serverAddr(), Namespace: "default"}.Dial(zap.NewNop())
 		if err == nil {
 			return c, nil
 		}

@@ -8,6 +8,11 @@ import (
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/spec"
+
+	// The backends and blob drivers your workers offer: a spec's "trainer"
+	// and URLs pick among what is imported.
+	_ "github.com/durabletrain/durabletrain/blobdrivers"
+	_ "github.com/durabletrain/durabletrain/trainer/native"
 )
 
 // Register durabletrain on workers you already run: the workflow on your

@@ -8,11 +8,9 @@ package gpuworker
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -20,29 +18,21 @@ import (
 
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
-	sdklog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 	"go.uber.org/zap"
-	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/durabletrain/durabletrain/activities"
 	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/workflows"
 )
 
-// DefaultControlQueue is where TrainingWorkflow runs.
-const DefaultControlQueue = "durabletrain"
-
-// Config is a worker process.
+// Config is a worker process. Reach Temporal with package connect.
 type Config struct {
-	HostPort  string // Temporal frontend; default 127.0.0.1:7233
-	Namespace string // default "default"
-	TLS       bool   // connect with TLS (Temporal Cloud)
-	APIKey    string // Temporal Cloud API key
-
-	ControlQueue string // workflows' queue; default DefaultControlQueue
+	ControlQueue string // workflows' queue; default spec.DefaultControlQueue
 	TaskQueue    string // GPU agents' shared queue; default spec.DefaultTaskQueue
 
 	Workflows bool // run workflows
@@ -55,27 +45,12 @@ type Config struct {
 	PythonPath          string        // the directory holding the durabletrain Python module, for exec runs
 	Identity            string        // default hostname-pid
 	Grace               time.Duration // on shutdown, how long running activities get to finish; default 10s
-	Log                 *zap.Logger
-}
-
-// Dial connects a Temporal client the way the worker and starter do.
-func Dial(hostPort, namespace string, useTLS bool, apiKey string, log *zap.Logger) (client.Client, error) {
-	opts := client.Options{HostPort: hostPort, Namespace: namespace, Logger: SDKLogger(log)}
-	if useTLS {
-		opts.ConnectionOptions.TLS = &tls.Config{}
-	}
-	if apiKey != "" {
-		opts.Credentials = client.NewAPIKeyStaticCredentials(apiKey)
-	}
-	return client.Dial(opts)
-}
-
-// SDKLogger bridges zap to the Temporal SDK's logger.
-func SDKLogger(log *zap.Logger) sdklog.Logger {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	return sdklog.NewStructuredLogger(slog.New(zapslog.NewHandler(log.Core())))
+	// Backends and Datasets are what the agent runs and reads; default
+	// trainer.DefaultBackends and dataset.DefaultRegistry: the backend and
+	// format packages the binary imports (cmd/worker: native and exec).
+	Backends *trainer.Backends
+	Datasets *dataset.Registry
+	Log      *zap.Logger
 }
 
 // RegisterWorkflows registers durabletrain's workflows on a worker of yours.
@@ -105,7 +80,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		return errors.New("gpuworker: no role: enable workflows, agent, or both")
 	}
 	if cfg.ControlQueue == "" {
-		cfg.ControlQueue = DefaultControlQueue
+		cfg.ControlQueue = spec.DefaultControlQueue
 	}
 	if cfg.TaskQueue == "" {
 		cfg.TaskQueue = spec.DefaultTaskQueue
@@ -132,6 +107,13 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		workers = append(workers, w)
 		log.Info("serving workflows", zap.String("task_queue", cfg.ControlQueue))
 	}
+	backends := trainer.DefaultBackends
+	if cfg.Backends != nil {
+		backends = cfg.Backends
+	}
+	if cfg.Agent && len(backends.Names()) == 0 {
+		return errors.New("gpuworker: no trainer backend is registered; import the backend packages (trainer/native, trainer/exectrainer) or pass Config.Backends")
+	}
 	if cfg.Agent {
 		if cfg.CollectiveBind == "" {
 			cfg.CollectiveBind = ":0"
@@ -147,7 +129,8 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		found, gpus := DiscoverSlots(cfg.CPUSlots, log)
 		defer gpus.Close()
 		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln, Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()),
-			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace), Transport: cfg.CollectiveTransport, PythonPath: cfg.PythonPath}
+			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace), Transport: cfg.CollectiveTransport, PythonPath: cfg.PythonPath,
+			Backends: cfg.Backends, Datasets: cfg.Datasets}
 		if gpus != nil {
 			agent.Devices = gpus
 		}
@@ -157,7 +140,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		RegisterAgent(slots, ranks, agent)
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),
-			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)))
+			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)), zap.Strings("trainers", backends.Names()))
 	}
 	for i, w := range workers {
 		if err := w.Start(); err != nil {

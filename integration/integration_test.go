@@ -20,7 +20,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.uber.org/zap"
 
-	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/internal/devserver"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
@@ -106,7 +106,7 @@ func startWorker(t testing.TB, name, role, queue string, env ...string) *workerP
 }
 
 func dial(t testing.TB) client.Client {
-	c, err := gpuworker.Dial(server.Addr(), "default", false, "", zap.NewNop())
+	c, err := connect.Options{Address: server.Addr(), Namespace: "default"}.Dial(zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

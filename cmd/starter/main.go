@@ -30,7 +30,7 @@ import (
 
 	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -40,22 +40,15 @@ const (
 	exitUnreachable = 3
 )
 
-type common struct {
-	address, namespace, queue string
-	tls                       bool
-}
+// common are the flags every command has: where Temporal is (package connect).
+type common struct{ connect.Options }
 
-func (c *common) flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.address, "address", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (default $TEMPORAL_ADDRESS)")
-	fs.StringVar(&c.namespace, "namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (default $TEMPORAL_NAMESPACE)")
-	fs.StringVar(&c.queue, "control-queue", gpuworker.DefaultControlQueue, "task queue of the workflows")
-	fs.BoolVar(&c.tls, "tls", false, "connect with TLS")
-}
+func (c *common) flags(fs *flag.FlagSet) { c.Register(fs) }
 
 func (c *common) dial() client.Client {
-	cl, err := gpuworker.Dial(c.address, c.namespace, c.tls, os.Getenv("TEMPORAL_API_KEY"), zap.NewNop())
+	cl, err := c.Dial(zap.NewNop())
 	if err != nil {
-		fail(exitUnreachable, "cannot reach Temporal at %s: %v (is the dev server or your cluster up?)", c.address, err)
+		fail(exitUnreachable, "%v (is the dev server or your cluster up?)", err)
 	}
 	return cl
 }
@@ -156,7 +149,7 @@ func train(cmd string, args []string) {
 	cl := c.dial()
 	defer cl.Close()
 	input, _ := json.Marshal(s)
-	run, err := cl.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: workflowID, TaskQueue: c.queue},
+	run, err := cl.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: workflowID, TaskQueue: c.ControlQueue},
 		spec.WorkflowTraining, json.RawMessage(input))
 	if err != nil {
 		fail(exitFailed, "starting the run: %v", err)
@@ -328,7 +321,7 @@ func list(args []string) {
 	cl := c.dial()
 	defer cl.Close()
 	resp, err := cl.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{
-		Namespace: c.namespace, PageSize: int32(*limit), Query: "WorkflowType = '" + spec.WorkflowTraining + "'"})
+		PageSize: int32(*limit), Query: "WorkflowType = '" + spec.WorkflowTraining + "'"})
 	if err != nil {
 		fail(exitFailed, "listing runs: %v", err)
 	}
@@ -387,12 +380,4 @@ func checkpoints(args []string) {
 		m := c.Manifest
 		fmt.Printf("%s  epoch %d step %d  test accuracy %.4f  %s\n", cid, m.Epoch, m.Step, m.Metrics["test_accuracy"], m.Created.Format(time.RFC3339))
 	}
-}
-
-// envOr is the environment variable's value, or def where it is unset.
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -44,7 +44,7 @@ func tuneCmd(args []string) {
 		if *id == "" {
 			*id = "tune-" + time.Now().Format("20060102-150405")
 		}
-		run, err := cl.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: *id, TaskQueue: c.queue}, spec.WorkflowTune, json.RawMessage(raw))
+		run, err := cl.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: *id, TaskQueue: c.ControlQueue}, spec.WorkflowTune, json.RawMessage(raw))
 		if err != nil {
 			fail(exitFailed, "starting search %s: %v", *id, err)
 		}

@@ -3,6 +3,9 @@
 //
 //	worker -address 127.0.0.1:7233 -role both -slots 1
 //
+// It runs the trainer backends and blob drivers it imports: native, exec;
+// file://, mem://, s3://. A binary of your own that imports more runs more.
+//
 // SIGTERM or SIGINT stops taking work and tells running ranks to leave (a
 // preemption for their runs), giving them -grace to finish.
 package main
@@ -19,19 +22,19 @@ import (
 
 	"go.uber.org/zap"
 
-	_ "github.com/durabletrain/durabletrain/blobdrivers"
+	_ "github.com/durabletrain/durabletrain/blobdrivers" // file://, mem://, s3://
+	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/spec"
+	_ "github.com/durabletrain/durabletrain/trainer/exectrainer" // "trainer": "exec"
+	_ "github.com/durabletrain/durabletrain/trainer/native"      // "trainer": "native"
 )
 
 func main() {
 	var cfg gpuworker.Config
-	flag.StringVar(&cfg.HostPort, "address", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (default $TEMPORAL_ADDRESS)")
-	flag.StringVar(&cfg.Namespace, "namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (default $TEMPORAL_NAMESPACE)")
-	flag.BoolVar(&cfg.TLS, "tls", false, "connect with TLS (Temporal Cloud)")
-	apiKey := flag.String("api-key-env", "TEMPORAL_API_KEY", "environment variable holding a Temporal Cloud API key")
+	var conn connect.Options
+	conn.Register(flag.CommandLine)
 	role := flag.String("role", "both", "workflows, agent, or both")
-	flag.StringVar(&cfg.ControlQueue, "control-queue", gpuworker.DefaultControlQueue, "task queue of the workflows")
 	flag.StringVar(&cfg.TaskQueue, "task-queue", spec.DefaultTaskQueue, "task queue the GPU agents take slot requests from (scaling.task_queue)")
 	flag.IntVar(&cfg.CPUSlots, "slots", 1, "CPU slots to offer where NVML finds no GPU")
 	flag.StringVar(&cfg.CollectiveBind, "collective-bind", ":0", "address the collective listener binds")
@@ -41,6 +44,7 @@ func main() {
 	flag.StringVar(&cfg.Identity, "identity", "", "worker identity (default hostname-pid)")
 	flag.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running ranks get to leave on shutdown")
 	flag.Parse()
+	cfg.ControlQueue = conn.ControlQueue
 	switch *role {
 	case "workflows":
 		cfg.Workflows = true
@@ -55,9 +59,9 @@ func main() {
 	log, _ := zap.NewProduction()
 	defer log.Sync()
 	cfg.Log = log
-	c, err := gpuworker.Dial(cfg.HostPort, cfg.Namespace, cfg.TLS, os.Getenv(*apiKey), log)
+	c, err := conn.Dial(log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "worker: cannot reach Temporal at %s: %v\n", cfg.HostPort, err)
+		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
 		os.Exit(3)
 	}
 	defer c.Close()

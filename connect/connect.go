@@ -1,0 +1,115 @@
+// Package connect owns how durabletrain's programs reach Temporal: the
+// connection settings they share (flags, and the Temporal CLI's environment:
+// TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*,
+// TEMPORAL_PROFILE and its TOML file, read by the SDK's contrib/envconfig),
+// dialing, and the bridge from zap to the SDK's logger. It links the SDK's
+// client only: the starter uses it without linking any worker code.
+package connect
+
+import (
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/contrib/envconfig"
+	sdklog "go.temporal.io/sdk/log"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// Defaults where neither a flag, the environment nor a profile says.
+const (
+	DefaultAddress   = "127.0.0.1:7233"
+	DefaultNamespace = "default"
+	DefaultAPIKeyEnv = "TEMPORAL_API_KEY"
+)
+
+// Options say where Temporal is and where durabletrain's workflows run.
+// Empty fields come from the Temporal environment configuration, then the
+// defaults above.
+type Options struct {
+	Address   string // host:port of the frontend
+	Namespace string
+	TLS       bool // TLS with the system's roots, where the environment sets no TLS of its own
+	// APIKeyEnv names the environment variable holding an API key (Temporal
+	// Cloud); default TEMPORAL_API_KEY.
+	APIKeyEnv string
+	// ControlQueue is the task queue of the workflows; default spec.DefaultControlQueue.
+	ControlQueue string
+}
+
+// Register adds the connection flags to fs: -address, -namespace, -tls,
+// -api-key-env and -control-queue.
+func (o *Options) Register(fs *flag.FlagSet) {
+	fs.StringVar(&o.Address, "address", o.Address, "Temporal frontend host:port (default $TEMPORAL_ADDRESS, the Temporal profile's, or "+DefaultAddress+")")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "Temporal namespace (default $TEMPORAL_NAMESPACE, the Temporal profile's, or "+DefaultNamespace+")")
+	fs.BoolVar(&o.TLS, "tls", o.TLS, "connect with TLS (set by $TEMPORAL_TLS*, the profile, or an API key too)")
+	fs.StringVar(&o.APIKeyEnv, "api-key-env", o.APIKeyEnv, "environment variable holding a Temporal Cloud API key (default "+DefaultAPIKeyEnv+")")
+	if o.ControlQueue == "" {
+		o.ControlQueue = spec.DefaultControlQueue
+	}
+	fs.StringVar(&o.ControlQueue, "control-queue", o.ControlQueue, "task queue of the workflows")
+}
+
+// ClientOptions resolves the options into the SDK's: the Temporal
+// environment configuration first (profile file, then TEMPORAL_*
+// variables), then the flags over it.
+func (o Options) ClientOptions(log *zap.Logger) (client.Options, error) {
+	opts, err := envconfig.LoadDefaultClientOptions()
+	if err != nil {
+		return client.Options{}, fmt.Errorf("the Temporal environment configuration (TEMPORAL_* variables, TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE): %w", err)
+	}
+	if o.Address != "" {
+		opts.HostPort = o.Address
+	}
+	if opts.HostPort == "" {
+		opts.HostPort = DefaultAddress
+	}
+	if o.Namespace != "" {
+		opts.Namespace = o.Namespace
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	if env := o.APIKeyEnv; env != "" && env != DefaultAPIKeyEnv { // the default one envconfig has read
+		key := os.Getenv(env)
+		if key == "" {
+			return client.Options{}, fmt.Errorf("-api-key-env: %s is empty; want the API key in it, or leave -api-key-env out", env)
+		}
+		opts.Credentials = client.NewAPIKeyStaticCredentials(key)
+		if opts.ConnectionOptions.TLS == nil {
+			opts.ConnectionOptions.TLS = &tls.Config{}
+		}
+	}
+	if o.TLS && opts.ConnectionOptions.TLS == nil {
+		opts.ConnectionOptions.TLS = &tls.Config{}
+	}
+	opts.Logger = SDKLogger(log)
+	return opts, nil
+}
+
+// Dial connects a client with the resolved options.
+func (o Options) Dial(log *zap.Logger) (client.Client, error) {
+	opts, err := o.ClientOptions(log)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.Dial(opts)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach Temporal at %s (namespace %s): %w", opts.HostPort, opts.Namespace, err)
+	}
+	return c, nil
+}
+
+// SDKLogger bridges zap to the Temporal SDK's logger.
+func SDKLogger(log *zap.Logger) sdklog.Logger {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return sdklog.NewStructuredLogger(slog.New(zapslog.NewHandler(log.Core())))
+}
