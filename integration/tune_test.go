@@ -107,6 +107,7 @@ func TestTuneSearchSurvivesLosingEveryWorker(t *testing.T) {
 	if len(res.Trials) != 8 || res.Best < 0 {
 		t.Fatalf("results %+v", res)
 	}
+	recordHistory(t, c, "it-tune-1", "tune-asha-every-worker-killed")
 	best := res.Trials[res.Best]
 	t.Logf("best: trial %d, test accuracy %.4f, checkpoint %+v; %d of 8 stopped early", best.Trial, deref(best.Last), best.Checkpoint, early)
 	if early < 4 {

@@ -12,8 +12,10 @@ import (
 
 // TestReplayRecordedHistories replays histories recorded from real runs on the
 // embedded server (go test ./integration -args -record-histories): a change
-// that makes TrainingWorkflow non-deterministic, or incompatible with runs
-// already in flight, fails here.
+// that makes TrainingWorkflow or TuneWorkflow non-deterministic, or
+// incompatible with runs already in flight, fails here. Histories of older
+// versions stay beside the current ones (a file prefixed "v0-" is from before
+// the elastic-gangs version).
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {
@@ -23,6 +25,7 @@ func TestReplayRecordedHistories(t *testing.T) {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			r := worker.NewWorkflowReplayer()
 			r.RegisterWorkflowWithOptions(TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
+			r.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
 			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
 				t.Fatal(err)
 			}
