@@ -89,7 +89,7 @@ func (c Config) withDefaults() Config {
 		c.BatchSize = 32
 	}
 	if c.Dataset == "" {
-		c.Dataset = "file:///usr/share/datasets/fashion-mnist"
+		c.Dataset = spec.DefaultDatasetURL
 	}
 	if c.HeartbeatLimit == 0 {
 		c.HeartbeatLimit = 4 * time.Second

@@ -55,7 +55,7 @@ func CheckMetric(field, name string) error {
 	if _, ok := (EpochMetrics{}).Value(name); ok {
 		return nil
 	}
-	return fmt.Errorf("%s is %q; want one of %s", field, name, quoteList(Metrics))
+	return fmt.Errorf("%s is %q; want %s", field, name, quoteList(Metrics))
 }
 
 // CheckMode names the field when mode is neither "max" nor "min".

@@ -273,9 +273,9 @@ func (t Training) Validate() error {
 	case c.KeepBest < 0:
 		return bad("checkpoint.keep_best", c.KeepBest, "0 or more")
 	case CheckMetric("checkpoint.score", c.Score) != nil:
-		return bad("checkpoint.score", fmt.Sprintf("%q", c.Score), quoteList(Metrics))
+		return CheckMetric("spec: checkpoint.score", c.Score)
 	case CheckMode("checkpoint.mode", c.Mode) != nil:
-		return bad("checkpoint.mode", fmt.Sprintf("%q", c.Mode), `"max" or "min"`)
+		return CheckMode("spec: checkpoint.mode", c.Mode)
 	case f.MaxFailures < 0:
 		return bad("failure.max_failures", f.MaxFailures, "0 or more")
 	case f.MaxPreemptions < 0:

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/durabletrain/durabletrain/spec"
 )
 
 // Decision is a scheduler's answer to a reported result.
@@ -48,11 +50,11 @@ type SchedulerConfig struct {
 // New builds the configured scheduler for a metric maximised (mode "max") or
 // minimised ("min").
 func New(c SchedulerConfig, mode string) (Scheduler, error) {
-	if mode != "max" && mode != "min" {
-		return nil, fmt.Errorf(`mode is %q; want "max" or "min"`, mode)
+	if err := spec.CheckMode("mode", mode); err != nil {
+		return nil, err
 	}
 	sign := 1.0
-	if mode == "min" {
+	if mode == spec.ModeMin {
 		sign = -1
 	}
 	if c.GracePeriod == 0 {

@@ -1,21 +1,29 @@
 package workflows
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/durabletrain/durabletrain/spec"
 )
 
+// recordedIDs are the workflow IDs the histories were recorded under, where
+// the workflow's decisions depend on it (a search names its trials after it).
+var recordedIDs = map[string]string{
+	"tune-asha-every-worker-killed.json": "it-tune-1",
+}
+
 // TestReplayRecordedHistories replays histories recorded from real runs on the
 // embedded server (go test ./integration -args -record-histories): a change
 // that makes TrainingWorkflow or TuneWorkflow non-deterministic, or
 // incompatible with runs already in flight, fails here. Histories of older
-// versions stay beside the current ones (a file prefixed "v0-" is from before
-// the elastic-gangs version).
+// versions stay beside the current ones: a file prefixed "v0-" is from before
+// the elastic-gangs version.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {
@@ -26,7 +34,20 @@ func TestReplayRecordedHistories(t *testing.T) {
 			r := worker.NewWorkflowReplayer()
 			r.RegisterWorkflowWithOptions(TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 			r.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-			if err := r.ReplayWorkflowHistoryFromJSONFile(nil, f); err != nil {
+			file, err := os.Open(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer file.Close()
+			history, err := client.HistoryFromJSON(file, client.HistoryJSONOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := worker.ReplayWorkflowHistoryOptions{}
+			if id, ok := recordedIDs[filepath.Base(f)]; ok {
+				opts.OriginalExecution = workflow.Execution{ID: id}
+			}
+			if err := r.ReplayWorkflowHistoryWithOptions(nil, history, opts); err != nil {
 				t.Fatal(err)
 			}
 		})

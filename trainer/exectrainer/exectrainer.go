@@ -29,6 +29,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 )
 
@@ -366,7 +367,7 @@ func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
 	if t.last.Metrics == nil {
 		return trainer.EvalMetrics{}, errors.New("exec trainer: no epoch reported yet")
 	}
-	return trainer.EvalMetrics{TestLoss: t.last.Metrics["test_loss"], TestAccuracy: t.last.Metrics["test_accuracy"],
+	return trainer.EvalMetrics{TestLoss: t.last.Metrics[spec.MetricTestLoss], TestAccuracy: t.last.Metrics[spec.MetricTestAccuracy],
 		Examples: int(t.last.Metrics["test_examples"])}, nil
 }
 
