@@ -1,13 +1,20 @@
 package activities
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 )
@@ -43,12 +50,17 @@ type Agent struct {
 	// ranks on one host, else TCP) or "tcp" (always TCP: hosts that share a
 	// kernel but should not share memory, as network namespaces do).
 	Transport string
+	// Policy is what this worker lets a spec make it do: exec programs,
+	// storage, memory. The zero Policy runs no exec program and reads and
+	// writes only under policy.DefaultStorageRoots.
+	Policy policy.Policy
 	// LeaveTimeout bounds how long ranks of a stopping worker take to stop
 	// with their gang and checkpoint before they are cut off; default 8s.
 	// Keep it below the worker's stop grace.
 	LeaveTimeout time.Duration
 
 	once     sync.Once
+	scratch  string // this process's directory for ranks' scratch directories
 	slots    slotTable
 	replicas replicaTable
 	data     dataCache
@@ -78,6 +90,7 @@ func (a *Agent) init() {
 			a.Datasets = dataset.DefaultRegistry
 		}
 		a.slots.init(a.Slots)
+		a.scratch = newScratchRoot(os.TempDir(), a.Log)
 	})
 }
 
@@ -122,4 +135,31 @@ func (a *Agent) leaveTimeout() time.Duration {
 // so the rank that sees it reports before Temporal times the rank out.
 func stallTimeout(s spec.Training) time.Duration {
 	return max(time.Second, time.Duration(s.Failure.HeartbeatTimeout)/2)
+}
+
+// scratchPrefix names a worker process's scratch root in the temporary
+// directory: durabletrain-worker-<pid>-<random>.
+const scratchPrefix = "durabletrain-worker-"
+
+// newScratchRoot makes this process's scratch root under dir, after removing
+// the roots of worker processes that are gone (killed with SIGKILL, their
+// ranks' scratch, with restored checkpoints in it, stayed behind). If it
+// cannot be made, ranks use dir itself.
+func newScratchRoot(dir string, log *zap.Logger) string {
+	old, _ := filepath.Glob(filepath.Join(dir, scratchPrefix+"*"))
+	for _, p := range old {
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(p), scratchPrefix), "-", 2)[0])
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue // not ours to judge, or its process is alive
+		}
+		if err := os.RemoveAll(p); err == nil {
+			log.Info("removed the scratch of a worker that is gone", zap.String("dir", p))
+		}
+	}
+	root, err := os.MkdirTemp(dir, fmt.Sprintf("%s%d-", scratchPrefix, os.Getpid()))
+	if err != nil {
+		log.Warn("no scratch root; ranks use the temporary directory", zap.Error(err))
+		return dir
+	}
+	return root
 }

@@ -3,6 +3,9 @@ package activities
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -11,6 +14,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -23,7 +27,8 @@ func newAgents(t *testing.T, n int) ([]*Agent, []string) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ln.Close() })
-		agents[i] = &Agent{Identity: fmt.Sprintf("worker-%d", i), HostQueue: fmt.Sprintf("q-%d", i), Listener: ln, Slots: []Slot{{Index: 0}}}
+		agents[i] = &Agent{Identity: fmt.Sprintf("worker-%d", i), HostQueue: fmt.Sprintf("q-%d", i), Listener: ln, Slots: []Slot{{Index: 0}},
+			Policy: testPolicy()}
 		peers[i] = ln.Addr()
 	}
 	return agents, peers
@@ -105,4 +110,10 @@ func TestMissingDataIsAUserError(t *testing.T) {
 	if !errors.As(errs[0], &app) || app.Type() != spec.ErrUser || !app.NonRetryable() {
 		t.Fatalf("got %v, want a non-retryable user error", errs[0])
 	}
+}
+
+// testPolicy lets the tests' agents use the temporary directories and the committed data set.
+func testPolicy() policy.Policy {
+	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	return policy.Policy{StorageRoots: []string{"file://" + filepath.Clean(os.TempDir()) + "/", "file://" + filepath.Dir(data) + "/", "mem://"}}
 }

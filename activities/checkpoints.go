@@ -33,7 +33,7 @@ func (a *Agent) checkpointTogether(ctx context.Context, rep *replica, in spec.Ep
 		return nil, errors.New("rank 0 could not commit the checkpoint")
 	}
 	c := rep.tr.Cursor()
-	ref := &spec.CheckpointRef{URL: rep.store.URL(), Run: in.Run, ID: checkpoint.ID(c.Epoch, c.Step), Epoch: c.Epoch, Step: c.Step}
+	ref := &spec.CheckpointRef{URL: rep.storeURL, Run: in.Run, ID: checkpoint.ID(c.Epoch, c.Step), Epoch: c.Epoch, Step: c.Step}
 	a.slots.setCheckpoint(in.Slot, ref)
 	return ref, nil
 }
@@ -72,10 +72,10 @@ func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Train
 		return nil, err
 	}
 	cp := s.Checkpoint
-	if deleted, err := rep.store.Prune(ctx, run, checkpoint.Retention{KeepLast: cp.KeepLast, KeepBest: cp.KeepBest, Score: cp.Score, Mode: cp.Mode}); err != nil {
+	if deleted, err := rep.store.Prune(ctx, run, checkpoint.Retention{KeepLast: cp.KeepLastN(), KeepBest: cp.KeepBest, Score: cp.Score, Mode: cp.Mode}); err != nil {
 		a.Log.Warn("checkpoint retention failed", zap.String("run", run), zap.Error(err))
 	} else if len(deleted) > 0 {
 		a.Log.Info("checkpoints pruned", zap.String("run", run), zap.Strings("deleted", deleted))
 	}
-	return &spec.CheckpointRef{URL: rep.store.URL(), Run: run, ID: manifest.ID, Epoch: manifest.Epoch, Step: manifest.Step}, nil
+	return &spec.CheckpointRef{URL: rep.storeURL, Run: run, ID: manifest.ID, Epoch: manifest.Epoch, Step: manifest.Step}, nil
 }

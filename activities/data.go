@@ -41,7 +41,12 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 			l.err = err
 			return
 		}
-		l.train, l.test, l.err = loader.Load(ctx, d.URL)
+		url, err := a.Policy.Resolve("dataset.url", d.URL)
+		if err != nil {
+			l.err = err
+			return
+		}
+		l.train, l.test, l.err = loader.Load(ctx, url)
 	})
 	if l.err != nil {
 		c.mu.Lock()

@@ -2,6 +2,8 @@ package activities
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"sync"
@@ -33,6 +35,10 @@ type replica struct {
 	group   *collective.Group
 	tr      trainer.Trainer
 	store   *checkpoint.Store
+	// storeURL is the spec's checkpoint URL: what checkpoint references
+	// carry (the store's own URL has the worker's query parameters added,
+	// which stay on the worker).
+	storeURL string
 }
 
 func (r *replica) close() {
@@ -112,19 +118,23 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	if err != nil {
 		return nil, nil, userError(fmt.Errorf("spec: trainer: %w", err))
 	}
-	store, err := checkpoint.Open(ctx, in.Spec.Checkpoint.URL, a.Log)
+	if err := a.Policy.CheckSpec(in.Spec); err != nil {
+		return nil, nil, userError(fmt.Errorf("worker %s: %w", a.Identity, err))
+	}
+	ckptURL, _ := a.Policy.Resolve("checkpoint.url", in.Spec.Checkpoint.URL)
+	store, err := checkpoint.Open(ctx, ckptURL, a.Log)
 	if err != nil {
 		return nil, nil, userError(err)
 	}
-	rep := &replica{store: store, slot: in.Slot}
-	if rep.scratch, err = os.MkdirTemp("", fmt.Sprintf("durabletrain-%s-g%d-r%d-", in.Run, in.Generation, in.Rank)); err != nil {
+	rep := &replica{store: store, slot: in.Slot, storeURL: in.Spec.Checkpoint.URL}
+	if rep.scratch, err = os.MkdirTemp(a.scratch, fmt.Sprintf("%s-g%d-r%d-", fileSafe(in.Run), in.Generation, in.Rank)); err != nil {
 		rep.close()
 		return nil, nil, err
 	}
 	beat.set(map[string]any{"phase": "joining gang"})
 	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	rep.group, err = collective.Join(jctx, a.Listener, collective.Gang{Run: key.workflowID, Generation: uint64(in.Generation), Peers: in.Peers},
+	rep.group, err = collective.Join(jctx, a.Listener, collective.Gang{Run: gangRun(key.workflowID), Generation: uint64(in.Generation), Peers: in.Peers},
 		in.Rank, collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log})
 	if err != nil {
 		rep.close()
@@ -132,7 +142,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	}
 	rep.tr, err = backend.NewRank(ctx, trainer.Rank{Spec: in.Spec, Run: in.Run, Generation: in.Generation, Rank: in.Rank,
 		Peers: in.Peers, BatchSize: in.BatchSize, Comm: rep.group, Device: a.device(in.Slot), Scratch: rep.scratch,
-		PythonPath: a.PythonPath, Log: a.Log, Data: func(ctx context.Context) (*dataset.Set, *dataset.Set, error) {
+		PythonPath: a.PythonPath, Log: a.Log, Environ: a.Policy.Environ(), MemoryLimit: a.Policy.RankMemory(len(a.Slots)), Data: func(ctx context.Context) (*dataset.Set, *dataset.Set, error) {
 			beat.set(map[string]any{"phase": "loading data"})
 			return a.dataset(ctx, in.Spec.Dataset)
 		}})
@@ -148,4 +158,31 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	}
 	a.replicas.put(key, rep)
 	return rep, report, nil
+}
+
+// gangRun names a workflow's gang in the collective's handshake, which
+// carries at most 255 bytes: a workflow ID may have up to 1,000. A long ID
+// is cut and followed by a digest of the whole, so two IDs that share their
+// first bytes still name two gangs.
+func gangRun(workflowID string) string {
+	const keep = 200
+	if len(workflowID) <= keep+17 {
+		return workflowID
+	}
+	sum := sha256.Sum256([]byte(workflowID))
+	return workflowID[:keep] + "~" + hex.EncodeToString(sum[:8])
+}
+
+// fileSafe is s as a short file name part: letters, digits, ., _ and -.
+func fileSafe(s string) string {
+	b := []byte(s)
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }

@@ -27,7 +27,7 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 		c, err := rep.store.RestoreLatest(ctx, from, func(c *checkpoint.Checkpoint) error { return rep.tr.Restore(ctx, c) })
 		switch {
 		case err == nil:
-			report := &spec.RestoreReport{From: refOf(c)}
+			report := &spec.RestoreReport{From: refOf(c, rep.storeURL)}
 			for _, s := range c.Skipped {
 				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
 			}
@@ -59,7 +59,8 @@ func (a *Agent) reportSkipped(ctx context.Context, generation int, c *checkpoint
 	}
 }
 
-func refOf(c *checkpoint.Checkpoint) spec.CheckpointRef {
+// refOf is a restored checkpoint's reference, with the spec's URL (see replica.storeURL).
+func refOf(c *checkpoint.Checkpoint, url string) spec.CheckpointRef {
 	r := c.Ref()
-	return spec.CheckpointRef{URL: r.URL, Run: r.Run, ID: r.ID, Epoch: c.Manifest.Epoch, Step: c.Manifest.Step}
+	return spec.CheckpointRef{URL: url, Run: r.Run, ID: r.ID, Epoch: c.Manifest.Epoch, Step: c.Manifest.Step}
 }

@@ -9,15 +9,27 @@ import (
 
 	"gocloud.dev/blob"
 
+	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
+
+// Results writes searches' results on the workflows' queue, where the
+// worker's policy allows (results_url falls under its storage roots).
+type Results struct{ Policy policy.Policy }
 
 // WriteTuneResults writes a search's results table as CSV to
 // <url>/<name>/results.csv and returns where: one row per trial with its
 // config (one column per searched path), status, epochs, last and best
-// metric, and checkpoint. It runs on the workflows' queue.
-func WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
-	b, err := blob.OpenBucket(ctx, in.URL)
+// metric, and checkpoint.
+func (r Results) WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+	url, err := r.Policy.Resolve("results_url", in.URL)
+	if err != nil {
+		return "", userError(err)
+	}
+	if err := spec.CheckName("name", in.Name); err != nil {
+		return "", userError(err)
+	}
+	b, err := blob.OpenBucket(ctx, url)
 	if err != nil {
 		return "", fmt.Errorf("opening %s for the results: %w", in.URL, err)
 	}

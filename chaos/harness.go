@@ -279,7 +279,9 @@ func (h *Harness) startProcesses() error {
 		p := &proc{name: fmt.Sprintf("host-%d", i), netns: h.net.ns(i), bin: filepath.Join(h.cfg.Bin, "worker"), delay: time.Second,
 			args: []string{"-address", h.serverAddr(), "-role", "both", "-slots", "1", "-identity", fmt.Sprintf("host-%d", i),
 				"-control-queue", "chaos", "-task-queue", "chaos-gpu", "-collective-bind", h.net.ip(i) + ":7070",
-				"-collective-transport", "tcp", "-grace", "5s"},
+				"-collective-transport", "tcp", "-grace", "5s",
+				// Storage: the harness's checkpoints, and the data set wherever it is.
+				"-storage-roots", "file://" + h.ckptDir + "/," + dataRoot(h.cfg.Dataset) + ",mem://"},
 			logPath: filepath.Join(logs, fmt.Sprintf("host-%d.log", i))}
 		if err := p.start(); err != nil {
 			return err
@@ -318,8 +320,8 @@ func (h *Harness) spec(id string) spec.Training {
 		Dataset:    spec.Dataset{URL: h.cfg.Dataset},
 		Hyper:      spec.Hyper{Epochs: h.cfg.Epochs, BatchSize: h.cfg.BatchSize},
 		Scaling:    spec.Scaling{Workers: h.cfg.Ranks, TaskQueue: "chaos-gpu", GangTimeout: spec.Duration(time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + h.ckptDir + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: 3},
-		Failure:    spec.Failure{MaxFailures: 20, MaxPreemptions: 20, HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit)},
+		Checkpoint: spec.Checkpoint{URL: "file://" + h.ckptDir + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: spec.Int(3)},
+		Failure:    spec.Failure{MaxFailures: spec.Int(20), MaxPreemptions: spec.Int(20), HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit)},
 	}
 }
 
@@ -469,4 +471,12 @@ func (h *Harness) hostOf(p *spec.Progress, rank int) *proc {
 		}
 	}
 	return nil
+}
+
+// dataRoot is a storage root that holds a data set's URL: its directory.
+func dataRoot(url string) string {
+	if i := strings.LastIndex(strings.SplitN(url, "?", 2)[0], "/"); i > len("file://") {
+		return url[:i+1]
+	}
+	return url
 }

@@ -47,7 +47,7 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	h, err := start(ctx, Config{Hosts: 2, Bin: bin, Dir: dir}.withDefaults(), hostNet{bridge: "dtcbr1", prefix: "10.231.8"})
+	h, err := start(ctx, Config{Hosts: 2, Bin: bin, Dir: dir, Dataset: testdata.FashionMNISTSmall()}.withDefaults(), hostNet{bridge: "dtcbr1", prefix: "10.231.8"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 	search, _ := json.Marshal(map[string]any{
 		"name": "chaos-search",
 		"train": map[string]any{
-			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+			"dataset":    map[string]any{"url": h.cfg.Dataset},
 			"hyper":      map[string]any{"epochs": 5},
 			"scaling":    map[string]any{"workers": 1, "task_queue": "chaos-gpu"},
 			"checkpoint": map[string]any{"url": "file://" + h.ckptDir + "?metadata=skip"},

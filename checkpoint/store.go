@@ -42,7 +42,7 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	}
 	b, err := blob.OpenBucket(ctx, withSameDirTemp(url))
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket/prefix, gs://bucket or mem://)", url, err)
+		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
 	return &Store{bucket: b, url: url, log: log}, nil
 }

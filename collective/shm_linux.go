@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -27,12 +29,13 @@ const (
 	shmHeader   = 4096
 	shmTokenLen = 32
 	shmDir      = "/dev/shm"
+	shmPrefix   = "durabletrain-collective-"
 )
 
 // createShmRing makes a ring in /dev/shm; the caller unlinks path once the
 // peer has answered (the mappings outlive the name).
 func createShmRing(slots, slotBytes int) (ring *shmRing, path string, token []byte, err error) {
-	f, err := os.CreateTemp(shmDir, "durabletrain-collective-*")
+	f, err := os.CreateTemp(shmDir, shmPrefix+"*")
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -54,14 +57,20 @@ func createShmRing(slots, slotBytes int) (ring *shmRing, path string, token []by
 }
 
 // openShmRing maps a peer's ring and proves it is the same memory by its token.
+// The path comes from the peer: only a ring createShmRing could have made
+// (a regular file of ours in /dev/shm, not a link, not a FIFO or a device)
+// is opened.
 func openShmRing(path string, slots, slotBytes int, token []byte) (*shmRing, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if filepath.Dir(path) != shmDir || !strings.HasPrefix(filepath.Base(path), shmPrefix) || filepath.Clean(path) != path {
+		return nil, fmt.Errorf("shared memory %q is not a collective ring in %s", path, shmDir)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	size := shmHeader + slots*slotBytes
-	if st, err := f.Stat(); err != nil || st.Size() != int64(size) {
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() || st.Size() != int64(size) {
 		return nil, fmt.Errorf("shared memory %s is not %d bytes", path, size)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

@@ -10,8 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"gocloud.dev/blob"
+
+	"github.com/durabletrain/durabletrain/internal/testdata"
 )
 
 func TestLoadCommittedSubset(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"github.com/durabletrain/durabletrain/activities"
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 
 	// The backends and blob drivers your workers offer: a spec's "trainer"
@@ -24,14 +25,18 @@ func Example_embedding() {
 	}
 	// Where workflows run:
 	w := worker.New(c, "my-control-queue", worker.Options{})
-	gpuworker.RegisterWorkflows(w)
+	gpuworker.RegisterWorkflows(w, policy.Policy{}) // results.csv only under policy.DefaultStorageRoots
 
 	// On a GPU host: slots, a collective listener, and two workers.
 	ln, _ := collective.Listen(":7070", nil)
 	found, gpus := gpuworker.DiscoverSlots(1, nil) // NVML's GPUs, or one CPU slot
 	defer gpus.Close()
 	agent := &activities.Agent{Identity: "gpu-host-1", HostQueue: "durabletrain-gpu@gpu-host-1", Listener: ln,
-		Advertise: "gpu-host-1:7070", Slots: found, Devices: gpus}
+		Advertise: "gpu-host-1:7070", Slots: found, Devices: gpus,
+		// What specs may make this host do: here, also read data from one
+		// bucket, and run one Python interpreter for "exec" runs.
+		Policy: policy.Policy{Exec: []string{"/usr/bin/python3"},
+			StorageRoots: append([]string{"s3://my-bucket?region=us-east-1"}, policy.DefaultStorageRoots...)}}
 	slots := worker.New(c, spec.DefaultTaskQueue, worker.Options{MaxConcurrentActivityExecutionSize: len(agent.Slots)})
 	ranks := worker.New(c, agent.HostQueue, worker.Options{})
 	gpuworker.RegisterAgent(slots, ranks, agent)

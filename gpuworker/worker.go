@@ -25,6 +25,7 @@ import (
 	"github.com/durabletrain/durabletrain/activities"
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/workflows"
@@ -39,7 +40,7 @@ type Config struct {
 	Agent     bool // offer slots and run ranks
 
 	CPUSlots            int           // slots where NVML finds no GPU; default 1
-	CollectiveBind      string        // default ":0"
+	CollectiveBind      string        // default: the advertised host, port 0; with no -collective-advertise, 127.0.0.1:0
 	CollectiveAdvertise string        // host:port peers dial; default the bind address, with this host's IP for an unspecified host
 	CollectiveTransport string        // "" (shared memory on one host, else TCP) or "tcp"
 	PythonPath          string        // the directory holding the durabletrain Python module, for exec runs
@@ -50,16 +51,20 @@ type Config struct {
 	// format packages the binary imports (cmd/worker: native and exec).
 	Backends *trainer.Backends
 	Datasets *dataset.Registry
-	Log      *zap.Logger
+	// Policy is what a spec may make this worker do (package policy): the
+	// zero Policy runs no exec program and keeps storage under
+	// policy.DefaultStorageRoots.
+	Policy policy.Policy
+	Log    *zap.Logger
 }
 
 // RegisterWorkflows registers durabletrain's workflows on a worker of yours.
 // (TrainingWorkflow and TuneWorkflow, and the activity that writes a
-// search's results).
-func RegisterWorkflows(w worker.Registry) {
+// search's results, where p's storage roots allow).
+func RegisterWorkflows(w worker.Registry, p policy.Policy) {
 	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 	w.RegisterWorkflowWithOptions(workflows.TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-	w.RegisterActivityWithOptions(activities.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	w.RegisterActivityWithOptions(activities.Results{Policy: p}.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
 }
 
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of
@@ -103,7 +108,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		// the time to react to a killed worker.
 		w := worker.New(c, cfg.ControlQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
 			StickyScheduleToStartTimeout: time.Second})
-		RegisterWorkflows(w)
+		RegisterWorkflows(w, cfg.Policy)
 		workers = append(workers, w)
 		log.Info("serving workflows", zap.String("task_queue", cfg.ControlQueue))
 	}
@@ -116,7 +121,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 	}
 	if cfg.Agent {
 		if cfg.CollectiveBind == "" {
-			cfg.CollectiveBind = ":0"
+			cfg.CollectiveBind = defaultBind(cfg.CollectiveAdvertise)
 		}
 		ln, err := collective.Listen(cfg.CollectiveBind, log)
 		if err != nil {
@@ -130,7 +135,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		defer gpus.Close()
 		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln, Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()),
 			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace), Transport: cfg.CollectiveTransport, PythonPath: cfg.PythonPath,
-			Backends: cfg.Backends, Datasets: cfg.Datasets}
+			Backends: cfg.Backends, Datasets: cfg.Datasets, Policy: cfg.Policy}
 		if gpus != nil {
 			agent.Devices = gpus
 		}
@@ -160,6 +165,18 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// defaultBind is where the collective listens when not told: the address
+// peers are told to dial (and no other interface), or loopback for a worker
+// whose peers are all on this machine. Strangers on other interfaces cannot
+// reach it. (Behind NAT, where the advertised address is not this host's,
+// set -collective-bind.)
+func defaultBind(advertise string) string {
+	if host, _, err := net.SplitHostPort(advertise); err == nil && host != "" {
+		return advertise
+	}
+	return "127.0.0.1:0"
 }
 
 // leaveTimeout leaves a stopping worker's ranks most of the grace period to

@@ -80,8 +80,14 @@ func (l *lineLog) String() string {
 // startWorker starts a worker process with the given role on queues unique to the test.
 func startWorker(t testing.TB, name, role, queue string, env ...string) *workerProc {
 	t.Helper()
-	cmd := exec.Command(workerBin, "-address", server.Addr(), "-role", role, "-slots", "1", "-identity", name,
-		"-control-queue", queue+"-control", "-task-queue", queue, "-grace", "2s")
+	return startWorkerWith(t, name, role, queue, testPolicy, env...)
+}
+
+// startWorkerWith starts a worker with extra flags (testPolicy, or a policy of the test's own).
+func startWorkerWith(t testing.TB, name, role, queue string, flags []string, env ...string) *workerProc {
+	t.Helper()
+	cmd := exec.Command(workerBin, append([]string{"-address", server.Addr(), "-role", role, "-slots", "1", "-identity", name,
+		"-control-queue", queue + "-control", "-task-queue", queue, "-grace", "2s"}, flags...)...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
@@ -103,6 +109,14 @@ func startWorker(t testing.TB, name, role, queue string, env ...string) *workerP
 		}
 	})
 	return w
+}
+
+// testPolicy lets the tests' workers use their temporary directories and the
+// committed data set, and run the system's Python for exec runs; a worker
+// started without it keeps the default policy (TestWorkerPolicy).
+var testPolicy = []string{
+	"-storage-roots", "file://" + filepath.Clean(os.TempDir()) + "/,file://" + filepath.Dir(strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")) + "/,mem://",
+	"-allow-exec", "/usr/bin/python3", "-exec-dirs", os.TempDir(),
 }
 
 func dial(t testing.TB) client.Client {
@@ -265,7 +279,7 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 4)
 	s.Hyper.BatchSize = 8 // long epochs, so the signal lands mid-epoch
-	s.Failure.MaxFailures = 0
+	s.Failure.MaxFailures = spec.Int(0)
 	run := startRun(t, c, "it-term-1", queue, s)
 	deadline := time.Now().Add(2 * time.Minute)
 	var victim *workerProc

@@ -38,7 +38,8 @@ fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 for w in a b; do
   role=agent; [ "$w" = a ] && role=both
-  "$bin/worker" -address "127.0.0.1:$port" -role "$role" -slots 1 -identity "worker-$w" > "$state/worker-$w.log" 2>&1 &
+  "$bin/worker" -address "127.0.0.1:$port" -role "$role" -slots 1 -identity "worker-$w" \
+    -storage-roots "file://$PWD/$state/,file:///usr/share/datasets/" > "$state/worker-$w.log" 2>&1 &
   pids+=($!)
 done
 echo "demo: workers worker-a (workflows + 1 slot) and worker-b (1 slot) started; logs in $state/"

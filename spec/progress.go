@@ -6,9 +6,14 @@ const (
 	StateFormingGang = "forming-gang"
 	StateTraining    = "training"
 	StateRecovering  = "recovering"
-	StateCompleted   = "completed"
-	StateStopped     = "stopped"
-	StateFailed      = "failed"
+	// StateCheckpointing: a stopped run's rank 0 saves its final checkpoint.
+	StateCheckpointing = "checkpointing"
+	StateCompleted     = "completed"
+	StateStopped       = "stopped"
+	StateFailed        = "failed"
+	// StateCancelled: the workflow was cancelled (temporal workflow cancel,
+	// or the search it belongs to ended); its checkpoints stay.
+	StateCancelled = "cancelled"
 )
 
 // Incident kinds: Incident.Kind.
@@ -44,9 +49,11 @@ type Progress struct {
 	Metrics     []EpochMetrics `json:"metrics,omitempty"`
 	Failures    int            `json:"failures"`
 	Preemptions int            `json:"preemptions"`
-	Incidents   []Incident     `json:"incidents,omitempty"`
-	Latest      *CheckpointRef `json:"latest_checkpoint,omitempty"`
-	Stopping    bool           `json:"stopping,omitempty"`
+	Incidents   []Incident     `json:"incidents,omitempty"` // the newest MaxIncidents (AddIncident)
+	// IncidentsDropped counts the oldest incidents let go to keep the list bounded.
+	IncidentsDropped int            `json:"incidents_dropped,omitempty"`
+	Latest           *CheckpointRef `json:"latest_checkpoint,omitempty"`
+	Stopping         bool           `json:"stopping,omitempty"`
 }
 
 // Incident records a failure, a preemption, a gang that did not form, a
@@ -56,6 +63,29 @@ type Incident struct {
 	Epoch      int    `json:"epoch"`
 	Kind       string `json:"kind"` // one of the Incident* constants
 	Detail     string `json:"detail"`
+	// Repeats counts the same incident again, straight after: a gang that
+	// keeps not forming is one line, not one per try.
+	Repeats int `json:"repeats,omitempty"`
+}
+
+// MaxIncidents bounds Progress.Incidents: the progress query, the result and
+// the state carried through continue-as-new stay small however long a run is.
+const MaxIncidents = 100
+
+// AddIncident records an incident: one that repeats the last one's kind of
+// gang timeout is counted on it, and past MaxIncidents the oldest goes.
+func (p *Progress) AddIncident(inc Incident) {
+	if n := len(p.Incidents); n > 0 && inc.Kind == IncidentGangTimeout && p.Incidents[n-1].Kind == IncidentGangTimeout {
+		last := &p.Incidents[n-1]
+		last.Repeats++
+		last.Generation, last.Epoch, last.Detail = inc.Generation, inc.Epoch, inc.Detail
+		return
+	}
+	p.Incidents = append(p.Incidents, inc)
+	if over := len(p.Incidents) - MaxIncidents; over > 0 {
+		p.Incidents = append(p.Incidents[:0:0], p.Incidents[over:]...)
+		p.IncidentsDropped += over
+	}
 }
 
 // LastMetrics is the latest epoch's metrics, if any epoch has finished.

@@ -6,16 +6,14 @@
 package spec
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"math"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/durabletrain/durabletrain/internal/registry"
+	"github.com/durabletrain/durabletrain/internal/strictjson"
 )
 
 // Training is one training run, as `temporal workflow start --input` or the
@@ -67,13 +65,13 @@ type Dataset struct {
 }
 
 type Hyper struct {
-	Epochs      int     `json:"epochs,omitempty"`       // default 10
-	BatchSize   int     `json:"batch_size,omitempty"`   // per rank; default 128
-	Optimizer   string  `json:"optimizer,omitempty"`    // "adam" (default) or "sgd"
-	LR          float64 `json:"lr,omitempty"`           // default 1e-3 (adam), 0.01 (sgd)
-	Momentum    float64 `json:"momentum,omitempty"`     // sgd; default 0.9
-	WeightDecay float64 `json:"weight_decay,omitempty"` // default 0
-	Seed        uint64  `json:"seed,omitempty"`         // weights and data order
+	Epochs      int      `json:"epochs,omitempty"`       // default 10
+	BatchSize   int      `json:"batch_size,omitempty"`   // per rank; default 128
+	Optimizer   string   `json:"optimizer,omitempty"`    // "adam" (default) or "sgd"
+	LR          float64  `json:"lr,omitempty"`           // default 1e-3 (adam), 0.01 (sgd)
+	Momentum    *float64 `json:"momentum,omitempty"`     // sgd; default 0.9; 0 is plain SGD
+	WeightDecay float64  `json:"weight_decay,omitempty"` // default 0
+	Seed        uint64   `json:"seed,omitempty"`         // weights and data order
 }
 
 type Scaling struct {
@@ -94,15 +92,15 @@ type Checkpoint struct {
 	// EverySteps also checkpoints every this many steps within an epoch, so a
 	// long epoch loses at most that much work; 0: only at epoch ends.
 	EverySteps int    `json:"every_steps,omitempty"`
-	KeepLast   int    `json:"keep_last,omitempty"` // default 2; 0 is not allowed (use a large number)
+	KeepLast   *int   `json:"keep_last,omitempty"` // the newest N; default 2; 0 keeps every one
 	KeepBest   int    `json:"keep_best,omitempty"` // default 0
 	Score      string `json:"score,omitempty"`     // metric for keep_best; default "test_accuracy"
 	Mode       string `json:"mode,omitempty"`      // "max" (default) or "min"
 }
 
 type Failure struct {
-	MaxFailures      int      `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3
-	MaxPreemptions   int      `json:"max_preemptions,omitempty"`   // SIGTERMed workers tolerated; default 20
+	MaxFailures      *int     `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3; 0: none
+	MaxPreemptions   *int     `json:"max_preemptions,omitempty"`   // SIGTERMed workers tolerated; default 20; 0: none
 	HeartbeatTimeout Duration `json:"heartbeat_timeout,omitempty"` // a rank silent this long is lost; default 10s
 }
 
@@ -120,20 +118,28 @@ const (
 	MaxWorkers           = 1024
 )
 
-// Parse decodes a spec strictly: a field it does not know is an error naming
-// it, so a typo cannot silently fall back to a default.
+// Parse decodes a spec strictly: a field it does not know, a value of the
+// wrong type, or an explicit 0 where 0 would silently become a default is an
+// error naming the field (with its line and column), so a typo cannot fall
+// back to a default. null, like leaving a field out, takes the default.
 func Parse(data []byte) (Training, error) {
 	var t Training
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&t); err != nil {
-		return t, fmt.Errorf("spec: %s", strings.TrimPrefix(err.Error(), "json: "))
+	if len(data) > MaxSpecBytes {
+		return t, fmt.Errorf("spec: the spec is %d bytes; want at most %d (it travels with every epoch of every rank)", len(data), MaxSpecBytes)
 	}
-	if dec.More() {
-		return t, errors.New("spec: more than one JSON value")
+	if err := strictjson.Decode(data, &t); err != nil {
+		return t, fmt.Errorf("spec: %w", err)
+	}
+	if err := refuseExplicitZeros(data); err != nil {
+		return t, err
 	}
 	return t, nil
 }
+
+// Int and Float64 are for the fields where 0 means 0 and leaving it out
+// means the default: Training{Failure: Failure{MaxFailures: spec.Int(0)}}.
+func Int(v int) *int             { return &v }
+func Float64(v float64) *float64 { return &v }
 
 // WithDefaults fills what was left out.
 func (t Training) WithDefaults() Training {
@@ -162,9 +168,7 @@ func (t Training) WithDefaults() Training {
 	if h.LR == 0 {
 		h.LR = map[string]float64{"adam": 1e-3, "sgd": 0.01}[h.Optimizer]
 	}
-	if h.Momentum == 0 && h.Optimizer == "sgd" {
-		h.Momentum = 0.9
-	}
+	h.Momentum = Float64(h.MomentumOf())
 	s := &t.Scaling
 	if s.Workers == 0 {
 		s.Workers = 1
@@ -188,9 +192,7 @@ func (t Training) WithDefaults() Training {
 	if c.EveryEpochs == 0 {
 		c.EveryEpochs = 1
 	}
-	if c.KeepLast == 0 {
-		c.KeepLast = 2
-	}
+	c.KeepLast = Int(c.KeepLastN())
 	if c.Score == "" {
 		c.Score = MetricTestAccuracy
 	}
@@ -198,16 +200,31 @@ func (t Training) WithDefaults() Training {
 		c.Mode = ModeMax
 	}
 	f := &t.Failure
-	if f.MaxFailures == 0 {
-		f.MaxFailures = 3
-	}
-	if f.MaxPreemptions == 0 {
-		f.MaxPreemptions = 20
-	}
+	f.MaxFailures, f.MaxPreemptions = Int(f.FailureBudget()), Int(f.PreemptionBudget())
 	if f.HeartbeatTimeout == 0 {
 		f.HeartbeatTimeout = Duration(10 * time.Second)
 	}
 	return t
+}
+
+// KeepLastN is checkpoint.keep_last, its default if left out (0: every one).
+func (c Checkpoint) KeepLastN() int { return deref(c.KeepLast, 2) }
+
+// FailureBudget and PreemptionBudget are failure.max_failures and
+// failure.max_preemptions, their defaults if left out.
+func (f Failure) FailureBudget() int    { return deref(f.MaxFailures, 3) }
+func (f Failure) PreemptionBudget() int { return deref(f.MaxPreemptions, 20) }
+
+// MomentumOf is hyper.momentum, its default for the optimizer if left out.
+func (h Hyper) MomentumOf() float64 {
+	return deref(h.Momentum, map[string]float64{"sgd": 0.9}[h.Optimizer])
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
 }
 
 // pluginName is what a registered backend or data set format may be called.
@@ -215,79 +232,96 @@ var pluginName = registry.Name
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@-]{0,199}$`)
 
-// urlPattern accepts the blob URL schemes gocloud.dev knows.
-var urlPattern = regexp.MustCompile(`^(file|mem|s3|gs|azblob)://`)
+// CheckName checks a run's name (or a search's): what checkpoints are
+// stored under.
+func CheckName(field, name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("%s is %s; want %s", field, quoted(name), accepted["name"])
+	}
+	return nil
+}
 
 // Validate names the first field out of range, its value, and what is
 // accepted. Call it on a spec with defaults filled.
 func (t Training) Validate() error {
-	bad := func(field string, value any, want string) error {
-		return fmt.Errorf("spec: %s is %v; want %s", field, value, want)
+	bad := func(field string, value any) error {
+		return fmt.Errorf("spec: %s is %v; want %s", field, value, accepted[field])
 	}
+	q := func(s string) string { return quoted(s) }
 	h, s, c, f := t.Hyper, t.Scaling, t.Checkpoint, t.Failure
 	switch {
 	case t.Name != "" && !namePattern.MatchString(t.Name):
-		return bad("name", fmt.Sprintf("%q", t.Name), "1-200 letters, digits or ._=+@-, starting with a letter or digit")
+		return bad("name", q(t.Name))
 	case !pluginName.MatchString(t.Trainer):
-		return bad("trainer", fmt.Sprintf("%q", t.Trainer), `"native", "exec", or the name of a backend registered on the workers (lower-case letters, digits, - and _)`)
+		return bad("trainer", q(t.Trainer))
 	case t.Trainer != TrainerExec && t.Exec != nil:
-		return bad("exec", "set", fmt.Sprintf(`no exec section unless trainer is "exec" (trainer is %q)`, t.Trainer))
-	case t.Trainer == TrainerExec && (t.Exec == nil || len(t.Exec.Command) == 0):
-		return bad("exec.command", "empty", `the program each rank runs, e.g. ["python3", "train.py"]`)
+		return fmt.Errorf(`spec: exec is set; want no exec section unless trainer is "exec" (trainer is %s)`, q(t.Trainer))
+	case t.Trainer == TrainerExec && t.Exec == nil:
+		return bad("exec.command", "missing")
 	case len(t.Model.Hidden) > 16:
-		return bad("model.hidden", t.Model.Hidden, "at most 16 hidden layers")
-	case !urlPattern.MatchString(t.Dataset.URL):
-		return bad("dataset.url", fmt.Sprintf("%q", t.Dataset.URL), "a file://, s3://, gs://, azblob:// or mem:// URL")
+		return bad("model.hidden", fmt.Sprintf("%d layers", len(t.Model.Hidden)))
 	case !pluginName.MatchString(t.Dataset.Format):
-		return bad("dataset.format", fmt.Sprintf("%q", t.Dataset.Format), `"idx", or the name of a loader registered on the workers (lower-case letters, digits, - and _)`)
-	case h.Epochs < 1 || h.Epochs > 100000:
-		return bad("hyper.epochs", h.Epochs, "1 to 100000")
+		return bad("dataset.format", q(t.Dataset.Format))
+	case h.Epochs < 1 || h.Epochs > MaxEpochs:
+		return bad("hyper.epochs", h.Epochs)
 	case h.BatchSize < 1 || h.BatchSize > 65536:
-		return bad("hyper.batch_size", h.BatchSize, "1 to 65536 examples per rank")
+		return bad("hyper.batch_size", h.BatchSize)
 	case h.Optimizer != "adam" && h.Optimizer != "sgd":
-		return bad("hyper.optimizer", fmt.Sprintf("%q", h.Optimizer), `"adam" or "sgd"`)
-	case !(h.LR > 0 && h.LR < 10) || math.IsNaN(h.LR):
-		return bad("hyper.lr", h.LR, "a number in (0, 10)")
-	case h.Momentum < 0 || h.Momentum >= 1:
-		return bad("hyper.momentum", h.Momentum, "a number in [0, 1)")
-	case h.WeightDecay < 0 || h.WeightDecay >= 1:
-		return bad("hyper.weight_decay", h.WeightDecay, "a number in [0, 1)")
+		return bad("hyper.optimizer", q(h.Optimizer))
+	case !(h.LR > 0 && h.LR < 10):
+		return bad("hyper.lr", h.LR)
+	case h.Momentum != nil && !(*h.Momentum >= 0 && *h.Momentum < 1):
+		return bad("hyper.momentum", *h.Momentum)
+	case !(h.WeightDecay >= 0 && h.WeightDecay < 1):
+		return bad("hyper.weight_decay", h.WeightDecay)
 	case s.Workers < 1 || s.Workers > MaxWorkers:
-		return bad("scaling.workers", s.Workers, fmt.Sprintf("1 to %d ranks", MaxWorkers))
+		return bad("scaling.workers", s.Workers)
 	case s.MinWorkers < 1 || s.MinWorkers > s.Workers:
-		return bad("scaling.min_workers", s.MinWorkers, fmt.Sprintf("1 to scaling.workers (%d)", s.Workers))
+		return fmt.Errorf("spec: scaling.min_workers is %d; want 1 to scaling.workers (%d)", s.MinWorkers, s.Workers)
 	case s.GPUsPerWorker != 1:
-		return bad("scaling.gpus_per_worker", s.GPUsPerWorker, "1 (one rank per GPU slot)")
-	case s.TaskQueue == "" || strings.ContainsAny(s.TaskQueue, " /"):
-		return bad("scaling.task_queue", fmt.Sprintf("%q", s.TaskQueue), "a task queue name without spaces or slashes")
-	case s.GangTimeout < Duration(time.Second):
-		return bad("scaling.gang_timeout", s.GangTimeout, "at least 1s")
-	case !urlPattern.MatchString(c.URL):
-		return bad("checkpoint.url", fmt.Sprintf("%q", c.URL), "a file://, s3://, gs://, azblob:// or mem:// URL")
+		return bad("scaling.gpus_per_worker", s.GPUsPerWorker)
+	case !taskQueuePattern.MatchString(s.TaskQueue) || strings.HasPrefix(s.TaskQueue, "/_sys/"):
+		return bad("scaling.task_queue", q(s.TaskQueue))
+	case s.GangTimeout < Duration(time.Second) || s.GangTimeout > Duration(7*24*time.Hour):
+		return bad("scaling.gang_timeout", s.GangTimeout)
 	case c.EveryEpochs < 1:
-		return bad("checkpoint.every_epochs", c.EveryEpochs, "1 or more")
+		return bad("checkpoint.every_epochs", c.EveryEpochs)
 	case c.EverySteps < 0:
-		return bad("checkpoint.every_steps", c.EverySteps, "0 (only at epoch ends) or more")
-	case c.KeepLast < 1:
-		return bad("checkpoint.keep_last", c.KeepLast, "1 or more")
+		return bad("checkpoint.every_steps", c.EverySteps)
+	case c.KeepLast != nil && *c.KeepLast < 0:
+		return bad("checkpoint.keep_last", *c.KeepLast)
 	case c.KeepBest < 0:
-		return bad("checkpoint.keep_best", c.KeepBest, "0 or more")
+		return bad("checkpoint.keep_best", c.KeepBest)
 	case CheckMetric("checkpoint.score", c.Score) != nil:
 		return CheckMetric("spec: checkpoint.score", c.Score)
 	case CheckMode("checkpoint.mode", c.Mode) != nil:
 		return CheckMode("spec: checkpoint.mode", c.Mode)
-	case f.MaxFailures < 0:
-		return bad("failure.max_failures", f.MaxFailures, "0 or more")
-	case f.MaxPreemptions < 0:
-		return bad("failure.max_preemptions", f.MaxPreemptions, "0 or more")
+	case f.MaxFailures != nil && (*f.MaxFailures < 0 || *f.MaxFailures > MaxFailureBudget):
+		return bad("failure.max_failures", *f.MaxFailures)
+	case f.MaxPreemptions != nil && (*f.MaxPreemptions < 0 || *f.MaxPreemptions > MaxFailureBudget):
+		return bad("failure.max_preemptions", *f.MaxPreemptions)
 	case f.HeartbeatTimeout < Duration(time.Second) || f.HeartbeatTimeout > Duration(10*time.Minute):
-		return bad("failure.heartbeat_timeout", f.HeartbeatTimeout, "1s to 10m")
+		return bad("failure.heartbeat_timeout", f.HeartbeatTimeout)
 	case t.ResumeFrom != "" && !namePattern.MatchString(t.ResumeFrom):
-		return bad("resume_from", fmt.Sprintf("%q", t.ResumeFrom), "the name of an earlier run")
+		return bad("resume_from", q(t.ResumeFrom))
 	}
 	for i, w := range t.Model.Hidden {
 		if w < 1 || w > 65536 {
-			return bad(fmt.Sprintf("model.hidden[%d]", i), w, "a width from 1 to 65536")
+			return fmt.Errorf("spec: model.hidden[%d] is %d; want a width from 1 to 65536", i, w)
+		}
+	}
+	if n := parameters(t.Model.Hidden); n > MaxParameters {
+		return fmt.Errorf("spec: model.hidden %v has %.3g parameters (for 784 inputs and 10 classes); want at most %d (each rank holds weights, gradients and optimizer state)", t.Model.Hidden, n, MaxParameters)
+	}
+	if err := CheckURL("dataset.url", t.Dataset.URL); err != nil {
+		return fmt.Errorf("spec: %w", err)
+	}
+	if err := CheckURL("checkpoint.url", c.URL); err != nil {
+		return fmt.Errorf("spec: %w", err)
+	}
+	if t.Exec != nil {
+		if err := t.Exec.check(); err != nil {
+			return fmt.Errorf("spec: %w", err)
 		}
 	}
 	return nil
@@ -305,14 +339,14 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &s); err == nil {
 		v, err := time.ParseDuration(s)
 		if err != nil {
-			return fmt.Errorf("duration %q: want a Go duration such as \"10s\" or \"2m\"", s)
+			return fmt.Errorf(`want a duration such as "10s" or "2m30s", not %s`, quoted(s))
 		}
 		*d = Duration(v)
 		return nil
 	}
 	var secs float64
 	if err := json.Unmarshal(b, &secs); err != nil {
-		return fmt.Errorf("duration %s: want a string such as \"10s\" or a number of seconds", b)
+		return fmt.Errorf(`want a duration such as "10s" or a number of seconds, not %s`, quoted(string(b)))
 	}
 	*d = Duration(secs * float64(time.Second))
 	return nil

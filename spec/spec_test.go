@@ -18,7 +18,7 @@ func TestParseFillsDefaultsAndValidates(t *testing.T) {
 	if s.Scaling.Workers != 2 || s.Scaling.GangTimeout != Duration(30*time.Second) || s.Failure.HeartbeatTimeout != Duration(5*time.Second) {
 		t.Fatalf("parsed %+v", s)
 	}
-	if s.Hyper.Epochs != 3 || s.Hyper.BatchSize != 128 || s.Hyper.LR != 1e-3 || s.Scaling.TaskQueue != DefaultTaskQueue || s.Checkpoint.KeepLast != 2 {
+	if s.Hyper.Epochs != 3 || s.Hyper.BatchSize != 128 || s.Hyper.LR != 1e-3 || s.Scaling.TaskQueue != DefaultTaskQueue || s.Checkpoint.KeepLastN() != 2 {
 		t.Fatalf("defaults %+v", s)
 	}
 }
@@ -42,7 +42,7 @@ func TestValidateNamesFieldValueAndWhatIsAccepted(t *testing.T) {
 		{func(s *Training) { s.Hyper.Optimizer = "lbfgs" }, `hyper.optimizer is "lbfgs"; want "adam" or "sgd"`},
 		{func(s *Training) { s.Hyper.LR = 12 }, "hyper.lr is 12; want a number in (0, 10)"},
 		{func(s *Training) { s.Model.Hidden = []int{64, 0} }, "model.hidden[1] is 0"},
-		{func(s *Training) { s.Checkpoint.URL = "/tmp/x" }, `checkpoint.url is "/tmp/x"; want a file://`},
+		{func(s *Training) { s.Checkpoint.URL = "/tmp/x" }, `checkpoint.url is "/tmp/x"; want a blob URL: file:///absolute/path`},
 		{func(s *Training) { s.Checkpoint.Mode = "up" }, `checkpoint.mode is "up"`},
 		{func(s *Training) { s.Failure.HeartbeatTimeout = Duration(time.Hour) }, "failure.heartbeat_timeout is 1h0m0s; want 1s to 10m"},
 		{func(s *Training) { s.Name = "a/b" }, `name is "a/b"`},

@@ -14,6 +14,7 @@ const (
 	TrialStopped   = "stopped"       // ended by a stop criterion
 	TrialCompleted = "completed"
 	TrialFailed    = "failed"
+	TrialCancelled = "cancelled" // its search was cancelled: it closed with its checkpoints, or never started
 )
 
 // Search states: TuneResults.State.
@@ -21,6 +22,7 @@ const (
 	TuneRunning      = "running"
 	TuneCompleted    = "completed"
 	TuneFailedTrials = "completed-with-failures"
+	TuneCancelled    = "cancelled"
 )
 
 // TrialStatus is one row of the results table.

@@ -50,7 +50,14 @@ type Rank struct {
 	// once per worker however many ranks ask. Backends whose program loads
 	// its own data do not call it.
 	Data func(ctx context.Context) (train, test *dataset.Set, err error)
-	Log  *zap.Logger
+	// Environ is the part of the worker's environment a program the
+	// backend starts may see (the worker's policy: never its secrets).
+	Environ []string
+	// MemoryLimit is what the rank's model may take, in bytes (the
+	// worker's policy); 0: no limit. A backend that can estimate its need
+	// refuses a larger spec as a user error before it allocates.
+	MemoryLimit int64
+	Log         *zap.Logger
 }
 
 // Backends holds trainer backends by name (Register, Lookup, Names).

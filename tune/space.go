@@ -8,6 +8,7 @@
 package tune
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -103,6 +104,9 @@ func Trials(base json.RawMessage, space map[string]Domain, numSamples int, seed 
 	if numSamples < 1 {
 		return nil, fmt.Errorf("num_samples is %d; want 1 or more", numSamples)
 	}
+	if _, err := trialCount(space, numSamples); err != nil {
+		return nil, err
+	}
 	keys := make([]string, 0, len(space))
 	for k := range space {
 		keys = append(keys, k)
@@ -117,7 +121,7 @@ func Trials(base json.RawMessage, space map[string]Domain, numSamples int, seed 
 		var next []map[string]json.RawMessage
 		for _, c := range cells {
 			for _, v := range d.Values {
-				n := maps(c)
+				n := cloneConfig(c)
 				n[k] = v
 				next = append(next, n)
 			}
@@ -129,7 +133,7 @@ func Trials(base json.RawMessage, space map[string]Domain, numSamples int, seed 
 		for _, c := range cells {
 			i := len(trials)
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
-			cfg := maps(c)
+			cfg := cloneConfig(c)
 			for _, k := range keys {
 				if d := space[k]; d.Kind != "grid_search" {
 					cfg[k] = d.sample(rng)
@@ -145,7 +149,7 @@ func Trials(base json.RawMessage, space map[string]Domain, numSamples int, seed 
 	return trials, nil
 }
 
-func maps(m map[string]json.RawMessage) map[string]json.RawMessage {
+func cloneConfig(m map[string]json.RawMessage) map[string]json.RawMessage {
 	n := make(map[string]json.RawMessage, len(m)+4)
 	for k, v := range m {
 		n[k] = v
@@ -160,7 +164,7 @@ func Apply(base json.RawMessage, cfg map[string]json.RawMessage) (spec.Training,
 	if len(base) == 0 {
 		base = json.RawMessage("{}")
 	}
-	if err := json.Unmarshal(base, &doc); err != nil {
+	if err := decodeNumbers(base, &doc); err != nil || doc == nil {
 		return spec.Training{}, fmt.Errorf("train: not a JSON object: %v", err)
 	}
 	keys := make([]string, 0, len(cfg))
@@ -170,13 +174,16 @@ func Apply(base json.RawMessage, cfg map[string]json.RawMessage) (spec.Training,
 	slices.Sort(keys)
 	for _, path := range keys {
 		var v any
-		if err := json.Unmarshal(cfg[path], &v); err != nil {
+		if err := decodeNumbers(cfg[path], &v); err != nil {
 			return spec.Training{}, fmt.Errorf("param_space.%s: %v", path, err)
 		}
 		parts := strings.Split(path, ".")
 		m := doc
 		for _, p := range parts[:len(parts)-1] {
 			sub, ok := m[p].(map[string]any)
+			if !ok && m[p] != nil {
+				return spec.Training{}, fmt.Errorf("param_space.%s: train.%s is not an object", path, p)
+			}
 			if !ok {
 				sub = map[string]any{}
 				m[p] = sub
@@ -194,4 +201,12 @@ func Apply(base json.RawMessage, cfg map[string]json.RawMessage) (spec.Training,
 		return spec.Training{}, fmt.Errorf("param_space: %v", err)
 	}
 	return s, nil
+}
+
+// decodeNumbers decodes JSON keeping numbers as written (a seed of 2^64-1
+// survives; float64 would round it).
+func decodeNumbers(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return dec.Decode(v)
 }

@@ -1,12 +1,13 @@
 package tune
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	"github.com/durabletrain/durabletrain/internal/strictjson"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -34,14 +35,36 @@ type Spec struct {
 // TrainingIteration is the stop criterion on epochs done (Ray's name).
 const TrainingIteration = "training_iteration"
 
-// ParseSpec reads a search strictly (unknown fields are errors), fills the
-// defaults and validates it, naming the field and what is accepted.
+// Limits of a search: its spec is one workflow input, and its results (a
+// row per trial) travel as one Temporal payload, capped at 2 MiB.
+const (
+	MaxSpecBytes = 64 << 10
+	MaxTrials    = 2000
+)
+
+// ParseSpec reads a search strictly (unknown fields, wrong types and a 0
+// that would become a default are errors naming the field, with its line and
+// column, the train spec's included), fills the defaults and validates it,
+// naming the field and what is accepted. It expands nothing: a search too
+// large is refused from its arithmetic.
 func ParseSpec(raw []byte) (Spec, error) {
 	var s Spec
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		return s, fmt.Errorf("tune spec: %v", err)
+	if len(raw) > MaxSpecBytes {
+		return s, fmt.Errorf("tune spec: the spec is %d bytes; want at most %d", len(raw), MaxSpecBytes)
+	}
+	if err := strictjson.Decode(raw, &s, strictjson.As("train", spec.Training{})); err != nil {
+		return s, fmt.Errorf("tune spec: %w", err)
+	}
+	var zeros struct {
+		NumSamples          *int `json:"num_samples"`
+		MaxConcurrentTrials *int `json:"max_concurrent_trials"`
+	}
+	json.Unmarshal(raw, &zeros)
+	switch {
+	case zeros.NumSamples != nil && *zeros.NumSamples == 0:
+		return s, fmt.Errorf("tune spec: num_samples is 0; want 1 to %d (leave it out, or null, for 1)", MaxTrials)
+	case zeros.MaxConcurrentTrials != nil && *zeros.MaxConcurrentTrials == 0:
+		return s, fmt.Errorf("tune spec: max_concurrent_trials is 0; want 1 or more (leave it out, or null, for 1)")
 	}
 	if s.NumSamples == 0 {
 		s.NumSamples = 1
@@ -56,24 +79,72 @@ func ParseSpec(raw []byte) (Spec, error) {
 		s.MaxConcurrentTrials = 1
 	}
 	switch {
+	case s.Name != "" && spec.CheckName("name", s.Name) != nil:
+		return s, fmt.Errorf("tune spec: %v", spec.CheckName("name", s.Name))
 	case len(s.ParamSpace) == 0:
 		return s, fmt.Errorf(`tune spec: param_space is empty; want at least one "spec.path": {"grid_search"|"choice"|"uniform"|"loguniform"|"randint": ...}`)
-	case s.NumSamples < 1 || s.NumSamples > 10000:
-		return s, fmt.Errorf("tune spec: num_samples is %d; want 1 to 10000", s.NumSamples)
+	case s.NumSamples < 1 || s.NumSamples > MaxTrials:
+		return s, fmt.Errorf("tune spec: num_samples is %d; want 1 to %d", s.NumSamples, MaxTrials)
 	case spec.CheckMetric("metric", s.Metric) != nil:
 		return s, fmt.Errorf("tune spec: %v", spec.CheckMetric("metric", s.Metric))
 	case spec.CheckMode("mode", s.Mode) != nil:
 		return s, fmt.Errorf("tune spec: %v", spec.CheckMode("mode", s.Mode))
-	case s.MaxConcurrentTrials < 1:
-		return s, fmt.Errorf("tune spec: max_concurrent_trials is %d; want 1 or more", s.MaxConcurrentTrials)
+	case s.MaxConcurrentTrials < 1 || s.MaxConcurrentTrials > MaxTrials:
+		return s, fmt.Errorf("tune spec: max_concurrent_trials is %d; want 1 to %d", s.MaxConcurrentTrials, MaxTrials)
 	}
-	for k := range s.Stop {
+	for _, path := range slices.Sorted(maps.Keys(s.ParamSpace)) {
+		if err := strictjson.CheckPath(spec.Training{}, path); err != nil {
+			return s, fmt.Errorf("tune spec: param_space: %v", err)
+		}
+	}
+	if n, err := trialCount(s.ParamSpace, s.NumSamples); err != nil {
+		return s, fmt.Errorf("tune spec: %v", err)
+	} else if n < 1 {
+		return s, fmt.Errorf("tune spec: the search has no trials")
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Stop)) {
 		if k != TrainingIteration && !slices.Contains(spec.Metrics, k) {
-			return s, fmt.Errorf("tune spec: stop.%s: want %s or one of %s", k, TrainingIteration, strings.Join(spec.Metrics, ", "))
+			return s, fmt.Errorf("tune spec: stop.%s: want %s or one of %s", boundKey(k), TrainingIteration, strings.Join(spec.Metrics, ", "))
 		}
 	}
 	if _, err := New(s.Scheduler, s.Mode); err != nil {
 		return s, fmt.Errorf("tune spec: %v", err)
 	}
+	if s.ResultsURL != "" {
+		if err := spec.CheckURL("results_url", s.ResultsURL); err != nil {
+			return s, fmt.Errorf("tune spec: %v", err)
+		}
+	}
+	if len(s.Train) > 0 {
+		if _, err := spec.Parse(s.Train); err != nil {
+			return s, fmt.Errorf("tune spec: train: %v", err)
+		}
+	}
 	return s, nil
+}
+
+// trialCount is how many trials a search expands to (grid cells × samples),
+// or an error once it passes MaxTrials, computed without expanding.
+func trialCount(space map[string]Domain, samples int) (int, error) {
+	n := samples
+	for _, k := range slices.Sorted(maps.Keys(space)) {
+		if d := space[k]; d.Kind == "grid_search" {
+			n *= len(d.Values)
+			if n > MaxTrials {
+				return 0, fmt.Errorf("the search is at least %d trials (grid_search of param_space.%s and the others, × num_samples %d); want at most %d",
+					n, boundKey(k), samples, MaxTrials)
+			}
+		}
+	}
+	if n > MaxTrials {
+		return 0, fmt.Errorf("the search is %d trials; want at most %d", n, MaxTrials)
+	}
+	return n, nil
+}
+
+func boundKey(k string) string {
+	if len(k) > 64 {
+		return fmt.Sprintf("%q… (%d bytes)", k[:48], len(k))
+	}
+	return k
 }

@@ -56,7 +56,7 @@ func (r *run) growGang(ctx workflow.Context) {
 	oldRelease, probeRelease := g.release, pr.release
 	grown.release = func() { oldRelease(); probeRelease() }
 	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&grown.secret)
-	r.p.Incidents = append(r.p.Incidents, spec.Incident{Generation: grown.generation, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
+	r.p.AddIncident(spec.Incident{Generation: grown.generation, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
 		Detail: fmt.Sprintf("grew from %d to %d ranks", len(g.placements), len(grown.placements))})
 	r.gang, r.probe = grown, nil
 	r.p.Gang, r.p.World = grown.placements, len(grown.placements)

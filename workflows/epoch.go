@@ -105,7 +105,7 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 // skipped records a checkpoint a restore passed over as damaged, once per gang.
 func (r *run) skipped(gen, epoch int, s spec.SkippedCheckpoint) {
 	if inc := skippedIncident(r.p.Incidents, gen, epoch, s); inc != nil {
-		r.p.Incidents = append(r.p.Incidents, *inc)
+		r.p.AddIncident(*inc)
 	}
 }
 

@@ -34,7 +34,7 @@ func (r *run) formGang(ctx workflow.Context) error {
 			r.gang = g
 			r.p.Gang, r.p.World = g.placements, len(g.placements)
 			if n := len(g.placements); n < r.spec.Scaling.Workers {
-				r.p.Incidents = append(r.p.Incidents, spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
+				r.p.AddIncident(spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
 					Detail: fmt.Sprintf("only %d of %d slots within scaling.gang_timeout: going on with %d ranks (scaling.min_workers %d), global batch kept", n, r.spec.Scaling.Workers, n, r.spec.Scaling.MinWorkers)})
 			}
 			return nil
@@ -42,7 +42,10 @@ func (r *run) formGang(ctx workflow.Context) error {
 		if errors.Is(err, errStopped) {
 			return err
 		}
-		r.p.Incidents = append(r.p.Incidents, spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentGangTimeout, Detail: err.Error()})
+		if ctx.Err() != nil {
+			return ctx.Err() // cancelled: every hold was cancelled with it
+		}
+		r.p.AddIncident(spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentGangTimeout, Detail: err.Error()})
 		var jitter int64
 		workflow.SideEffect(ctx, func(workflow.Context) any { return time.Now().UnixNano() }).Get(&jitter)
 		backoff := gangBackoff(attempt, time.Duration(r.spec.Scaling.GangTimeout), jitter)
@@ -53,6 +56,9 @@ func (r *run) formGang(ctx workflow.Context) error {
 		sel.Select(ctx)
 		if r.p.Stopping {
 			return errStopped
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"go.temporal.io/sdk/converter"
+
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -11,20 +13,43 @@ import (
 // continue-as-new, beside the spec's own fields.
 const continuedKey = "continued"
 
-// decodeInput reads the spec strictly, and the carried state if this run continues another.
-func decodeInput(raw json.RawMessage) (spec.Training, *spec.Progress, error) {
+// inputBytes is the JSON a run or a search was started with, taken as raw
+// bytes: the SDK's own decoding would fail malformed JSON with an error that
+// names no field and is not typed as the user's.
+func inputBytes(v converter.RawValue) ([]byte, error) {
+	p := v.Payload()
+	if p == nil {
+		return nil, nil // no input: the spec parser says what is wanted
+	}
+	switch enc := string(p.GetMetadata()[converter.MetadataEncoding]); enc {
+	case converter.MetadataEncodingJSON:
+		return p.GetData(), nil
+	case converter.MetadataEncodingNil:
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("the input is encoded as %.40q; want json/plain: the JSON spec as it is", enc)
+	}
+}
+
+// decodeInput reads the spec strictly, and the carried state if this run
+// continues another. Only a run that continue-as-new started (continued:
+// the server says so, in its start event) may carry state: a caller cannot
+// claim epochs done or lift the epoch limit.
+func decodeInput(raw json.RawMessage, continued bool) (spec.Training, *spec.Progress, error) {
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return spec.Training{}, nil, fmt.Errorf("spec: the input is not a JSON object: %v", err)
+	if json.Unmarshal(raw, &fields) != nil || fields[continuedKey] == nil {
+		s, err := spec.Parse(raw) // it explains what is wrong with the input
+		return s, nil, err
+	}
+	if !continued {
+		return spec.Training{}, nil, fmt.Errorf("%s: the state continue-as-new carries; a start may not supply it", continuedKey)
 	}
 	var p *spec.Progress
-	if c, ok := fields[continuedKey]; ok {
-		if err := json.Unmarshal(c, &p); err != nil {
-			return spec.Training{}, nil, fmt.Errorf("continued state: %v", err)
-		}
-		delete(fields, continuedKey)
-		raw, _ = json.Marshal(fields)
+	if err := json.Unmarshal(fields[continuedKey], &p); err != nil || p == nil {
+		return spec.Training{}, nil, fmt.Errorf("%s: the carried state does not decode: %v", continuedKey, err)
 	}
+	delete(fields, continuedKey)
+	raw, _ = json.Marshal(fields)
 	s, err := spec.Parse(raw)
 	return s, p, err
 }

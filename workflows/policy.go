@@ -83,14 +83,14 @@ func charge(p *spec.Progress, f spec.Failure, epoch int, err error) (*spec.Incid
 	case spec.ErrPreempted:
 		inc.Kind = spec.IncidentPreemption
 		p.Preemptions++
-		if p.Preemptions > f.MaxPreemptions {
-			return inc, fmt.Errorf("%d preemptions exceed failure.max_preemptions %d; last: %w", p.Preemptions, f.MaxPreemptions, err)
+		if p.Preemptions > f.PreemptionBudget() {
+			return inc, fmt.Errorf("%d preemptions exceed failure.max_preemptions %d; last: %w", p.Preemptions, f.PreemptionBudget(), err)
 		}
 	default:
 		inc.Kind = spec.IncidentFailure
 		p.Failures++
-		if p.Failures > f.MaxFailures {
-			return inc, fmt.Errorf("%d failures exceed failure.max_failures %d; last: %w", p.Failures, f.MaxFailures, err)
+		if p.Failures > f.FailureBudget() {
+			return inc, fmt.Errorf("%d failures exceed failure.max_failures %d; last: %w", p.Failures, f.FailureBudget(), err)
 		}
 	}
 	return inc, nil

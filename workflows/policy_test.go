@@ -97,7 +97,7 @@ var (
 )
 
 func TestCharge(t *testing.T) {
-	limits := spec.Failure{MaxFailures: 1, MaxPreemptions: 1}
+	limits := spec.Failure{MaxFailures: spec.Int(1), MaxPreemptions: spec.Int(1)}
 	for _, c := range []struct {
 		name                  string
 		before                spec.Progress

@@ -16,6 +16,7 @@ import (
 // the workflow's decisions depend on it (a search names its trials after it).
 var recordedIDs = map[string]string{
 	"tune-asha-every-worker-killed.json": "it-tune-1",
+	"tune-cancelled-while-training.json": "it-end-search-2",
 }
 
 // TestReplayRecordedHistories replays histories recorded from real runs on the

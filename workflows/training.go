@@ -1,9 +1,10 @@
 package workflows
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+
+	"go.temporal.io/sdk/converter"
 
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
@@ -20,8 +21,17 @@ import (
 // gang.go gang formation, elastic.go growing a degraded gang back, epoch.go
 // one epoch of a gang, policy.go the decisions as pure functions, input.go
 // the input and what continue-as-new carries.
-func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.Progress, error) {
-	s, p, err := decodeInput(input)
+//
+// The input is taken raw (converter.RawValue; callers pass json.RawMessage),
+// so that malformed JSON fails the run as a user error naming its position.
+func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Progress, error) {
+	info := workflow.GetInfo(ctx)
+	raw, err := inputBytes(input)
+	var s spec.Training
+	var p *spec.Progress
+	if err == nil {
+		s, p, err = decodeInput(raw, info.ContinuedExecutionRunID != "")
+	}
 	if err == nil {
 		s = s.WithDefaults()
 		err = s.Validate()
@@ -29,7 +39,6 @@ func TrainingWorkflow(ctx workflow.Context, input json.RawMessage) (*spec.Progre
 	if err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
-	info := workflow.GetInfo(ctx)
 	if p == nil {
 		p = &spec.Progress{Run: s.Name, Epochs: s.Hyper.Epochs, Workers: s.Scaling.Workers}
 		if p.Run == "" {
@@ -113,6 +122,9 @@ func (r *run) checkStop() {
 func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 	logger := workflow.GetLogger(ctx)
 	for r.p.Epoch < r.p.Epochs {
+		if ctx.Err() != nil {
+			return r.cancelled(ctx)
+		}
 		r.checkStop()
 		if r.p.Stopping {
 			break
@@ -123,12 +135,23 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 				if errors.Is(err, errStopped) {
 					break
 				}
+				if ctx.Err() != nil {
+					return r.cancelled(ctx)
+				}
 				return r.fail(ctx, err)
 			}
 		}
 		r.setState(ctx, spec.StateTraining)
 		epoch := r.p.Epoch
 		out := r.runEpoch(ctx, epoch)
+		if ctx.Err() != nil {
+			// Cancelled: what the ranks finished still counts, nothing is charged.
+			if out.result != nil && out.err == nil {
+				r.record(ctx, *out.result)
+			}
+			r.p.Latest = newer(r.p.Latest, out.latest)
+			return r.cancelled(ctx)
+		}
 		if out.result != nil {
 			r.record(ctx, *out.result)
 		}
@@ -137,7 +160,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 			r.releaseGang()
 			inc, fatal := charge(r.p, r.spec.Failure, epoch, out.err)
 			if inc != nil {
-				r.p.Incidents = append(r.p.Incidents, *inc)
+				r.p.AddIncident(*inc)
 			}
 			if fatal != nil {
 				return r.fail(ctx, fatal)
@@ -159,9 +182,13 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 	}
 	r.checkStop()
 	if r.p.Stopping && r.gang != nil && (r.p.Latest == nil || r.p.Latest.Epoch < r.p.Epoch) && r.p.Epoch > 0 {
+		r.setState(ctx, spec.StateCheckpointing)
 		if err := r.saveCheckpoint(ctx); err != nil {
 			logger.Warn("final checkpoint on stop failed", "error", err)
 		}
+	}
+	if ctx.Err() != nil {
+		return r.cancelled(ctx)
 	}
 	r.releaseGang()
 	if r.p.Stopping && r.p.Epoch < r.p.Epochs {
@@ -170,6 +197,16 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		r.setState(ctx, spec.StateCompleted)
 	}
 	return r.p, nil
+}
+
+// cancelled ends a cancelled run: the holds of its slots were cancelled with
+// the workflow's context (their workers free the slots at once), its
+// checkpoints stay, and the workflow closes as cancelled.
+func (r *run) cancelled(ctx workflow.Context) (*spec.Progress, error) {
+	r.releaseGang()
+	r.setState(ctx, spec.StateCancelled)
+	workflow.GetLogger(ctx).Info("run cancelled", "epoch", r.p.Epoch, "latest", r.p.Latest)
+	return r.p, ctx.Err()
 }
 
 func (r *run) fail(ctx workflow.Context, err error) (*spec.Progress, error) {

@@ -34,6 +34,10 @@ type harness struct {
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
 	grants map[int]int
 	saves  int
+	// blockEpoch: the RunEpoch calls that block until cancelled.
+	blockEpoch func(in spec.EpochInput) bool
+	// blockSave: SaveCheckpoint blocks until cancelled.
+	blockSave bool
 }
 
 func newHarness(t *testing.T) *harness {
@@ -60,6 +64,10 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Lock()
 		h.runs = append(h.runs, in)
 		h.mu.Unlock()
+		if h.blockEpoch != nil && h.blockEpoch(in) {
+			<-ctx.Done()
+			return spec.EpochResult{}, ctx.Err()
+		}
 		if h.epoch != nil {
 			if err := h.epoch(in); err != nil {
 				return spec.EpochResult{}, err
@@ -79,6 +87,10 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Lock()
 		h.saves++
 		h.mu.Unlock()
+		if h.blockSave {
+			<-ctx.Done()
+			return spec.CheckpointRef{}, ctx.Err()
+		}
 		return spec.CheckpointRef{Run: in.Run, ID: "ckpt-on-stop"}, nil
 	}, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
 	return h
@@ -96,6 +108,19 @@ func (h *harness) grant(gen, slots int, _ time.Duration) {
 	h.mu.Lock()
 	h.grants[gen] = slots
 	h.mu.Unlock()
+}
+
+// query is the run's progress as its query answers it.
+func (h *harness) query() *spec.Progress {
+	v, err := h.env.QueryWorkflow(spec.QueryProgress)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var p *spec.Progress
+	if err := v.Get(&p); err != nil {
+		h.t.Fatal(err)
+	}
+	return p
 }
 
 func (h *harness) start(specJSON string) (*spec.Progress, error) {
@@ -140,9 +165,12 @@ func TestHappyPath(t *testing.T) {
 
 func TestBadSpecFailsAtOnceNamingTheField(t *testing.T) {
 	for spec, want := range map[string]string{
-		`{"scaling": {"workers": 0, "gang_timeout": "1ms"}}`: "scaling.gang_timeout is 1ms; want at least 1s",
+		`{"scaling": {"workers": 2, "gang_timeout": "1ms"}}`: "scaling.gang_timeout is 1ms; want 1s to 168h",
+		`{"scaling": {"workers": 0}}`:                        "scaling.workers is 0; want 1 to 1024 ranks (leave it out, or null, for the default)",
 		`{"model": {"hiden": [3]}}`:                          `unknown field "hiden"`,
-		`[1, 2]`:                                             "not a JSON object",
+		`[1, 2]`:                                             "want an object {...}, got a list (line 1, column 1)",
+		`null`:                                               "the input is null",
+		`{"continued": {"epoch": 9, "epochs": 10}}`:          "continued: the state continue-as-new carries; a start may not supply it",
 	} {
 		h := newHarness(t)
 		_, err := h.start(spec)
@@ -493,7 +521,7 @@ func TestContinueAsNewCarriesTheState(t *testing.T) {
 	if err := converterDecode(can, &next); err != nil {
 		t.Fatal(err)
 	}
-	s, p, err := decodeInput(next)
+	s, p, err := decodeInput(next, true)
 	if err != nil {
 		t.Fatal(err)
 	}

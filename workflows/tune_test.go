@@ -3,6 +3,7 @@ package workflows
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
@@ -39,7 +41,10 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 				p.State = spec.StateStopped
 				break
 			}
-			workflow.Sleep(ctx, time.Second)
+			if err := workflow.Sleep(ctx, time.Second); err != nil {
+				p.State = spec.StateCancelled
+				return p, err
+			}
 			m := spec.EpochMetrics{Epoch: e, TestAccuracy: s.Hyper.LR*10 + float64(e)/100, TestLoss: 1 - s.Hyper.LR}
 			p.Metrics = append(p.Metrics, m)
 			p.Epoch = e + 1
@@ -104,5 +109,44 @@ func TestTuneRefusesABadSpecAtOnce(t *testing.T) {
 	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"param_space": {"hyper.learning_rate": {"choice": [0.1]}}}`))
 	if err := env.GetWorkflowError(); err == nil || !strings.Contains(err.Error(), "learning_rate") {
 		t.Fatalf("got %v, want an error naming hyper.learning_rate", err)
+	}
+}
+
+// Cancelling a search cancels its running trials, waits until they have
+// closed, starts no more, writes the results, and closes as cancelled.
+func TestTuneCancelledClosesItsTrials(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	var mu sync.Mutex
+	running, maxRunning := 0, 0
+	env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+	env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	var written *spec.TuneResults
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+		written = in.Results
+		return in.Name + "/results.csv in " + in.URL, nil
+	}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	env.RegisterDelayedCallback(env.CancelWorkflow, 2500*time.Millisecond)
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{
+		"train": {"hyper": {"epochs": 8}},
+		"param_space": {"hyper.lr": {"grid_search": [0.006, 0.008, 0.001, 0.004, 0.002, 0.007]}},
+		"max_concurrent_trials": 2}`))
+	var canceled *temporal.CanceledError
+	if err := env.GetWorkflowError(); !errors.As(err, &canceled) {
+		t.Fatalf("got %v; want the search cancelled", err)
+	}
+	if written == nil || written.State != spec.TuneCancelled {
+		t.Fatalf("results written: %+v", written)
+	}
+	for _, tr := range written.Trials {
+		if tr.Status != spec.TrialCancelled {
+			t.Fatalf("trial %d is %s; want cancelled", tr.Trial, tr.Status)
+		}
+	}
+	if written.Trials[0].Epochs != 2 || written.Trials[0].Checkpoint == nil {
+		t.Fatalf("the first trial kept %d epochs and checkpoint %v; want its 2 epochs and their checkpoint", written.Trials[0].Epochs, written.Trials[0].Checkpoint)
+	}
+	if running != 0 {
+		t.Fatalf("%d trials still running after the search closed", running)
 	}
 }

@@ -3,8 +3,11 @@ package workflows
 // TuneWorkflow's decisions about trials, as pure functions (see policy.go).
 
 import (
+	"errors"
 	"fmt"
 	"math"
+
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/tune"
@@ -33,7 +36,10 @@ func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, 
 		}
 	}
 	stopped := p != nil && p.State == spec.StateStopped
+	var canceled *temporal.CanceledError
 	switch {
+	case errors.As(err, &canceled):
+		t.Status, t.Reason = spec.TrialCancelled, "the search was cancelled"
 	case err != nil:
 		t.Status, t.Reason = spec.TrialFailed, shortError(err)
 	case t.Status == spec.TrialStopping && stopped && byCriterion:

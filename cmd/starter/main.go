@@ -126,6 +126,9 @@ func train(cmd string, args []string) {
 	if *attrs {
 		s.SearchAttributes = true
 	}
+	if err := spec.CheckWorkflowID("-id", *id, len("-resumed-20060102T150405")); *id != "" && err != nil {
+		fail(exitUsage, "%v", err)
+	}
 	workflowID := *id
 	if cmd == "resume" {
 		if *id == "" {
@@ -225,8 +228,15 @@ func summary(p *spec.Progress, elapsed time.Duration) {
 	if p.Latest != nil {
 		fmt.Printf("latest checkpoint: %s/%s in %s\n", p.Latest.Run, p.Latest.ID, p.Latest.URL)
 	}
+	if p.IncidentsDropped > 0 {
+		fmt.Printf("(%d older incidents not kept)\n", p.IncidentsDropped)
+	}
 	for _, inc := range p.Incidents {
-		fmt.Printf("incident: gang %d, epoch %d, %s: %s\n", inc.Generation, inc.Epoch, inc.Kind, inc.Detail)
+		again := ""
+		if inc.Repeats > 0 {
+			again = fmt.Sprintf(" (and %d times before)", inc.Repeats)
+		}
+		fmt.Printf("incident: gang %d, epoch %d, %s%s: %s\n", inc.Generation, inc.Epoch, inc.Kind, again, inc.Detail)
 	}
 }
 

@@ -30,17 +30,29 @@ func tuneCmd(args []string) {
 	id := fs.String("id", "", "workflow ID (default: tune-<time>); without -f, the search to watch")
 	wait := fs.Bool("wait", false, "print the status table until the search ends")
 	fs.Parse(args)
+	// The spec is read, and its trials expanded, before anything is dialled:
+	// a search that would be refused is refused here, at once.
+	var raw []byte
+	if *file != "" {
+		var err error
+		if raw, err = os.ReadFile(*file); err != nil {
+			fail(exitUsage, "%v", err)
+		}
+		s, err := tune.ParseSpec(raw)
+		if err == nil {
+			_, err = tune.Trials(s.Train, s.ParamSpace, s.NumSamples, s.Seed)
+		}
+		if err != nil {
+			fail(exitUsage, "%s: %v", *file, err)
+		}
+	}
+	if err := spec.CheckWorkflowID("-id", *id, len("-trial-0000")); *id != "" && err != nil {
+		fail(exitUsage, "%v", err)
+	}
 	cl := c.dial()
 	defer cl.Close()
 	ctx := context.Background()
 	if *file != "" {
-		raw, err := os.ReadFile(*file)
-		if err != nil {
-			fail(exitUsage, "%v", err)
-		}
-		if _, err := tune.ParseSpec(raw); err != nil {
-			fail(exitUsage, "%s: %v", *file, err)
-		}
 		if *id == "" {
 			*id = "tune-" + time.Now().Format("20060102-150405")
 		}

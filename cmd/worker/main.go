@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	_ "github.com/durabletrain/durabletrain/blobdrivers" // file://, mem://, s3://
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 	_ "github.com/durabletrain/durabletrain/trainer/exectrainer" // "trainer": "exec"
 	_ "github.com/durabletrain/durabletrain/trainer/native"      // "trainer": "native"
@@ -37,13 +40,25 @@ func main() {
 	role := flag.String("role", "both", "workflows, agent, or both")
 	flag.StringVar(&cfg.TaskQueue, "task-queue", spec.DefaultTaskQueue, "task queue the GPU agents take slot requests from (scaling.task_queue)")
 	flag.IntVar(&cfg.CPUSlots, "slots", 1, "CPU slots to offer where NVML finds no GPU")
-	flag.StringVar(&cfg.CollectiveBind, "collective-bind", ":0", "address the collective listener binds")
-	flag.StringVar(&cfg.CollectiveAdvertise, "collective-advertise", "", "address peers dial (default: the bound port on 127.0.0.1; set it on multi-host setups)")
+	flag.StringVar(&cfg.CollectiveBind, "collective-bind", "", "address the collective listener binds (default: the -collective-advertise address, else 127.0.0.1:0; \":7070\" listens on every interface)")
+	flag.StringVar(&cfg.CollectiveAdvertise, "collective-advertise", "", "address peers dial (default: the bound address, with this host's IP for an unspecified host; set it on multi-host setups)")
 	flag.StringVar(&cfg.CollectiveTransport, "collective-transport", "", `"" (shared memory between ranks on one host, else TCP) or "tcp"`)
 	flag.StringVar(&cfg.PythonPath, "python-path", envOr("DURABLETRAIN_PYTHONPATH", pythonNextToBinary()), "directory holding the durabletrain Python module (python/ of the repository), for exec runs")
 	flag.StringVar(&cfg.Identity, "identity", "", "worker identity (default hostname-pid)")
 	flag.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running ranks get to leave on shutdown")
+	// The worker's policy: what a spec may make it do (package policy).
+	allowExec := flag.String("allow-exec", "", `programs "exec" runs may start, comma-separated: absolute paths, names on PATH, directories ending in /, or * (default: none, exec is off)`)
+	execDirs := flag.String("exec-dirs", "", "directories exec.dir may name, comma-separated (default: none; programs run in their scratch directory)")
+	passEnv := flag.String("exec-pass-env", strings.Join(policy.DefaultPassEnv, ","), "this worker's environment variables exec programs also get, comma-separated (never its credentials unless listed)")
+	roots := flag.String("storage-roots", strings.Join(policy.DefaultStorageRoots, ","),
+		"blob URLs that dataset, checkpoint and results URLs must fall under, comma-separated; a root's query parameters (endpoint=, region=, profile=) are the worker's and added to the spec's")
+	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
 	flag.Parse()
+	cfg.Policy.Exec, cfg.Policy.ExecDirs = list(*allowExec), list(*execDirs)
+	cfg.Policy.PassEnv, cfg.Policy.StorageRoots = list(*passEnv), splitRoots(*roots)
+	if cfg.Policy.PassEnv == nil {
+		cfg.Policy.PassEnv = []string{}
+	}
 	cfg.ControlQueue = conn.ControlQueue
 	switch *role {
 	case "workflows":
@@ -93,4 +108,30 @@ func pythonNextToBinary() string {
 		return ""
 	}
 	return dir
+}
+
+// list splits a comma-separated flag, dropping empty items.
+func list(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// splitRoots splits -storage-roots at the commas that start a new URL (a
+// root's query may hold commas of its own, as in an S3 endpoint list).
+func splitRoots(s string) []string {
+	var out []string
+	start := 0
+	for _, m := range regexp.MustCompile(`,\s*[a-z][a-z0-9+.-]*://`).FindAllStringIndex(s, -1) {
+		out = append(out, strings.TrimSpace(s[start:m[0]]))
+		start = m[0] + 1
+	}
+	if rest := strings.TrimSpace(s[start:]); rest != "" {
+		out = append(out, rest)
+	}
+	return out
 }

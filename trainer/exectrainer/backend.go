@@ -43,7 +43,7 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 	t, err := New(Config{Command: x.Command, Dir: x.Dir, Env: x.Env, Rank: r.Rank, World: len(r.Peers),
 		LocalRank: LocalRank(r.Peers, r.Rank), MasterAddr: masterHost, MasterPort: int(port[0]), Devices: r.Device,
 		Epochs: r.Spec.Hyper.Epochs, Scratch: filepath.Join(r.Scratch, "rank"), PythonPath: r.PythonPath,
-		Log: log, Saves: r.Rank == 0})
+		Log: log, Saves: r.Rank == 0, Environ: r.Environ})
 	if err != nil {
 		return nil, trainer.UserError(err)
 	}

@@ -35,9 +35,13 @@ import (
 
 // Config is one rank's program.
 type Config struct {
-	Command    []string          // the program and its arguments
-	Dir        string            // its working directory ("" for the worker's)
-	Env        map[string]string // extra environment
+	Command []string          // the program and its arguments
+	Dir     string            // its working directory ("" for the worker's)
+	Env     map[string]string // extra environment
+	// Environ is the worker's environment the program starts from (the
+	// worker's policy decides it); nil: only PATH, HOME and LANG. The
+	// worker's own secrets never reach a program unless listed here.
+	Environ    []string
 	Rank       int
 	World      int
 	LocalRank  int
@@ -193,7 +197,11 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	cmd := exec.Command(t.cfg.Command[0], t.cfg.Command[1:]...)
 	cmd.Dir = t.cfg.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a cancelled epoch kills the whole group
-	env := append(os.Environ(),
+	base := t.cfg.Environ
+	if base == nil {
+		base = minimalEnviron()
+	}
+	env := append(append([]string{}, base...),
 		"RANK="+strconv.Itoa(t.cfg.Rank), "WORLD_SIZE="+strconv.Itoa(t.cfg.World), "LOCAL_RANK="+strconv.Itoa(t.cfg.LocalRank),
 		"MASTER_ADDR="+t.cfg.MasterAddr, "MASTER_PORT="+strconv.Itoa(t.cfg.MasterPort),
 		"DURABLETRAIN_CONTROL="+sock, "DURABLETRAIN_EPOCHS="+strconv.Itoa(t.cfg.Epochs),
@@ -214,7 +222,9 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	stdout, _ := cmd.StdoutPipe()
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("exec trainer: starting %s: %w", strings.Join(t.cfg.Command, " "), err)
+		// No such program, not executable, no such directory: the spec's
+		// exec section is wrong, and no retry on any worker will start it.
+		return trainer.UserError(fmt.Errorf("exec trainer: cannot start exec.command %s: %w", quotedCommand(t.cfg.Command), err))
 	}
 	t.cmd, t.exited, t.exitErr = cmd, make(chan struct{}), nil
 	var streams sync.WaitGroup
@@ -551,4 +561,25 @@ func (b *tailBuffer) lines() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]string(nil), b.buf...)
+}
+
+// minimalEnviron is what a program gets of the worker's environment when
+// the caller says nothing: enough to find programs and a home.
+func minimalEnviron() []string {
+	var env []string
+	for _, k := range []string{"PATH", "HOME", "LANG"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// quotedCommand shows a command in an error, bounded.
+func quotedCommand(c []string) string {
+	s := fmt.Sprintf("%q", c)
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
 }

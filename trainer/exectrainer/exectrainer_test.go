@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -129,11 +130,23 @@ func TestCancelKillsTheProcessGroup(t *testing.T) {
 	}
 }
 
-// A command that is not there is a clear error at start.
-func TestMissingProgram(t *testing.T) {
-	tr, _ := New(Config{Command: []string{"/nonexistent/python9"}, Scratch: t.TempDir()})
-	if err := tr.Init(context.Background()); err == nil || !strings.Contains(err.Error(), "/nonexistent/python9") {
-		t.Fatalf("got %v", err)
+// A program that cannot start is a user error (no retry will start it),
+// naming the command: missing, not executable, or in a missing directory.
+func TestProgramThatCannotStartIsAUserError(t *testing.T) {
+	notExec := filepath.Join(t.TempDir(), "train.sh")
+	os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644)
+	for _, c := range []Config{
+		{Command: []string{"/nonexistent/python9"}},
+		{Command: []string{"python9-that-is-not-on-path"}},
+		{Command: []string{notExec}},
+		{Command: []string{"/bin/true"}, Dir: "/nonexistent/dir"},
+	} {
+		c.Scratch = t.TempDir()
+		tr, _ := New(c)
+		err := tr.Init(context.Background())
+		if err == nil || !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), c.Command[0]) {
+			t.Errorf("%v in %q: got %v; want a user error naming the command", c.Command, c.Dir, err)
+		}
 	}
 }
 

@@ -7,13 +7,13 @@ import (
 
 // Config is the model and its hyperparameters. Zero fields take defaults.
 type Config struct {
-	Hidden      []int   `json:"hidden,omitempty"`       // hidden layer widths; default [256, 128]
-	Optimizer   string  `json:"optimizer,omitempty"`    // "adam" (default) or "sgd"
-	LR          float64 `json:"lr,omitempty"`           // default 1e-3 for adam, 0.01 for sgd
-	Momentum    float64 `json:"momentum,omitempty"`     // sgd only; default 0.9
-	WeightDecay float64 `json:"weight_decay,omitempty"` // L2 penalty added to gradients; default 0
-	BatchSize   int     `json:"batch_size,omitempty"`   // examples per rank per step; default 128
-	Seed        uint64  `json:"seed,omitempty"`         // weights and shuffle order; default 0
+	Hidden      []int    `json:"hidden,omitempty"`       // hidden layer widths; default [256, 128]
+	Optimizer   string   `json:"optimizer,omitempty"`    // "adam" (default) or "sgd"
+	LR          float64  `json:"lr,omitempty"`           // default 1e-3 for adam, 0.01 for sgd
+	Momentum    *float64 `json:"momentum,omitempty"`     // sgd only; default 0.9; 0: plain SGD
+	WeightDecay float64  `json:"weight_decay,omitempty"` // L2 penalty added to gradients; default 0
+	BatchSize   int      `json:"batch_size,omitempty"`   // examples per rank per step; default 128
+	Seed        uint64   `json:"seed,omitempty"`         // weights and shuffle order; default 0
 }
 
 // WithDefaults fills the fields left out.
@@ -28,8 +28,9 @@ func (c Config) WithDefaults() Config {
 	if c.LR == 0 {
 		c.LR = map[string]float64{"adam": 1e-3, "sgd": 0.01}[c.Optimizer]
 	}
-	if c.Momentum == 0 && c.Optimizer == "sgd" {
-		c.Momentum = 0.9
+	if c.Momentum == nil {
+		m := map[string]float64{"sgd": 0.9}[c.Optimizer]
+		c.Momentum = &m
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 128
@@ -49,8 +50,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("hyper.optimizer is %q; want \"adam\" or \"sgd\"", c.Optimizer)
 	case !(c.LR > 0 && c.LR < 10):
 		return fmt.Errorf("hyper.lr is %v; want a number in (0, 10)", c.LR)
-	case c.Momentum < 0 || c.Momentum >= 1:
-		return fmt.Errorf("hyper.momentum is %v; want a number in [0, 1)", c.Momentum)
+	case c.Momentum != nil && !(*c.Momentum >= 0 && *c.Momentum < 1):
+		return fmt.Errorf("hyper.momentum is %v; want a number in [0, 1)", *c.Momentum)
 	case c.WeightDecay < 0 || c.WeightDecay >= 1:
 		return fmt.Errorf("hyper.weight_decay is %v; want a number in [0, 1)", c.WeightDecay)
 	case c.BatchSize < 1 || c.BatchSize > 1<<16:

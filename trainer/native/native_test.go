@@ -265,7 +265,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{Config{Hidden: []int{0}}, "model.hidden[0] is 0"},
 		{Config{Optimizer: "lbfgs"}, `hyper.optimizer is "lbfgs"; want "adam" or "sgd"`},
 		{Config{LR: -1}, "hyper.lr is -1"},
-		{Config{Optimizer: "sgd", Momentum: 1.5}, "hyper.momentum is 1.5"},
+		{Config{Optimizer: "sgd", Momentum: ptr(1.5)}, "hyper.momentum is 1.5"},
 		{Config{BatchSize: -3}, "hyper.batch_size is -3"},
 	} {
 		if _, err := New(tc.cfg, tr, te, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -284,5 +284,21 @@ func TestRestoreRefusesAnotherArchitecture(t *testing.T) {
 	b := newTrainer(t, Config{Hidden: []int{32}}, tr, te, nil)
 	if err := b.Restore(ctx, st); err == nil || !strings.Contains(err.Error(), "model.hidden=[16]") {
 		t.Fatalf("got %v, want an error naming the checkpoint's architecture", err)
+	}
+}
+func ptr(v float64) *float64 { return &v }
+
+// The estimate is of the order of what the trainer allocates, and a model
+// over a worker's allowance is refused before anything is allocated.
+func TestMemoryNeeded(t *testing.T) {
+	cfg := Config{Hidden: []int{256, 128}}
+	need := MemoryNeeded(cfg, 784)
+	params := int64(784*256 + 256 + 256*128 + 128 + 128*10 + 10)
+	if need < 4*4*params || need > 4*4*params+64<<20 {
+		t.Fatalf("estimate %d bytes for %d parameters", need, params)
+	}
+	huge := MemoryNeeded(Config{Hidden: []int{65536, 65536}}, 784)
+	if huge < 60<<30 {
+		t.Fatalf("[65536, 65536] estimated at %d bytes", huge)
 	}
 }

@@ -13,7 +13,7 @@ type optimizer interface {
 
 func newOptimizer(c Config, n int) optimizer {
 	if c.Optimizer == "sgd" {
-		return &sgd{lr: float32(c.LR), momentum: float32(c.Momentum), decay: float32(c.WeightDecay), velocity: make([]float32, n)}
+		return &sgd{lr: float32(c.LR), momentum: float32(*c.Momentum), decay: float32(c.WeightDecay), velocity: make([]float32, n)}
 	}
 	return &adam{lr: c.LR, decay: float32(c.WeightDecay), beta1: 0.9, beta2: 0.999, eps: 1e-8, m: make([]float32, n), v: make([]float32, n)}
 }

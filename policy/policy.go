@@ -1,0 +1,258 @@
+// Package policy owns what a GPU worker lets a training spec make it do:
+// which programs the exec backend may start, in which directories, with
+// which of the worker's own environment variables; which storage a spec's
+// dataset, checkpoint and results URLs may name, with which query
+// parameters; how much memory one rank may take. The worker's flags set it
+// and no spec can widen it: whoever can start a workflow in the namespace
+// gets exactly what the workers allow, no more.
+package policy
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// Policy is one worker's.
+type Policy struct {
+	// Exec lists the programs exec.command[0] may be: absolute paths
+	// (what a bare name resolves to on the worker's PATH is checked against
+	// them), bare names (allowed as written, resolved on PATH), or
+	// directories ending in "/" (any program under them). "*" allows any
+	// program. Empty: the exec backend is off.
+	Exec []string
+	// ExecDirs lists the directories exec.dir may be or be under. Empty:
+	// exec.dir must be left out (the program runs in its scratch directory).
+	ExecDirs []string
+	// PassEnv names the worker's own environment variables an exec program
+	// also gets; default DefaultPassEnv. Everything else of the worker's
+	// environment (cloud credentials, tokens) stays with the worker.
+	PassEnv []string
+	// StorageRoots are the blob URLs the spec's URLs must fall under;
+	// default DefaultStorageRoots. A root's query parameters (an S3
+	// endpoint, a region, a profile) are the worker's: they are added to
+	// the spec's URL, and a spec cannot set them itself.
+	StorageRoots []string
+	// MaxRankMemory bounds the memory one rank's model may take, in bytes;
+	// 0: DefaultRankMemory(slots).
+	MaxRankMemory int64
+}
+
+// DefaultStorageRoots: the default data set and checkpoint directories, and memory.
+var DefaultStorageRoots = []string{"file:///var/lib/durabletrain/", "file:///usr/share/datasets/", "mem://"}
+
+// DefaultPassEnv are the worker's variables every exec program gets.
+var DefaultPassEnv = []string{"PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR",
+	"NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
+
+// safeParams are the query parameters a spec may set itself, by scheme:
+// none of them reads a file, picks an identity, or sends a request elsewhere.
+var safeParams = map[string][]string{
+	"file":   {"create_dir", "metadata", "no_tmp_dir", "prefix"},
+	"s3":     {"prefix", "region"},
+	"gs":     {"prefix"},
+	"azblob": {"prefix"},
+	"mem":    {"prefix"},
+}
+
+// Error is a spec the policy refuses: a user error (no retry will change it).
+type Error struct{ msg string }
+
+func (e *Error) Error() string { return e.msg }
+
+func refuse(format string, args ...any) error { return &Error{fmt.Sprintf(format, args...)} }
+
+// CheckSpec refuses a spec this worker will not run, naming the field and
+// the flag that would allow it.
+func (p Policy) CheckSpec(s spec.Training) error {
+	if s.Exec != nil || s.Trainer == spec.TrainerExec {
+		if err := p.CheckExec(s.Exec); err != nil {
+			return err
+		}
+	}
+	if _, err := p.Resolve("dataset.url", s.Dataset.URL); err != nil {
+		return err
+	}
+	if _, err := p.Resolve("checkpoint.url", s.Checkpoint.URL); err != nil {
+		return err
+	}
+	return nil
+}
+
+// CheckExec refuses a program, or a directory, the worker does not allow.
+func (p Policy) CheckExec(x *spec.Exec) error {
+	if len(p.Exec) == 0 {
+		return refuse("exec: this worker runs no exec programs (its -allow-exec is empty)")
+	}
+	if x == nil || len(x.Command) == 0 {
+		return refuse("exec.command is empty")
+	}
+	prog := x.Command[0]
+	if !p.programAllowed(prog) {
+		return refuse("exec.command[0] %s is not a program this worker allows (-allow-exec %s)", quoted(prog), strings.Join(p.Exec, ","))
+	}
+	if x.Dir != "" && !slices.ContainsFunc(p.ExecDirs, func(d string) bool { return under(filepath.Clean(x.Dir), filepath.Clean(d)) }) {
+		return refuse("exec.dir %s is not under a directory this worker allows (-exec-dirs %s)", quoted(x.Dir), strings.Join(p.ExecDirs, ","))
+	}
+	return nil
+}
+
+func (p Policy) programAllowed(prog string) bool {
+	if slices.Contains(p.Exec, "*") {
+		return true
+	}
+	resolved := prog
+	if !strings.Contains(prog, "/") {
+		if slices.Contains(p.Exec, prog) {
+			return true // a bare name the worker lists, as written
+		}
+		lp, err := exec.LookPath(prog)
+		if err != nil {
+			return false
+		}
+		resolved = lp
+	}
+	if !filepath.IsAbs(resolved) {
+		return false
+	}
+	resolved = filepath.Clean(resolved)
+	real := realPath(resolved)
+	for _, a := range p.Exec {
+		if !filepath.IsAbs(a) {
+			continue
+		}
+		dir := filepath.Clean(a)
+		switch {
+		case strings.HasSuffix(a, "/"):
+			if (under(resolved, dir) && resolved != dir) || (under(real, realPath(dir)) && real != realPath(dir)) {
+				return true
+			}
+		case resolved == dir || real == realPath(dir):
+			return true
+		}
+	}
+	return false
+}
+
+// realPath is p with its symbolic links resolved, or p if it cannot be.
+func realPath(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return p
+}
+
+// Environ is the part of the worker's environment an exec program gets.
+func (p Policy) Environ() []string {
+	pass := p.PassEnv
+	if pass == nil {
+		pass = DefaultPassEnv
+	}
+	var env []string
+	for _, k := range pass {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// Resolve checks a spec's blob URL against the storage roots and returns
+// the URL to open: the spec's, with its root's query parameters added. A
+// parameter outside the safe set is refused unless the root sets it.
+func (p Policy) Resolve(field, raw string) (string, error) {
+	if err := spec.CheckURL(field, raw); err != nil {
+		return "", refuse("%v", err)
+	}
+	u, _ := url.Parse(raw)
+	roots := p.StorageRoots
+	if roots == nil {
+		roots = DefaultStorageRoots
+	}
+	for _, r := range roots {
+		root, err := url.Parse(r)
+		if err != nil || !within(u, root) {
+			continue
+		}
+		q, rq := u.Query(), root.Query()
+		for k := range q {
+			if _, fixed := rq[k]; fixed && k != "prefix" {
+				return "", refuse("%s sets ?%s=, which this worker's storage root %s fixes; leave it out", field, k, quoted(redact(root)))
+			}
+			if !slices.Contains(safeParams[u.Scheme], k) {
+				return "", refuse("%s sets ?%s=; want only %s (the worker's storage roots set the rest)", field, quoted(k), strings.Join(safeParams[u.Scheme], ", "))
+			}
+		}
+		if p := rq.Get("prefix"); p != "" && !strings.HasPrefix(q.Get("prefix"), p) {
+			continue // the root is a prefix of a bucket: the spec's must be under it
+		}
+		added := false
+		for k, v := range rq {
+			if k != "prefix" {
+				q[k], added = v, true
+			}
+		}
+		if !added {
+			return raw, nil
+		}
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	var shown []string
+	for _, r := range roots {
+		if ru, err := url.Parse(r); err == nil {
+			shown = append(shown, redact(ru))
+		}
+	}
+	return "", refuse("%s %s is outside the storage this worker allows (-storage-roots %s)", field, quoted(raw), strings.Join(shown, ","))
+}
+
+// within says whether u falls under root: same scheme and bucket (host),
+// and for file:// a path at or under the root's.
+func within(u, root *url.URL) bool {
+	if u.Scheme != root.Scheme {
+		return false
+	}
+	switch u.Scheme {
+	case "file":
+		return under(path.Clean(u.Path), path.Clean(root.Path))
+	case "mem":
+		return true
+	}
+	return u.Host == root.Host
+}
+
+// under says whether p is dir or below it.
+func under(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// redact shows a root without the values of its query parameters (an
+// endpoint or a profile is the worker's business).
+func redact(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.Scheme + "://" + u.Host + u.Path
+	}
+	c := *u
+	q := c.Query()
+	for k := range q {
+		q[k] = []string{"…"}
+	}
+	c.RawQuery = q.Encode()
+	s := c.String()
+	return strings.ReplaceAll(s, "%E2%80%A6", "…")
+}
+
+func quoted(s string) string {
+	if len(s) > 64 {
+		return fmt.Sprintf("%q… (%d bytes)", s[:48], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,98 @@
+package policy
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+func TestResolve(t *testing.T) {
+	p := Policy{StorageRoots: []string{
+		"file:///var/lib/durabletrain/",
+		"s3://ckpts?endpoint=http://minio:9000&region=us-east-1&use_path_style=true",
+		"s3://shared?prefix=team-a/",
+		"mem://",
+	}}
+	for _, c := range []struct{ url, want, err string }{
+		{"file:///var/lib/durabletrain/checkpoints?create_dir=1", "file:///var/lib/durabletrain/checkpoints?create_dir=1", ""},
+		{"file:///var/lib/durabletrain", "file:///var/lib/durabletrain", ""},
+		{"file:///var/lib/durabletrain-other/x", "", "outside the storage this worker allows"},
+		{"file:///etc/passwd", "", `"file:///etc/passwd" is outside the storage this worker allows (-storage-roots file:///var/lib/durabletrain/,s3://ckpts?endpoint=…&region=…&use_path_style=…`},
+		{"file:///var/lib/durabletrain/x?secret_key_path=/etc/shadow", "", `sets ?"secret_key_path"=; want only create_dir, metadata, no_tmp_dir, prefix`},
+		{"s3://ckpts?prefix=run-1/", "s3://ckpts?endpoint=http%3A%2F%2Fminio%3A9000&prefix=run-1%2F&region=us-east-1&use_path_style=true", ""},
+		{"s3://ckpts?endpoint=http://169.254.169.254/", "", "sets ?endpoint=, which this worker's storage root"},
+		{"s3://ckpts?profile=admin", "", `sets ?"profile"=`},
+		{"s3://other-bucket", "", "outside the storage"},
+		{"s3://shared?prefix=team-a/runs/", "s3://shared?prefix=team-a/runs/", ""},
+		{"s3://shared?prefix=team-b/", "", "outside the storage"},
+		{"s3://shared", "", "outside the storage"},
+		{"mem://", "mem://", ""},
+		{"gs://bucket", "", "outside the storage"},
+		{"file://relative/x", "", "three slashes"},
+	} {
+		got, err := p.Resolve("checkpoint.url", c.url)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: got %q, %v; want an error containing %q", c.url, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%s: got %q, %v; want %q", c.url, got, err, c.want)
+		}
+	}
+}
+
+func TestExecIsOffUnlessAllowed(t *testing.T) {
+	x := &spec.Exec{Command: []string{"python3", "train.py"}}
+	if err := (Policy{}).CheckExec(x); err == nil || !strings.Contains(err.Error(), "runs no exec programs (its -allow-exec is empty)") {
+		t.Fatalf("default policy: %v", err)
+	}
+	sh := "/bin/sh"
+	for _, c := range []struct {
+		allow []string
+		dirs  []string
+		x     spec.Exec
+		ok    bool
+	}{
+		{[]string{"python3"}, nil, spec.Exec{Command: []string{"python3", "t.py"}}, true},
+		{[]string{"python3"}, nil, spec.Exec{Command: []string{"sh", "-c", "curl evil"}}, false},
+		{[]string{"python3"}, nil, spec.Exec{Command: []string{"/tmp/python3"}}, false},
+		{[]string{sh}, nil, spec.Exec{Command: []string{"sh"}}, true}, // a bare name resolved on PATH to an allowed path
+		{[]string{"/usr/bin/"}, nil, spec.Exec{Command: []string{"/usr/bin/../../tmp/x"}}, false},
+		{[]string{"/opt/jobs/"}, nil, spec.Exec{Command: []string{"/opt/jobs/train"}}, true},
+		{[]string{"*"}, nil, spec.Exec{Command: []string{"/anything"}}, true},
+		{[]string{"python3"}, nil, spec.Exec{Command: []string{"python3"}, Dir: "/home/me"}, false},
+		{[]string{"python3"}, []string{"/srv/jobs"}, spec.Exec{Command: []string{"python3"}, Dir: "/srv/jobs/a"}, true},
+		{[]string{"python3"}, []string{"/srv/jobs"}, spec.Exec{Command: []string{"python3"}, Dir: "/srv/jobs/../../etc"}, false},
+	} {
+		err := Policy{Exec: c.allow, ExecDirs: c.dirs}.CheckExec(&c.x)
+		if (err == nil) != c.ok {
+			t.Errorf("allow %v dirs %v, exec %+v: got %v", c.allow, c.dirs, c.x, err)
+		}
+	}
+}
+
+// An exec program gets the variables the worker passes, never its secrets.
+func TestEnvironKeepsTheWorkersSecrets(t *testing.T) {
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+	t.Setenv("TEMPORAL_API_KEY", "key")
+	env := strings.Join(Policy{}.Environ(), "\n")
+	if strings.Contains(env, "hunter2") || strings.Contains(env, "TEMPORAL_API_KEY") || !strings.Contains(env, "PATH="+os.Getenv("PATH")) {
+		t.Fatalf("environment passed:\n%s", env)
+	}
+	if env := (Policy{PassEnv: []string{"TEMPORAL_API_KEY"}}).Environ(); len(env) != 1 || env[0] != "TEMPORAL_API_KEY=key" {
+		t.Fatalf("-exec-pass-env: %v", env)
+	}
+}
+
+func TestRankMemory(t *testing.T) {
+	if m := (Policy{MaxRankMemory: 1 << 30}).RankMemory(4); m != 1<<30 {
+		t.Fatalf("flag: %d", m)
+	}
+	if m := (Policy{}).RankMemory(2); m < 64<<20 || m > workerMemory() {
+		t.Fatalf("default for 2 slots: %d of %d", m, workerMemory())
+	}
+}

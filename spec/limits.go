@@ -1,0 +1,245 @@
+package spec
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limits of a spec. Some are Temporal's: a run's spec travels in the input
+// of every RunEpoch of every rank, so it is kept far below the server's 2 MiB
+// payload limit; names become task queues and workflow IDs, which the server
+// caps at 1,000 characters. The others keep one run from exhausting a worker.
+const (
+	MaxSpecBytes     = 16 << 10 // the whole JSON spec
+	MaxEpochs        = 100000
+	MaxFailureBudget = 10000    // failure.max_failures, failure.max_preemptions
+	MaxParameters    = 64 << 20 // the native model's weights: 256 MiB of float32 per copy
+	MaxExecArgs      = 256
+	MaxExecEnv       = 128
+	maxExecString    = 4096 // one argument, one environment value, exec.dir
+	maxURL           = 2048
+)
+
+// accepted is what Validate says each field accepts.
+var accepted = map[string]string{
+	"name":                      "1-200 letters, digits or ._=+@-, starting with a letter or digit",
+	"trainer":                   `"native", "exec", or the name of a backend registered on the workers (lower-case letters, digits, - and _)`,
+	"exec.command":              `the program each rank runs, e.g. ["python3", "train.py"]`,
+	"model.hidden":              "at most 16 hidden layers",
+	"dataset.format":            `"idx", or the name of a loader registered on the workers (lower-case letters, digits, - and _)`,
+	"hyper.epochs":              fmt.Sprintf("1 to %d", MaxEpochs),
+	"hyper.batch_size":          "1 to 65536 examples per rank",
+	"hyper.optimizer":           `"adam" or "sgd"`,
+	"hyper.lr":                  "a number in (0, 10)",
+	"hyper.momentum":            "a number in [0, 1) (0: plain SGD)",
+	"hyper.weight_decay":        "a number in [0, 1)",
+	"scaling.workers":           fmt.Sprintf("1 to %d ranks", MaxWorkers),
+	"scaling.min_workers":       "1 to scaling.workers",
+	"scaling.gpus_per_worker":   "1 (one rank per GPU slot)",
+	"scaling.task_queue":        "1-200 letters, digits or ._=+@:- (the GPU agents' -task-queue), starting with a letter or digit",
+	"scaling.gang_timeout":      "1s to 168h",
+	"checkpoint.every_epochs":   "1 or more",
+	"checkpoint.every_steps":    "0 (only at epoch ends) or more",
+	"checkpoint.keep_last":      "0 (keep every checkpoint) or more",
+	"checkpoint.keep_best":      "0 or more",
+	"failure.max_failures":      fmt.Sprintf("0 (fail at the first infrastructure failure) to %d", MaxFailureBudget),
+	"failure.max_preemptions":   fmt.Sprintf("0 (fail at the first preemption) to %d", MaxFailureBudget),
+	"failure.heartbeat_timeout": "1s to 10m",
+	"resume_from":               "the name of an earlier run",
+}
+
+var taskQueuePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@:-]{0,199}$`)
+
+// quoted shows a user's string in an error, bounded.
+func quoted(s string) string {
+	if len(s) > 64 {
+		cut := 48
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		return fmt.Sprintf("%q… (%d bytes)", s[:cut], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// parameters counts the native model's weights and biases for Fashion-MNIST's
+// 784 inputs and 10 classes.
+func parameters(hidden []int) float64 {
+	n, in := 0.0, 784.0
+	for _, w := range hidden {
+		n += in*float64(w) + float64(w)
+		in = float64(w)
+	}
+	return n + in*10 + 10
+}
+
+// explicitZeros mirrors the fields whose zero value means "take the
+// default": a 0 written there is refused rather than silently replaced.
+type explicitZeros struct {
+	Hyper struct {
+		Epochs    *int     `json:"epochs"`
+		BatchSize *int     `json:"batch_size"`
+		LR        *float64 `json:"lr"`
+	} `json:"hyper"`
+	Scaling struct {
+		Workers       *int      `json:"workers"`
+		MinWorkers    *int      `json:"min_workers"`
+		GPUsPerWorker *int      `json:"gpus_per_worker"`
+		GangTimeout   *Duration `json:"gang_timeout"`
+	} `json:"scaling"`
+	Checkpoint struct {
+		EveryEpochs *int `json:"every_epochs"`
+	} `json:"checkpoint"`
+	Failure struct {
+		HeartbeatTimeout *Duration `json:"heartbeat_timeout"`
+	} `json:"failure"`
+}
+
+// refuseExplicitZeros names the first field written as 0 whose 0 would
+// otherwise be read as "left out". data has passed the strict decoder.
+func refuseExplicitZeros(data []byte) error {
+	var z explicitZeros
+	if err := json.Unmarshal(data, &z); err != nil {
+		return nil // the strict decoder has judged the types
+	}
+	for _, f := range []struct {
+		field string
+		zero  bool
+	}{
+		{"hyper.epochs", z.Hyper.Epochs != nil && *z.Hyper.Epochs == 0},
+		{"hyper.batch_size", z.Hyper.BatchSize != nil && *z.Hyper.BatchSize == 0},
+		{"hyper.lr", z.Hyper.LR != nil && *z.Hyper.LR == 0},
+		{"scaling.workers", z.Scaling.Workers != nil && *z.Scaling.Workers == 0},
+		{"scaling.min_workers", z.Scaling.MinWorkers != nil && *z.Scaling.MinWorkers == 0},
+		{"scaling.gpus_per_worker", z.Scaling.GPUsPerWorker != nil && *z.Scaling.GPUsPerWorker == 0},
+		{"scaling.gang_timeout", z.Scaling.GangTimeout != nil && *z.Scaling.GangTimeout == 0},
+		{"checkpoint.every_epochs", z.Checkpoint.EveryEpochs != nil && *z.Checkpoint.EveryEpochs == 0},
+		{"failure.heartbeat_timeout", z.Failure.HeartbeatTimeout != nil && *z.Failure.HeartbeatTimeout == 0},
+	} {
+		if f.zero {
+			return fmt.Errorf("spec: %s is 0; want %s (leave it out, or null, for the default)", f.field, accepted[f.field])
+		}
+	}
+	return nil
+}
+
+// blobSchemes are the gocloud.dev/blob URL schemes a spec may name.
+var blobSchemes = []string{"file", "s3", "gs", "azblob", "mem"}
+
+var bucketPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,221}[a-z0-9]$`)
+
+// CheckURL parses a blob URL and checks its parts: a known scheme; for
+// file://, an absolute, clean path and no host; for s3, gs and azblob, a
+// bucket name and no path (a folder goes in ?prefix=); query parameters that
+// parse. field names it in the error.
+func CheckURL(field, raw string) error {
+	bad := func(why string) error { return fmt.Errorf("%s is %s; want %s", field, quoted(raw), why) }
+	if len(raw) > maxURL {
+		return bad(fmt.Sprintf("a URL of at most %d bytes", maxURL))
+	}
+	if strings.ContainsAny(raw, "\x00\n\r\t ") {
+		return bad("a URL without spaces or control characters (escape them as %20, …)")
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" || u.Opaque != "" {
+		return bad("a blob URL: file:///absolute/path, s3://bucket, gs://bucket, azblob://container or mem://")
+	}
+	if _, err := url.ParseQuery(u.RawQuery); err != nil {
+		return bad("query parameters that parse (" + err.Error() + ")")
+	}
+	if u.User != nil {
+		return bad("no user or password in the URL (credentials come from the worker's environment)")
+	}
+	if u.Fragment != "" {
+		return bad("no #fragment")
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return bad(fmt.Sprintf("file:///absolute/path (three slashes; %q reads as a host)", u.Host))
+		}
+		if !strings.HasPrefix(u.Path, "/") {
+			return bad("file:///absolute/path")
+		}
+		if clean := path.Clean(u.Path); clean != strings.TrimSuffix(u.Path, "/") && clean != u.Path {
+			return bad(fmt.Sprintf("a clean absolute path (%s, without . or .. or //)", clean))
+		}
+	case "s3", "gs", "azblob":
+		if u.Host == "" {
+			return bad(u.Scheme + "://bucket-name (the bucket is missing)")
+		}
+		if !bucketPattern.MatchString(u.Host) {
+			return bad(u.Scheme + "://bucket-name: 3-223 lower-case letters, digits, . or -")
+		}
+		if u.Path != "" && u.Path != "/" {
+			return bad(fmt.Sprintf("%s://%s?prefix=%s/ (a folder goes in ?prefix=, not in the path)", u.Scheme, u.Host, strings.Trim(u.Path, "/")))
+		}
+	case "mem":
+	default:
+		return bad("a URL with scheme " + strings.Join(blobSchemes, "://, ") + "://")
+	}
+	return nil
+}
+
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// execReserved are the variables durabletrain sets for each rank.
+var execReserved = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"}
+
+// check refuses an exec section no worker could start: an empty program,
+// NUL bytes, a relative directory, variables durabletrain sets itself, and
+// sizes beyond what one rank's command line and environment need.
+func (x *Exec) check() error {
+	switch {
+	case len(x.Command) == 0:
+		return fmt.Errorf("exec.command is empty; want %s", accepted["exec.command"])
+	case len(x.Command) > MaxExecArgs:
+		return fmt.Errorf("exec.command has %d arguments; want at most %d", len(x.Command), MaxExecArgs)
+	case strings.TrimSpace(x.Command[0]) == "":
+		return fmt.Errorf("exec.command[0] is %s; want the program to run (a name on the worker's PATH, or a path)", quoted(x.Command[0]))
+	case len(x.Env) > MaxExecEnv:
+		return fmt.Errorf("exec.env has %d variables; want at most %d", len(x.Env), MaxExecEnv)
+	case x.Dir != "" && !strings.HasPrefix(x.Dir, "/"):
+		return fmt.Errorf("exec.dir is %s; want an absolute directory on the worker", quoted(x.Dir))
+	case len(x.Dir) > maxExecString || strings.ContainsRune(x.Dir, 0):
+		return fmt.Errorf("exec.dir is %s; want a directory of at most %d bytes, without NUL", quoted(x.Dir), maxExecString)
+	}
+	for i, a := range x.Command {
+		if len(a) > maxExecString || strings.ContainsRune(a, 0) {
+			return fmt.Errorf("exec.command[%d] is %s; want at most %d bytes, without NUL", i, quoted(a), maxExecString)
+		}
+	}
+	for k, v := range x.Env {
+		switch {
+		case !envNamePattern.MatchString(k):
+			return fmt.Errorf("exec.env has the variable %s; want names of letters, digits and _, not starting with a digit", quoted(k))
+		case strings.HasPrefix(k, "DURABLETRAIN_") || slices.Contains(execReserved, k):
+			return fmt.Errorf("exec.env.%s: durabletrain sets it for each rank; want a variable of your own", k)
+		case len(v) > maxExecString || strings.ContainsRune(v, 0):
+			return fmt.Errorf("exec.env.%s is %s; want at most %d bytes, without NUL", k, quoted(v), maxExecString)
+		}
+	}
+	return nil
+}
+
+// MaxIDLength is the Temporal server's default limit on workflow IDs and
+// task queue names (limit.maxIDLength).
+const MaxIDLength = 1000
+
+// CheckWorkflowID checks a workflow ID a client is about to start, leaving
+// room for suffix more bytes (a search's trials are "<id>-trial-000").
+func CheckWorkflowID(field, id string, suffix int) error {
+	switch {
+	case id == "" || len(id)+suffix > MaxIDLength:
+		return fmt.Errorf("%s is %d bytes; want 1 to %d (the server's limit on workflow IDs, less %d for what is added to it)", field, len(id), MaxIDLength-suffix, suffix)
+	case !utf8.ValidString(id) || strings.ContainsFunc(id, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return fmt.Errorf("%s is %s; want printable UTF-8 text", field, quoted(id))
+	}
+	return nil
+}
