@@ -54,6 +54,11 @@ type Agent struct {
 	// storage, memory. The zero Policy runs no exec program and reads and
 	// writes only under policy.DefaultStorageRoots.
 	Policy policy.Policy
+	// PoolKey is the secret the workers of one pool share (at least 32
+	// bytes): each signs its slot grants with it and verifies its gang's
+	// before joining, so a forged slot-granted signal cannot put a stranger
+	// into a gang. Nil trusts every grant that arrives.
+	PoolKey []byte
 	// LeaveTimeout bounds how long ranks of a stopping worker take to stop
 	// with their gang and checkpoint before they are cut off; default 8s.
 	// Keep it below the worker's stop grace.

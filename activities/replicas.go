@@ -126,6 +126,9 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	if err != nil {
 		return nil, nil, userError(err)
 	}
+	if a.PoolKey != nil {
+		store.Sign(a.PoolKey)
+	}
 	rep := &replica{store: store, slot: in.Slot, storeURL: in.Spec.Checkpoint.URL}
 	if rep.scratch, err = os.MkdirTemp(a.scratch, fmt.Sprintf("%s-g%d-r%d-", fileSafe(in.Run), in.Generation, in.Rank)); err != nil {
 		rep.close()
@@ -134,8 +137,21 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	beat.set(map[string]any{"phase": "joining gang"})
 	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	rep.group, err = collective.Join(jctx, a.Listener, collective.Gang{Run: gangRun(key.workflowID), Generation: uint64(in.Generation), Peers: in.Peers},
-		in.Rank, collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log})
+	gang := collective.Gang{Run: gangRun(key.workflowID), Generation: uint64(in.Generation), Peers: in.Peers}
+	opts := collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log}
+	if in.Secret == nil {
+		if err := a.verifyGrants(key.workflowID, in); err != nil {
+			rep.close()
+			return nil, nil, err
+		}
+		sk := a.slots.key(in.Slot, key.workflowID)
+		if sk == nil {
+			rep.close()
+			return nil, nil, fmt.Errorf("worker %s: slot %d is not held by workflow %s: its hold ended before the epoch began", a.Identity, in.Slot, key.workflowID)
+		}
+		gang.PublicKeys, opts.Identity = in.PublicKeys, sk.private
+	}
+	rep.group, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts)
 	if err != nil {
 		rep.close()
 		return nil, nil, err

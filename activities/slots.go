@@ -22,11 +22,12 @@ type slotTable struct {
 	busy   map[int]bool
 	epochs map[int]chan struct{}       // closed when the slot's running RunEpoch returns
 	refs   map[int]*spec.CheckpointRef // the latest checkpoint the slot's gang committed
+	keys   map[int]*slotKey            // the identity of the slot's current hold
 }
 
 func (t *slotTable) init(slots []Slot) {
 	t.order = slots
-	t.busy, t.epochs, t.refs = map[int]bool{}, map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}
+	t.busy, t.epochs, t.refs, t.keys = map[int]bool{}, map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}, map[int]*slotKey{}
 }
 
 // take reserves the first free slot.
@@ -47,7 +48,24 @@ func (t *slotTable) free(i int) {
 	t.mu.Lock()
 	delete(t.busy, i)
 	delete(t.refs, i)
+	delete(t.keys, i)
 	t.mu.Unlock()
+}
+
+func (t *slotTable) setKey(i int, k *slotKey) {
+	t.mu.Lock()
+	t.keys[i] = k
+	t.mu.Unlock()
+}
+
+// key is the identity of the slot's hold if the workflow holds it, else nil.
+func (t *slotTable) key(i int, workflowID string) *slotKey {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if k := t.keys[i]; k != nil && k.workflowID == workflowID {
+		return k
+	}
+	return nil
 }
 
 func (t *slotTable) setCheckpoint(i int, ref *spec.CheckpointRef) {
@@ -106,7 +124,16 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 		a.replicas.dropOn(in.WorkflowID, slot.Index)
 		a.slots.free(slot.Index)
 	}()
-	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slot.Index, GPU: slot.GPU}
+	key, err := newSlotKey(in.WorkflowID)
+	if err != nil {
+		return err
+	}
+	a.slots.setKey(slot.Index, key)
+	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slot.Index, GPU: slot.GPU,
+		PublicKey: key.private.PublicKey().Bytes()}
+	if a.PoolKey != nil {
+		placement.Grant = grantMAC(a.PoolKey, in.WorkflowID, placement.Collective, placement.PublicKey)
+	}
 	if err := activity.GetClient(ctx).SignalWorkflow(ctx, in.WorkflowID, in.RunID, spec.SignalSlotGranted,
 		spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: placement}); err != nil {
 		return fmt.Errorf("telling workflow %s about slot %d: %w", in.WorkflowID, slot.Index, err)

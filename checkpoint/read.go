@@ -99,6 +99,8 @@ func (s *Store) readManifest(ctx context.Context, run, id string) (Manifest, err
 		return m, fmt.Errorf("manifest format %d; this version reads format %d", m.Format, FormatVersion)
 	case m.Checksum != m.checksum():
 		return m, errors.New("manifest checksum mismatch: the manifest was altered or damaged")
+	case s.checkSignature(m) != nil:
+		return m, s.checkSignature(m)
 	case m.Run != run || m.ID != id:
 		return m, fmt.Errorf("manifest names %s/%s but lies at %s/%s", m.Run, m.ID, run, id)
 	case len(m.Objects) == 0:

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -33,6 +34,42 @@ type Store struct {
 	bucket *blob.Bucket
 	url    string
 	log    *zap.Logger
+	key    []byte // signs and verifies manifests (Sign)
+}
+
+// Sign makes the store sign every manifest it commits with key (HMAC-SHA256
+// over the manifest's checksum, which covers every object's hash) and treat
+// every manifest not signed with that key as corrupt: whoever can write the
+// bucket but lacks the key cannot make a checkpoint this store will load.
+// Checkpoints written before the store signed are refused too.
+func (s *Store) Sign(key []byte) { s.key = key }
+
+// KeyID names a signing key in manifests without revealing it.
+func KeyID(key []byte) string {
+	sum := sha256.Sum256(append([]byte("durabletrain checkpoint key id\x00"), key...))
+	return hex.EncodeToString(sum[:8])
+}
+
+func signature(key []byte, checksum string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("durabletrain manifest v1\x00"))
+	m.Write([]byte(checksum))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// checkSignature verifies a manifest against the store's key, if it has one.
+func (s *Store) checkSignature(m Manifest) error {
+	switch {
+	case s.key == nil:
+		return nil
+	case m.Signature == "":
+		return errors.New("manifest is not signed, and this worker loads only checkpoints signed with its pool key")
+	case m.KeyID != KeyID(s.key):
+		return fmt.Errorf("manifest is signed with another key (id %s; this worker's pool key is %s)", m.KeyID, KeyID(s.key))
+	case !hmac.Equal([]byte(m.Signature), []byte(signature(s.key, m.Checksum))):
+		return errors.New("manifest signature mismatch: forged, or altered after it was signed")
+	}
+	return nil
 }
 
 // Open opens the checkpoint store at url. A nil logger logs nothing.
@@ -81,7 +118,11 @@ type Manifest struct {
 	Meta      map[string]string  `json:"meta,omitempty"`
 	Created   time.Time          `json:"created"`
 	Objects   []Object           `json:"objects"`
-	Checksum  string             `json:"checksum"` // SHA-256 of this manifest encoded with Checksum empty
+	Checksum  string             `json:"checksum"` // SHA-256 of this manifest encoded with Checksum and Signature empty
+	// KeyID and Signature: on a store with a key (Store.Sign), the key's
+	// name and the HMAC-SHA256 of Checksum under it.
+	KeyID     string `json:"key_id,omitempty"`
+	Signature string `json:"signature,omitempty"`
 }
 
 // Object is one file of a checkpoint.
@@ -302,7 +343,13 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 		m.Objects = append(m.Objects, *o)
 	}
 	slices.SortFunc(m.Objects, func(a, b Object) int { return strings.Compare(a.Name, b.Name) })
+	if w.s.key != nil {
+		m.KeyID = KeyID(w.s.key)
+	}
 	m.Checksum = m.checksum()
+	if w.s.key != nil {
+		m.Signature = signature(w.s.key, m.Checksum)
+	}
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return Manifest{}, err
@@ -319,7 +366,7 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 }
 
 func (m Manifest) checksum() string {
-	m.Checksum = ""
+	m.Checksum, m.Signature = "", ""
 	data, _ := json.Marshal(m)
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:])

@@ -275,7 +275,7 @@ func TestStrangerConnectionIsRefusedAndTheGangStillForms(t *testing.T) {
 	go func() {
 		c, err := dialTCP(ln.Addr())
 		if err == nil {
-			dialHandshake(c, []byte("i-do-not-know-the-secret"), hello{Run: "r", Generation: 1, From: 1, To: 0, World: 2})
+			dialHandshake(context.Background(), c, []byte("i-do-not-know-the-secret"), hello{Run: "r", Generation: 1, From: 1, To: 0, World: 2})
 			c.Close()
 		}
 	}()

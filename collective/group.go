@@ -3,6 +3,7 @@ package collective
 import (
 	"bufio"
 	"context"
+	"crypto/ecdh"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,11 +27,20 @@ type Gang struct {
 	Generation uint64
 	// Peers holds the collective listener address of every rank, indexed by rank.
 	Peers []string
+	// PublicKeys holds every rank's X25519 public key, indexed by rank, when
+	// the ranks authenticate with keys of their own (Options.Identity).
+	PublicKeys [][]byte
 }
 
 // Options tune a group. The zero value of each field picks its default.
 type Options struct {
-	// Secret authenticates every connection of the run; at least 16 bytes, the same on every rank.
+	// Identity is this rank's X25519 private key; its public key is
+	// Gang.PublicKeys[rank]. Each pair of neighbours then authenticates with a
+	// key derived from their Diffie-Hellman secret, so no shared secret needs
+	// to travel: the public keys may be read by anyone. Secret is then unused.
+	Identity *ecdh.PrivateKey
+	// Secret authenticates every connection of the run when there is no
+	// Identity; at least 16 bytes, the same on every rank.
 	Secret []byte
 	// StallTimeout is how long a rank waits without any frame (data or keepalive)
 	// from its left neighbour before it declares that neighbour stalled (after
@@ -120,6 +130,9 @@ type Group struct {
 	left, right int // neighbour ranks
 	opts        Options
 	log         *zap.Logger
+	// dialSecret authenticates the connection to the right neighbour,
+	// acceptSecret the one from the left.
+	dialSecret, acceptSecret []byte
 
 	leftConn, rightConn net.Conn // data flows left -> us -> right
 	leftReader          *bufio.Reader
@@ -157,8 +170,8 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		return nil, fmt.Errorf("collective: rank %d out of range; want 0..%d for %d peers", rank, world-1, world)
 	case gang.Run == "" || len(gang.Run) > maxRunLen:
 		return nil, fmt.Errorf("collective: gang.Run %q; want 1..%d bytes", gang.Run, maxRunLen)
-	case len(opts.Secret) < minSecretLen:
-		return nil, fmt.Errorf("collective: options.Secret has %d bytes; want at least %d", len(opts.Secret), minSecretLen)
+	case opts.Identity == nil && len(opts.Secret) < minSecretLen:
+		return nil, fmt.Errorf("collective: options.Secret has %d bytes; want at least %d (or an options.Identity)", len(opts.Secret), minSecretLen)
 	case world > 1 && ln == nil:
 		return nil, errors.New("collective: a Listener is required for more than one rank")
 	case opts.Transport != TransportAuto && opts.Transport != TransportTCP:
@@ -174,6 +187,10 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if world == 1 {
 		return g, nil
 	}
+	var err error
+	if g.dialSecret, g.acceptSecret, err = linkSecrets(gang, rank, g.left, g.right, opts); err != nil {
+		return nil, err
+	}
 	type result struct {
 		conn net.Conn
 		err  error
@@ -187,7 +204,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	}()
 	go func() {
 		k := connKey{run: gang.Run, gen: gang.Generation, from: uint32(g.left), to: uint32(rank), world: uint32(world)}
-		c, err := ln.accept(jctx, k, opts.Secret)
+		c, err := ln.accept(jctx, k, g.acceptSecret)
 		if err != nil {
 			err = fmt.Errorf("collective: rank %d: waiting for rank %d (%s) to connect: %w", rank, g.left, gang.Peers[g.left], err)
 		}
@@ -265,7 +282,7 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 			if tc, ok := conn.(*net.TCPConn); ok {
 				tc.SetNoDelay(true)
 			}
-			err = dialHandshake(conn, g.opts.Secret, h)
+			err = dialHandshake(ctx, conn, g.dialSecret, h)
 			if err == nil {
 				return conn, nil
 			}

@@ -1,6 +1,10 @@
 package collective
 
 import (
+	"bytes"
+	"context"
+	"crypto/ecdh"
+	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -92,13 +96,18 @@ func proof(secret []byte, role string, h hello, acceptorNonce []byte) []byte {
 }
 
 // dialHandshake runs the dialer's side: send hello, check the acceptor's proof,
-// send ours, wait for the acceptor's OK.
-func dialHandshake(conn net.Conn, secret []byte, h hello) error {
+// send ours, wait for the acceptor's OK. It gives up when ctx ends.
+func dialHandshake(ctx context.Context, conn net.Conn, secret []byte, h hello) error {
 	if _, err := rand.Read(h.Nonce[:]); err != nil {
 		return err
 	}
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
-	defer conn.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer func() {
+		if stop() {
+			conn.SetDeadline(time.Time{})
+		}
+	}()
 	if _, err := conn.Write(h.encode()); err != nil {
 		return fmt.Errorf("sending handshake: %w", err)
 	}
@@ -142,3 +151,39 @@ func acceptHandshake(conn net.Conn, secret []byte, h hello) error {
 }
 
 var errAuth = errors.New("authentication failed: the peer does not hold this run's secret")
+
+// linkSecrets are the keys that authenticate this rank's two connections:
+// the one it dials (to right) and the one it accepts (from left). With a
+// shared Secret both are that secret; with an Identity each is derived from
+// the Diffie-Hellman secret of the two ranks, bound to the run, generation
+// and direction, so a key of one link or gang proves nothing on another.
+func linkSecrets(gang Gang, rank, left, right int, opts Options) (dial, accept []byte, err error) {
+	if opts.Identity == nil {
+		return opts.Secret, opts.Secret, nil
+	}
+	if len(gang.PublicKeys) != len(gang.Peers) {
+		return nil, nil, fmt.Errorf("collective: gang.PublicKeys has %d keys for %d peers; want one per rank", len(gang.PublicKeys), len(gang.Peers))
+	}
+	if !bytes.Equal(gang.PublicKeys[rank], opts.Identity.PublicKey().Bytes()) {
+		return nil, nil, fmt.Errorf("collective: gang.PublicKeys[%d] is not this rank's public key (options.Identity)", rank)
+	}
+	link := func(from, to, peer int) ([]byte, error) {
+		pub, err := ecdh.X25519().NewPublicKey(gang.PublicKeys[peer])
+		if err != nil {
+			return nil, fmt.Errorf("collective: gang.PublicKeys[%d]: %w", peer, err)
+		}
+		shared, err := opts.Identity.ECDH(pub)
+		if err != nil {
+			return nil, fmt.Errorf("collective: key agreement with rank %d: %w", peer, err)
+		}
+		info := fmt.Appendf(nil, "durabletrain collective link v1\x00%s\x00%d\x00%d\x00%d", gang.Run, gang.Generation, from, to)
+		return hkdf.Key(sha256.New, shared, nil, string(info), sha256.Size)
+	}
+	if dial, err = link(rank, right, right); err != nil {
+		return nil, nil, err
+	}
+	if accept, err = link(left, rank, left); err != nil {
+		return nil, nil, err
+	}
+	return dial, accept, nil
+}

@@ -14,22 +14,63 @@ import (
 // Listener accepts the connections of every gang a worker process takes part
 // in, reads each one's hello and hands it to the Join waiting for it. One
 // Listener serves any number of ranks and gangs at once.
+//
+// The port is open to the network, so the listener assumes strangers: a
+// connection must say hello within helloTimeout; one remote host may hold at
+// most maxConnsPerHost connections that have not proved the run's secret; a
+// hello for a connection no Join waits for yet is parked (a rank may dial
+// before its neighbour is ready) among at most maxParked others, the oldest
+// closed first, for at most parkTimeout; and every candidate for a waiting
+// Join is authenticated concurrently with the others, so an impostor who
+// knows the run, generation and ranks costs the real peer nothing.
 type Listener struct {
 	ln  net.Listener
 	log *zap.Logger
 
-	mu      sync.Mutex
-	waiting map[connKey]chan net.Conn
-	pending int
-	closed  bool
+	mu       sync.Mutex
+	expected map[connKey]*expectation
+	parked   []*helloConn   // oldest first
+	perHost  map[string]int // unauthenticated connections per remote host
+	closed   bool
+
+	refusals refusalLog
 }
 
 const (
-	// maxPendingConns bounds connections that said hello but were not yet claimed by a Join.
-	maxPendingConns = 256
-	// unclaimedTimeout is how long a connection waits for its Join before it is closed.
-	unclaimedTimeout = 60 * time.Second
+	// helloTimeout: a peer sends its hello at once; a connection that does not is a stranger's.
+	helloTimeout = 5 * time.Second
+	// parkTimeout is how long a hello waits for its Join; the dialer retries after it.
+	parkTimeout = 10 * time.Second
+	// maxParked bounds hellos that no Join waits for yet.
+	maxParked = 1024
+	// maxConnsPerHost bounds one remote host's connections that have not
+	// authenticated: reading their hello, parked or in a handshake. A host
+	// with 8 ranks in a few gangs dials a few dozen at most.
+	maxConnsPerHost = 64
 )
+
+// expectation is a Join waiting for one connection.
+type expectation struct {
+	secret []byte
+	ready  chan struct{} // closed when conn is set
+
+	mu       sync.Mutex
+	conn     net.Conn
+	finished bool // the Join returned: later arrivals are closed
+}
+
+// deliver hands an authenticated connection to the Join, or reports false if
+// the Join has one already or has returned.
+func (e *expectation) deliver(c net.Conn) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished || e.conn != nil {
+		return false
+	}
+	e.conn = c
+	close(e.ready)
+	return true
+}
 
 // Listen opens a TCP listener for collective connections on addr ("host:port";
 // port 0 picks a free one). A nil logger logs nothing.
@@ -46,7 +87,8 @@ func NewListener(ln net.Listener, log *zap.Logger) *Listener {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	l := &Listener{ln: ln, log: log, waiting: map[connKey]chan net.Conn{}}
+	l := &Listener{ln: ln, log: log, expected: map[connKey]*expectation{}, perHost: map[string]int{}}
+	l.refusals.log = log
 	go l.acceptLoop()
 	return l
 }
@@ -58,11 +100,12 @@ func (l *Listener) Addr() string { return l.ln.Addr().String() }
 func (l *Listener) Close() error {
 	l.mu.Lock()
 	l.closed = true
-	for k, ch := range l.waiting {
-		drain(ch)
-		delete(l.waiting, k)
-	}
+	parked := l.parked
+	l.parked = nil
 	l.mu.Unlock()
+	for _, p := range parked {
+		p.Close()
+	}
 	return l.ln.Close()
 }
 
@@ -81,120 +124,197 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
-// route reads a connection's hello and queues it for the Join of the rank it names.
+// admit counts a new unauthenticated connection against its host's limit.
+func (l *Listener) admit(host string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.perHost[host] >= maxConnsPerHost {
+		return false
+	}
+	l.perHost[host]++
+	return true
+}
+
+// release ends a connection's unauthenticated life.
+func (l *Listener) release(host string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perHost[host]--; l.perHost[host] <= 0 {
+		delete(l.perHost, host)
+	}
+}
+
+func remoteHost(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// route reads a connection's hello and authenticates it for the Join waiting
+// for it, or parks it until that Join arrives.
 func (l *Listener) route(conn net.Conn) {
-	conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	host := remoteHost(conn)
+	if !l.admit(host) {
+		l.refusals.note("listener closed or too many unauthenticated connections from this host", conn, nil)
+		conn.Close()
+		return
+	}
+	conn.SetReadDeadline(time.Now().Add(helloTimeout))
 	h, err := readHello(conn)
 	conn.SetReadDeadline(time.Time{})
 	if err != nil {
-		l.log.Warn("collective connection refused", zap.Stringer("remote", conn.RemoteAddr()), zap.Error(err))
+		l.release(host)
+		l.refusals.note("bad hello", conn, err)
 		conn.Close()
 		return
 	}
+	hc := &helloConn{Conn: conn, hello: h, host: host}
 	l.mu.Lock()
-	if l.closed || l.pending >= maxPendingConns {
+	if exp := l.expected[h.key()]; exp != nil {
 		l.mu.Unlock()
-		l.log.Warn("collective connection refused: listener closed or too many unclaimed connections",
-			zap.Stringer("remote", conn.RemoteAddr()))
+		l.authenticate(exp, hc)
+		return
+	}
+	if l.closed {
+		l.mu.Unlock()
+		l.release(host)
 		conn.Close()
 		return
 	}
-	ch := l.queueLocked(h.key())
-	select {
-	case ch <- &helloConn{Conn: conn, hello: h}:
-		l.pending++
-	default:
-		l.mu.Unlock()
-		l.log.Warn("collective connection refused: too many connections for one rank",
-			zap.Stringer("remote", conn.RemoteAddr()), zap.String("run", h.Run), zap.Uint32("from", h.From))
-		conn.Close()
-		return
+	var evicted *helloConn
+	if len(l.parked) >= maxParked {
+		evicted, l.parked = l.parked[0], l.parked[1:]
 	}
+	l.parked = append(l.parked, hc)
 	l.mu.Unlock()
-	time.AfterFunc(unclaimedTimeout, func() { l.expire(h.key()) })
+	if evicted != nil {
+		l.refuseParked(evicted, "too many hellos waiting for their rank: the oldest closed")
+	}
+	time.AfterFunc(parkTimeout, func() {
+		if l.unpark(hc) {
+			l.refuseParked(hc, "no rank claimed it in time")
+		}
+	})
+}
+
+// unpark takes a connection out of the parked ones; false if a Join claimed it.
+func (l *Listener) unpark(hc *helloConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, p := range l.parked {
+		if p == hc {
+			l.parked = append(l.parked[:i], l.parked[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (l *Listener) refuseParked(hc *helloConn, why string) {
+	l.release(hc.host)
+	l.refusals.note(why, hc, nil)
+	hc.Close()
+}
+
+// authenticate runs the acceptor's handshake and hands the connection to its Join.
+func (l *Listener) authenticate(exp *expectation, hc *helloConn) {
+	err := acceptHandshake(hc.Conn, exp.secret, hc.hello)
+	l.release(hc.host)
+	if err != nil {
+		l.refusals.note("handshake failed", hc, err)
+		hc.Close()
+		return
+	}
+	if !exp.deliver(hc.Conn) {
+		hc.Close()
+	}
 }
 
 // helloConn is a connection whose hello has been read by the listener.
 type helloConn struct {
 	net.Conn
 	hello hello
+	host  string
 }
 
-func (l *Listener) queueLocked(k connKey) chan net.Conn {
-	ch, ok := l.waiting[k]
-	if !ok {
-		ch = make(chan net.Conn, 8)
-		l.waiting[k] = ch
-	}
-	return ch
-}
-
-// expire closes connections for k that no Join claimed in time.
-func (l *Listener) expire(k connKey) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ch, ok := l.waiting[k]
-	if !ok {
-		return
-	}
-	for {
-		select {
-		case c := <-ch:
-			l.pending--
-			l.log.Warn("collective connection closed: no rank claimed it",
-				zap.String("run", k.run), zap.Uint64("generation", k.gen), zap.Uint32("from", k.from), zap.Uint32("to", k.to))
-			c.Close()
-		default:
-			return
-		}
-	}
-}
-
-// accept waits for an authenticated connection from rank `from` for the given
-// key, verifying each candidate with the secret; impostors are logged and closed.
+// accept waits for an authenticated connection for the given key: every
+// candidate, parked before or arriving now, is verified with the secret on
+// its own goroutine; the first that proves it wins.
 func (l *Listener) accept(ctx context.Context, k connKey, secret []byte) (net.Conn, error) {
+	exp := &expectation{secret: secret, ready: make(chan struct{})}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return nil, errors.New("collective: listener is closed")
 	}
-	ch := l.queueLocked(k)
+	if l.expected[k] != nil {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("collective: another Join already waits for rank %d's connection in run %q generation %d", k.from, k.run, k.gen)
+	}
+	l.expected[k] = exp
+	var claimed []*helloConn
+	kept := l.parked[:0]
+	for _, p := range l.parked {
+		if p.hello.key() == k {
+			claimed = append(claimed, p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(l.parked[len(kept):])
+	l.parked = kept
 	l.mu.Unlock()
+	for _, p := range claimed {
+		go l.authenticate(exp, p)
+	}
 	defer func() {
 		l.mu.Lock()
-		if l.waiting[k] == ch && len(ch) == 0 {
-			delete(l.waiting, k)
-		}
+		delete(l.expected, k)
 		l.mu.Unlock()
 	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case c := <-ch:
-			l.mu.Lock()
-			l.pending--
-			l.mu.Unlock()
-			hc := c.(*helloConn)
-			if err := acceptHandshake(hc.Conn, secret, hc.hello); err != nil {
-				l.log.Warn("collective connection refused",
-					zap.String("run", k.run), zap.Uint64("generation", k.gen), zap.Uint32("from", k.from),
-					zap.Stringer("remote", hc.RemoteAddr()), zap.Error(err))
-				hc.Close()
-				continue
-			}
-			return hc.Conn, nil
+	select {
+	case <-exp.ready:
+		return exp.conn, nil
+	case <-ctx.Done():
+		exp.mu.Lock()
+		exp.finished = true
+		c := exp.conn
+		exp.mu.Unlock()
+		if c != nil {
+			return c, nil // it arrived as we gave up: take it
 		}
+		return nil, ctx.Err()
 	}
 }
 
-func drain(ch chan net.Conn) {
-	for {
-		select {
-		case c := <-ch:
-			c.Close()
-		default:
-			return
-		}
+// refusalLog logs refused connections at most once a second, with a count of
+// those it left out, so that a flood of strangers cannot flood the log.
+type refusalLog struct {
+	log     *zap.Logger
+	mu      sync.Mutex
+	last    time.Time
+	skipped int
+}
+
+func (r *refusalLog) note(why string, c net.Conn, err error) {
+	r.mu.Lock()
+	now := time.Now()
+	if now.Sub(r.last) < time.Second {
+		r.skipped++
+		r.mu.Unlock()
+		return
 	}
+	skipped := r.skipped
+	r.last, r.skipped = now, 0
+	r.mu.Unlock()
+	fields := []zap.Field{zap.String("why", why), zap.Stringer("remote", c.RemoteAddr()), zap.Int("more_refused_since_last_line", skipped)}
+	if hc, ok := c.(*helloConn); ok {
+		fields = append(fields, zap.String("run", hc.hello.Run), zap.Uint64("generation", hc.hello.Generation), zap.Uint32("from", hc.hello.From))
+	}
+	if err != nil {
+		fields = append(fields, zap.Error(err))
+	}
+	r.log.Warn("collective connection refused", fields...)
 }

@@ -55,7 +55,13 @@ type Config struct {
 	// zero Policy runs no exec program and keeps storage under
 	// policy.DefaultStorageRoots.
 	Policy policy.Policy
-	Log    *zap.Logger
+	// PoolKey is the secret every worker of the pool shares (at least 32
+	// bytes; cmd/worker reads it from -pool-key-file): it signs slot grants,
+	// which ranks verify before they join a gang, and checkpoint manifests,
+	// which the agent verifies before it loads one. Nil trusts every grant
+	// and every checkpoint in the storage roots.
+	PoolKey []byte
+	Log     *zap.Logger
 }
 
 // RegisterWorkflows registers durabletrain's workflows on a worker of yours.
@@ -135,7 +141,12 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		defer gpus.Close()
 		agent := &activities.Agent{Identity: cfg.Identity, HostQueue: hostQueue, Listener: ln, Advertise: advertise(cfg.CollectiveAdvertise, ln.Addr()),
 			Slots: found, Log: log, LeaveTimeout: leaveTimeout(cfg.Grace), Transport: cfg.CollectiveTransport, PythonPath: cfg.PythonPath,
-			Backends: cfg.Backends, Datasets: cfg.Datasets, Policy: cfg.Policy}
+			Backends: cfg.Backends, Datasets: cfg.Datasets, Policy: cfg.Policy, PoolKey: cfg.PoolKey}
+		if cfg.PoolKey == nil {
+			log.Warn("no pool key: slot grants and checkpoints are not authenticated; whoever can signal a run or write its checkpoint storage can join its gangs or forge its checkpoints (-pool-key-file)")
+		} else if len(cfg.PoolKey) < activities.MinPoolKeyBytes {
+			return fmt.Errorf("pool key of %d bytes; want at least %d", len(cfg.PoolKey), activities.MinPoolKeyBytes)
+		}
 		if gpus != nil {
 			agent.Devices = gpus
 		}

@@ -52,6 +52,13 @@ type Placement struct {
 	Collective string `json:"collective"`    // its collective listener address
 	Slot       int    `json:"slot"`          // slot index on that worker
 	GPU        string `json:"gpu,omitempty"` // name and UUID; empty for a CPU slot
+	// PublicKey is the X25519 key the slot's rank authenticates with in the
+	// collective; its private half never leaves the worker.
+	PublicKey []byte `json:"public_key,omitempty"`
+	// Grant, on a worker with a pool key, is its HMAC over the workflow, the
+	// collective address and PublicKey: ranks on workers of the same pool
+	// refuse a gang with a placement it does not prove (a forged slot-granted).
+	Grant []byte `json:"grant,omitempty"`
 }
 
 // HoldSlotInput asks a GPU agent for one slot of a gang.
@@ -84,9 +91,14 @@ type EpochInput struct {
 	Generation int      `json:"generation"`
 	Rank       int      `json:"rank"`
 	Peers      []string `json:"peers"` // collective addresses by rank
-	Secret     []byte   `json:"secret"`
-	Epoch      int      `json:"epoch"`
-	Spec       Training `json:"spec"`
+	// PublicKeys and Grants come from the ranks' placements, by rank: each
+	// rank authenticates its neighbours with them (no secret in history).
+	PublicKeys [][]byte `json:"public_keys,omitempty"`
+	Grants     [][]byte `json:"grants,omitempty"`
+	// Secret is the shared gang secret of runs that began before per-rank keys.
+	Secret []byte   `json:"secret,omitempty"`
+	Epoch  int      `json:"epoch"`
+	Spec   Training `json:"spec"`
 	// Restore: where to start if the rank's warm replica is not at (Epoch, 0).
 	// Nil with a cold replica means a fresh start (or spec.ResumeFrom).
 	Restore *CheckpointRef `json:"restore,omitempty"`

@@ -32,6 +32,7 @@ const (
 	ErrPreempted       = "durabletrain.Preempted"       // the worker is shutting down: its own budget
 	ErrNoSlot          = "durabletrain.NoSlot"          // a worker asked for a slot had none free
 	ErrBudgetExhausted = "durabletrain.BudgetExhausted" // more failures or preemptions than the spec allows
+	ErrForgedGrant     = "durabletrain.ForgedGrant"     // a placement its worker's pool key does not prove
 )
 
 // Progress is a run as the progress query shows it; it is also the state

@@ -55,7 +55,9 @@ func (r *run) growGang(ctx workflow.Context) {
 	}
 	oldRelease, probeRelease := g.release, pr.release
 	grown.release = func() { oldRelease(); probeRelease() }
-	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&grown.secret)
+	if !r.rankKeys {
+		workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&grown.secret)
+	}
 	r.p.AddIncident(spec.Incident{Generation: grown.generation, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
 		Detail: fmt.Sprintf("grew from %d to %d ranks", len(g.placements), len(grown.placements))})
 	r.gang, r.probe = grown, nil

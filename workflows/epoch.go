@@ -18,8 +18,12 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	epochCtx, cancel := workflow.WithCancel(ctx)
 	defer cancel()
 	peers := make([]string, len(g.placements))
+	var keys, grants [][]byte
 	for i, pl := range g.placements {
 		peers[i] = pl.Collective
+		if r.rankKeys {
+			keys, grants = append(keys, pl.PublicKey), append(grants, pl.Grant)
+		}
 	}
 	world := len(g.placements)
 	checkpoint := checkpointAfter(r.spec, epoch, r.p.Epochs, world)
@@ -35,7 +39,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
 		})
 		futures[rank] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, spec.EpochInput{
-			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, Secret: g.secret,
+			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, PublicKeys: keys, Grants: grants, Secret: g.secret,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch,
 		})

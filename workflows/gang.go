@@ -17,7 +17,7 @@ type gang struct {
 	placements []spec.Placement
 	holds      []workflow.Future
 	release    workflow.CancelFunc
-	secret     []byte
+	secret     []byte // runs before per-rank keys only (run.rankKeys)
 }
 
 var errStopped = errors.New("stopped while forming a gang")
@@ -100,7 +100,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	}
 	holds, cancels, release := r.holdSlots(ctx, gen, requests)
 	var secret []byte
-	workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
+	if !r.rankKeys {
+		workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
+	}
 
 	placements := make([]spec.Placement, workers)
 	granted := make([]bool, workers)

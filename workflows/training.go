@@ -51,6 +51,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 		return nil, err
 	}
 	r.elastic = workflow.GetVersion(ctx, "elastic-gangs", workflow.DefaultVersion, 1) >= 1
+	// Ranks authenticate with keys of their own slots (no secret in history);
+	// runs recorded before that drew a shared secret in a SideEffect.
+	r.rankKeys = workflow.GetVersion(ctx, "rank-keys", workflow.DefaultVersion, 1) >= 1
 	p, err = r.train(ctx)
 	r.ended = true
 	// Answer the stop updates before the run closes.
@@ -69,6 +72,8 @@ type run struct {
 	// elastic: this run's history has the elastic-gangs version (each slot
 	// held on its own context). Runs started before it replay without.
 	elastic bool
+	// rankKeys: ranks authenticate with their slots' keys, not a gang secret.
+	rankKeys bool
 }
 
 // handle sets up the query, signal and update handlers of a run.

@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,7 +53,7 @@ func newHarness(t *testing.T) *harness {
 		if in.Request < grant { // this fake agent has a slot for it: tell the workflow where
 			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: spec.Placement{
 				Worker: fmt.Sprintf("host-%d", (in.Request+in.Generation)%3), HostQueue: fmt.Sprintf("q-%d-%d", in.Generation, in.Request),
-				Collective: fmt.Sprintf("10.0.0.%d:7070", in.Request)}})
+				Collective: fmt.Sprintf("10.0.0.%d:7070", in.Request), PublicKey: fakePublicKey(in.Generation, in.Request)}})
 		}
 		if h.hold != nil {
 			return h.hold(ctx, in)
@@ -147,8 +148,12 @@ func TestHappyPath(t *testing.T) {
 		t.Fatalf("%d RunEpoch calls, want 6", len(h.inputs()))
 	}
 	for _, in := range h.inputs() {
-		if in.Run != "demo" || len(in.Peers) != 2 || len(in.Secret) != 32 || in.Generation != 1 {
+		if in.Run != "demo" || len(in.Peers) != 2 || in.Generation != 1 {
 			t.Fatalf("epoch input %+v", in)
+		}
+		// No secret in history: each rank is told its peers' public keys.
+		if in.Secret != nil || len(in.PublicKeys) != 2 || !bytes.Equal(in.PublicKeys[1], fakePublicKey(1, 1)) {
+			t.Fatalf("epoch input's keys: secret %x, public keys %x", in.Secret, in.PublicKeys)
 		}
 		// every_epochs 2: checkpoints after epoch 1 (the 2nd) and after the last.
 		if want := in.Epoch == 1 || in.Epoch == 2; in.Checkpoint != want {
@@ -528,4 +533,9 @@ func TestContinueAsNewCarriesTheState(t *testing.T) {
 	if s.Name != "long" || p == nil || p.Epoch != 1 || len(p.Metrics) != 1 || p.Latest == nil || p.Run != "long" {
 		t.Fatalf("carried spec %+v, state %+v", s, p)
 	}
+}
+
+// fakePublicKey stands for the key of a hold: what matters is that it reaches the ranks.
+func fakePublicKey(generation, request int) []byte {
+	return []byte(fmt.Sprintf("key-of-generation-%d-request-%d", generation, request))
 }

@@ -27,6 +27,7 @@ import (
 	_ "github.com/durabletrain/durabletrain/blobdrivers" // file://, mem://, s3://
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/keyfile"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 	_ "github.com/durabletrain/durabletrain/trainer/exectrainer" // "trainer": "exec"
@@ -52,12 +53,22 @@ func main() {
 	passEnv := flag.String("exec-pass-env", strings.Join(policy.DefaultPassEnv, ","), "this worker's environment variables exec programs also get, comma-separated (never its credentials unless listed)")
 	roots := flag.String("storage-roots", strings.Join(policy.DefaultStorageRoots, ","),
 		"blob URLs that dataset, checkpoint and results URLs must fall under, comma-separated; a root's query parameters (endpoint=, region=, profile=) are the worker's and added to the spec's")
+	poolKey := flag.String("pool-key-file", os.Getenv("DURABLETRAIN_POOL_KEY_FILE"),
+		"file holding the secret all workers of this pool share (at least 32 bytes, mode 600): it signs slot grants and checkpoints, so nobody outside the pool can join a gang or forge a checkpoint")
 	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
 	flag.Parse()
 	cfg.Policy.Exec, cfg.Policy.ExecDirs = list(*allowExec), list(*execDirs)
 	cfg.Policy.PassEnv, cfg.Policy.StorageRoots = list(*passEnv), splitRoots(*roots)
 	if cfg.Policy.PassEnv == nil {
 		cfg.Policy.PassEnv = []string{}
+	}
+	if *poolKey != "" {
+		key, err := keyfile.Read(*poolKey, "-pool-key-file")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			os.Exit(2)
+		}
+		cfg.PoolKey = key
 	}
 	cfg.ControlQueue = conn.ControlQueue
 	switch *role {

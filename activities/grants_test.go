@@ -1,0 +1,74 @@
+package activities
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// TestGrantsProveTheirWorkerIsOfThePool: a placement signed with the pool key
+// passes; one made up outside the pool (no grant, another key's grant, a
+// grant moved to another address or key, or for another workflow) is refused
+// as a forged grant that names the rank.
+func TestGrantsProveTheirWorkerIsOfThePool(t *testing.T) {
+	pool := []byte("pool-key-of-at-least-thirty-two-bytes!!")
+	a := &Agent{PoolKey: pool}
+	k0, _ := newSlotKey("wf")
+	k1, _ := newSlotKey("wf")
+	pub0, pub1 := k0.private.PublicKey().Bytes(), k1.private.PublicKey().Bytes()
+	valid := func() spec.EpochInput {
+		return spec.EpochInput{
+			Peers:      []string{"10.0.0.1:7070", "10.0.0.2:7070"},
+			PublicKeys: [][]byte{pub0, pub1},
+			Grants:     [][]byte{grantMAC(pool, "wf", "10.0.0.1:7070", pub0), grantMAC(pool, "wf", "10.0.0.2:7070", pub1)},
+		}
+	}
+	if err := a.verifyGrants("wf", valid()); err != nil {
+		t.Fatalf("the pool's own grants: %v", err)
+	}
+	for name, forge := range map[string]func(*spec.EpochInput){
+		"no grant":       func(in *spec.EpochInput) { in.Grants[1] = nil },
+		"grants missing": func(in *spec.EpochInput) { in.Grants = in.Grants[:1] },
+		"another pool's key": func(in *spec.EpochInput) {
+			in.Grants[1] = grantMAC([]byte("another-pool-key-of-thirty-two-bytes"), "wf", in.Peers[1], pub1)
+		},
+		"address moved": func(in *spec.EpochInput) { in.Peers[1] = "203.0.113.9:7070" },
+		"key replaced":  func(in *spec.EpochInput) { in.PublicKeys[1] = pub0 },
+	} {
+		in := valid()
+		forge(&in)
+		err := a.verifyGrants("wf", in)
+		var app *temporal.ApplicationError
+		if !errors.As(err, &app) || app.Type() != spec.ErrForgedGrant || !strings.Contains(err.Error(), "rank 1") {
+			t.Errorf("%s: %v; want a %s error naming rank 1", name, err, spec.ErrForgedGrant)
+		}
+	}
+	if err := a.verifyGrants("another-workflow", valid()); err == nil {
+		t.Error("grants of one workflow were accepted for another")
+	}
+	// A worker without a pool key trusts grants, but still wants a key per peer.
+	if err := (&Agent{}).verifyGrants("wf", spec.EpochInput{Peers: []string{"a", "b"}, PublicKeys: [][]byte{pub0}}); err == nil {
+		t.Error("an input with fewer public keys than peers was accepted")
+	}
+}
+
+// TestSlotKeysBelongToTheirHold: a slot's key is found only for the workflow
+// whose hold made it, and is forgotten when the slot is freed.
+func TestSlotKeysBelongToTheirHold(t *testing.T) {
+	var st slotTable
+	st.init([]Slot{{Index: 0}})
+	s, _ := st.take()
+	k, _ := newSlotKey("wf-a")
+	st.setKey(s.Index, k)
+	if st.key(0, "wf-a") != k || st.key(0, "wf-b") != nil {
+		t.Fatal("a slot's key was not bound to its workflow")
+	}
+	st.free(0)
+	if st.key(0, "wf-a") != nil {
+		t.Fatal("a freed slot kept its key")
+	}
+}
