@@ -257,6 +257,10 @@ func TestWrongSecretIsRefused(t *testing.T) {
 	if !errors.Is(errs[0], errAuth) && !errors.Is(errs[1], errAuth) {
 		t.Errorf("want an authentication error, got %v / %v", errs[0], errs[1])
 	}
+	// The acceptor logs when the dialer hangs up on it: after the Joins returned.
+	for deadline := time.Now().Add(2 * time.Second); logs.FilterMessage("collective connection refused").Len() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if logs.FilterMessage("collective connection refused").Len() == 0 {
 		t.Errorf("the refused connection was not logged")
 	}

@@ -8,6 +8,8 @@ package connect
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -15,10 +17,13 @@ import (
 
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/contrib/envconfig"
+	"go.temporal.io/sdk/temporal"
 	sdklog "go.temporal.io/sdk/log"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/durabletrain/durabletrain/codec"
+	"github.com/durabletrain/durabletrain/internal/keyfile"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -41,15 +46,32 @@ type Options struct {
 	APIKeyEnv string
 	// ControlQueue is the task queue of the workflows; default spec.DefaultControlQueue.
 	ControlQueue string
+	// Mutual TLS: the client's certificate and key, the CA that signed the
+	// server's certificate (default the system's roots), and the name to
+	// verify it by. Any of them turns TLS on.
+	TLSCert, TLSKey, TLSCA, TLSServerName string
+	// CodecKeyFile holds the payload codec key (package codec): every
+	// starter and worker of a deployment is given the same one, and history
+	// holds only ciphertext. Empty: payloads are plain JSON.
+	CodecKeyFile string
 }
 
 // Register adds the connection flags to fs: -address, -namespace, -tls,
-// -api-key-env and -control-queue.
+// -api-key-env, -tls-cert, -tls-key, -tls-ca, -tls-server-name,
+// -codec-key-file and -control-queue.
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Address, "address", o.Address, "Temporal frontend host:port (default $TEMPORAL_ADDRESS, the Temporal profile's, or "+DefaultAddress+")")
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "Temporal namespace (default $TEMPORAL_NAMESPACE, the Temporal profile's, or "+DefaultNamespace+")")
 	fs.BoolVar(&o.TLS, "tls", o.TLS, "connect with TLS (set by $TEMPORAL_TLS*, the profile, or an API key too)")
 	fs.StringVar(&o.APIKeyEnv, "api-key-env", o.APIKeyEnv, "environment variable holding a Temporal Cloud API key (default "+DefaultAPIKeyEnv+")")
+	fs.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "client certificate (PEM) for mutual TLS (or $TEMPORAL_TLS_CLIENT_CERT_PATH)")
+	fs.StringVar(&o.TLSKey, "tls-key", o.TLSKey, "client private key (PEM) for mutual TLS (or $TEMPORAL_TLS_CLIENT_KEY_PATH)")
+	fs.StringVar(&o.TLSCA, "tls-ca", o.TLSCA, "CA certificate (PEM) the server's certificate must chain to (default the system's roots; or $TEMPORAL_TLS_SERVER_CA_CERT_PATH)")
+	fs.StringVar(&o.TLSServerName, "tls-server-name", o.TLSServerName, "name the server's certificate must carry (default the -address host)")
+	if o.CodecKeyFile == "" {
+		o.CodecKeyFile = os.Getenv("DURABLETRAIN_CODEC_KEY_FILE")
+	}
+	fs.StringVar(&o.CodecKeyFile, "codec-key-file", o.CodecKeyFile, "file holding the payload encryption key (at least 32 bytes, mode 600; default $DURABLETRAIN_CODEC_KEY_FILE): history then holds only ciphertext; give every starter and worker the same one")
 	if o.ControlQueue == "" {
 		o.ControlQueue = spec.DefaultControlQueue
 	}
@@ -89,8 +111,62 @@ func (o Options) ClientOptions(log *zap.Logger) (client.Options, error) {
 	if o.TLS && opts.ConnectionOptions.TLS == nil {
 		opts.ConnectionOptions.TLS = &tls.Config{}
 	}
+	if err := o.mutualTLS(&opts); err != nil {
+		return client.Options{}, err
+	}
+	if o.CodecKeyFile != "" {
+		key, err := keyfile.Read(o.CodecKeyFile, "-codec-key-file")
+		if err != nil {
+			return client.Options{}, err
+		}
+		c, err := codec.New(key)
+		if err != nil {
+			return client.Options{}, fmt.Errorf("-codec-key-file: %w", err)
+		}
+		opts.DataConverter = c.DataConverter()
+		// Failure messages and stack traces name URLs and paths too: into the payload with them.
+		opts.FailureConverter = temporal.NewDefaultFailureConverter(temporal.DefaultFailureConverterOptions{
+			DataConverter: opts.DataConverter, EncodeCommonAttributes: true})
+	}
 	opts.Logger = SDKLogger(log)
 	return opts, nil
+}
+
+// mutualTLS applies the -tls-* flags over the environment's TLS settings.
+func (o Options) mutualTLS(opts *client.Options) error {
+	if o.TLSCert == "" && o.TLSKey == "" && o.TLSCA == "" && o.TLSServerName == "" {
+		return nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if opts.ConnectionOptions.TLS != nil {
+		cfg = opts.ConnectionOptions.TLS.Clone()
+	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		return errors.New("-tls-cert and -tls-key: give both (a client certificate and its key) or neither")
+	}
+	if o.TLSCert != "" {
+		pair, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+		if err != nil {
+			return fmt.Errorf("-tls-cert/-tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	if o.TLSCA != "" {
+		pem, err := os.ReadFile(o.TLSCA)
+		if err != nil {
+			return fmt.Errorf("-tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("-tls-ca: %s holds no PEM certificate", o.TLSCA)
+		}
+		cfg.RootCAs = pool
+	}
+	if o.TLSServerName != "" {
+		cfg.ServerName = o.TLSServerName
+	}
+	opts.ConnectionOptions.TLS = cfg
+	return nil
 }
 
 // Dial connects a client with the resolved options.

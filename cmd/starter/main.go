@@ -7,6 +7,7 @@
 //	starter checkpoints -id RUN                    the run's checkpoints
 //	starter resume -id RUN -wait                   a new run from RUN's latest verified checkpoint
 //	starter tune -f tune.json -wait                a hyperparameter search, its live status table, the best config
+//	starter codec-server -codec-key-file F         decrypts payloads for the Temporal UI and CLI (--codec-endpoint)
 //
 // Exit codes: 0 done, 1 the run failed, 2 bad input, 3 Temporal unreachable.
 package main
@@ -60,7 +61,7 @@ func fail(code int, format string, args ...any) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(exitUsage, "usage: starter train|status|stop|list|checkpoints|resume|tune [flags]; starter CMD -h for its flags")
+		fail(exitUsage, "usage: starter train|status|stop|list|checkpoints|resume|tune|codec-server [flags]; starter CMD -h for its flags")
 	}
 	cmd, args := os.Args[1], os.Args[2:]
 	switch cmd {
@@ -76,8 +77,10 @@ func main() {
 		checkpoints(args)
 	case "tune":
 		tuneCmd(args)
+	case "codec-server":
+		codecServer(args)
 	default:
-		fail(exitUsage, "unknown command %q; want train, status, stop, list, checkpoints, resume or tune", cmd)
+		fail(exitUsage, "unknown command %q; want train, status, stop, list, checkpoints, resume, tune or codec-server", cmd)
 	}
 }
 

@@ -1,0 +1,156 @@
+// Package codec owns the payload codec that keeps what durabletrain puts in
+// Temporal (specs with their exec.env values and URLs, progress, checkpoint
+// references) encrypted in history: AES-256-GCM under a key every starter
+// and worker of a deployment is given (-codec-key-file), so the server, its
+// database and whoever can read the namespace see ciphertext. The Temporal
+// UI and CLI read it through a codec server (Handler; `starter
+// codec-server`), the way Temporal documents for encrypted payloads.
+package codec
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+
+	commonpb "go.temporal.io/api/common/v1"
+	"go.temporal.io/sdk/converter"
+)
+
+// Metadata of an encrypted payload.
+const (
+	Encoding         = "binary/encrypted" // the payload's "encoding"
+	MetadataKeyID    = "encryption-key-id"
+	MetadataCipher   = "encryption-cipher"
+	Cipher           = "AES-256-GCM"
+	minKeyBytes      = 32
+	nonceBytes       = 12
+	metadataEncoding = "encoding"
+)
+
+// Codec encrypts payloads with one key and decrypts payloads of that key;
+// payloads that were never encrypted pass through Decode unchanged.
+type Codec struct {
+	id   string
+	aead cipher.AEAD
+}
+
+var _ converter.PayloadCodec = (*Codec)(nil)
+
+// New derives the AES-256 key from secret (at least 32 bytes: the contents
+// of a key file) and names it by a hash that does not reveal it.
+func New(secret []byte) (*Codec, error) {
+	if len(secret) < minKeyBytes {
+		return nil, fmt.Errorf("codec key of %d bytes; want at least %d", len(secret), minKeyBytes)
+	}
+	key, err := hkdf.Key(sha256.New, secret, nil, "durabletrain payload codec v1", 32)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(append([]byte("durabletrain payload codec key id\x00"), secret...))
+	return &Codec{id: hex.EncodeToString(sum[:8]), aead: aead}, nil
+}
+
+// KeyID names the codec's key in the metadata of what it encrypts.
+func (c *Codec) KeyID() string { return c.id }
+
+// DataConverter is the SDK's default converter with this codec after it: the
+// client options' DataConverter for starters and workers alike.
+func (c *Codec) DataConverter() converter.DataConverter {
+	return converter.NewCodecDataConverter(converter.GetDefaultDataConverter(), c)
+}
+
+// Handler is the codec server the Temporal UI and CLI call
+// (--codec-endpoint) to show encrypted payloads; it answers only to the
+// origins allowed (the UI's address), or to none for the CLI alone.
+func (c *Codec) Handler(allowOrigins ...string) http.Handler {
+	h := converter.NewPayloadCodecHTTPHandler(c)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if origin := r.Header.Get("Origin"); origin != "" {
+			allowed := false
+			for _, o := range allowOrigins {
+				allowed = allowed || o == origin
+			}
+			if !allowed {
+				http.Error(w, "origin not allowed: start the codec server with -cors-origin "+origin, http.StatusForbidden)
+				return
+			}
+			w.Header().Set("Access-Control-Allow-Origin", origin)
+			w.Header().Set("Access-Control-Allow-Credentials", "true")
+			w.Header().Set("Access-Control-Allow-Headers", "Content-Type,X-Namespace,Authorization")
+			w.Header().Set("Access-Control-Allow-Methods", "POST,OPTIONS")
+			if r.Method == http.MethodOptions {
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Encode encrypts each payload whole (metadata and data), bound to the key's ID.
+func (c *Codec) Encode(payloads []*commonpb.Payload) ([]*commonpb.Payload, error) {
+	out := make([]*commonpb.Payload, len(payloads))
+	for i, p := range payloads {
+		plain, err := p.Marshal()
+		if err != nil {
+			return nil, fmt.Errorf("codec: %w", err)
+		}
+		nonce := make([]byte, nonceBytes, nonceBytes+len(plain)+c.aead.Overhead())
+		if _, err := rand.Read(nonce); err != nil {
+			return nil, fmt.Errorf("codec: %w", err)
+		}
+		out[i] = &commonpb.Payload{
+			Metadata: map[string][]byte{
+				metadataEncoding: []byte(Encoding),
+				MetadataKeyID:    []byte(c.id),
+				MetadataCipher:   []byte(Cipher),
+			},
+			Data: c.aead.Seal(nonce, nonce, plain, []byte(c.id)),
+		}
+	}
+	return out, nil
+}
+
+// Decode decrypts the payloads this codec's key encrypted; a payload of
+// another key, or altered, is an error that says so; a payload never
+// encrypted is returned as it is.
+func (c *Codec) Decode(payloads []*commonpb.Payload) ([]*commonpb.Payload, error) {
+	out := make([]*commonpb.Payload, len(payloads))
+	for i, p := range payloads {
+		if string(p.GetMetadata()[metadataEncoding]) != Encoding {
+			out[i] = p
+			continue
+		}
+		if id := string(p.Metadata[MetadataKeyID]); id != c.id {
+			return nil, fmt.Errorf("codec: payload encrypted with key %s; this process has key %s (-codec-key-file)", id, c.id)
+		}
+		if cph := string(p.Metadata[MetadataCipher]); cph != Cipher {
+			return nil, fmt.Errorf("codec: payload cipher %q; want %q", cph, Cipher)
+		}
+		if len(p.Data) < nonceBytes+c.aead.Overhead() {
+			return nil, fmt.Errorf("codec: encrypted payload of %d bytes is too short", len(p.Data))
+		}
+		plain, err := c.aead.Open(nil, p.Data[:nonceBytes], p.Data[nonceBytes:], []byte(c.id))
+		if err != nil {
+			return nil, fmt.Errorf("codec: encrypted payload does not authenticate with key %s: altered or damaged", c.id)
+		}
+		var dec commonpb.Payload
+		if err := dec.Unmarshal(plain); err != nil {
+			return nil, fmt.Errorf("codec: %w", err)
+		}
+		out[i] = &dec
+	}
+	return out, nil
+}

@@ -1,0 +1,98 @@
+package codec
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	commonpb "go.temporal.io/api/common/v1"
+	"go.temporal.io/sdk/converter"
+)
+
+var secret = []byte("0123456789abcdef0123456789abcdef-codec")
+
+func TestRoundTripHidesThePayload(t *testing.T) {
+	c, err := New(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := c.DataConverter()
+	in := map[string]any{"exec": map[string]any{"env": map[string]string{"WANDB_API_KEY": "hunter2"}}}
+	p, err := dc.ToPayload(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(p.Data, []byte("hunter2")) || string(p.Metadata["encoding"]) != Encoding || string(p.Metadata[MetadataKeyID]) != c.KeyID() {
+		t.Fatalf("encoded payload shows its contents or lacks its metadata: %v", p)
+	}
+	var out map[string]any
+	if err := dc.FromPayload(p, &out); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(out); !bytes.Contains(b, []byte("hunter2")) {
+		t.Fatalf("decoded %s", b)
+	}
+	// The same value twice encrypts differently (a fresh nonce each time).
+	p2, _ := dc.ToPayload(in)
+	if bytes.Equal(p.Data, p2.Data) {
+		t.Fatal("two encryptions of one value are identical")
+	}
+}
+
+func TestDecodeRefusesOtherKeysAndAlteredPayloads(t *testing.T) {
+	c, _ := New(secret)
+	other, _ := New([]byte("another-secret-of-at-least-32-bytes-long"))
+	enc, _ := c.Encode([]*commonpb.Payload{{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`"x"`)}})
+	if _, err := other.Decode(enc); err == nil || !strings.Contains(err.Error(), c.KeyID()) || !strings.Contains(err.Error(), other.KeyID()) {
+		t.Errorf("another key: %v; want an error naming both key IDs", err)
+	}
+	for name, alter := range map[string]func(p *commonpb.Payload){
+		"flipped bit": func(p *commonpb.Payload) { p.Data[len(p.Data)-1] ^= 1 },
+		"truncated":   func(p *commonpb.Payload) { p.Data = p.Data[:5] },
+		"cipher":      func(p *commonpb.Payload) { p.Metadata[MetadataCipher] = []byte("none") },
+	} {
+		p := &commonpb.Payload{Metadata: map[string][]byte{}, Data: append([]byte(nil), enc[0].Data...)}
+		for k, v := range enc[0].Metadata {
+			p.Metadata[k] = v
+		}
+		alter(p)
+		if _, err := c.Decode([]*commonpb.Payload{p}); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	plain := &commonpb.Payload{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`1`)}
+	if out, err := c.Decode([]*commonpb.Payload{plain}); err != nil || out[0] != plain {
+		t.Errorf("a payload never encrypted: %v", err)
+	}
+	if _, err := New([]byte("short")); err == nil {
+		t.Error("a 5-byte key was accepted")
+	}
+}
+
+// TestHandlerDecodesForTheUIAndCLI: the codec server decodes what the
+// codec encoded, and answers browsers only from the origins it allows.
+func TestHandlerDecodesForTheUIAndCLI(t *testing.T) {
+	c, _ := New(secret)
+	srv := httptest.NewServer(c.Handler("http://localhost:8233"))
+	defer srv.Close()
+	remote := converter.NewRemotePayloadCodec(converter.RemotePayloadCodecOptions{Endpoint: srv.URL})
+	enc, _ := c.Encode([]*commonpb.Payload{{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`"secret spec"`)}})
+	dec, err := remote.Decode(enc)
+	if err != nil || string(dec[0].Data) != `"secret spec"` {
+		t.Fatalf("through the codec server: %v %v", dec, err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/decode", strings.NewReader(`{"payloads":[]}`))
+	req.Header.Set("Origin", "http://evil.example")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a page from another origin got %d; want 403", resp.StatusCode)
+	}
+}
