@@ -61,7 +61,7 @@ func (a *Agent) verifyGrants(workflowID string, in spec.EpochInput) error {
 		}
 		if !hmac.Equal(got, grantMAC(a.PoolKey, workflowID, in.Peers[rank], in.PublicKeys[rank])) {
 			return temporal.NewNonRetryableApplicationError(fmt.Sprintf(
-				"rank %d's placement (collective %s) is not signed with this worker pool's key: a slot-granted signal from outside the pool, or a worker with another -pool-key; this rank will not join that gang",
+				"rank %d's placement (collective %s) is not signed with this worker pool's key: a slot-granted signal from outside the pool, or a worker with another -pool-key-file; this rank will not join that gang",
 				rank, in.Peers[rank]), spec.ErrForgedGrant, nil)
 		}
 	}

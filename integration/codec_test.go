@@ -63,6 +63,9 @@ func TestHistoryHoldsOnlyCiphertext(t *testing.T) {
 				t.Fatalf("event %d (%s) shows %q in the clear", e.EventId, e.EventType, leak)
 			}
 		}
+		if e.GetUpsertWorkflowSearchAttributesEventAttributes() != nil {
+			continue // search attributes are indexed by the server: plain by design (TemporalChangeVersion here)
+		}
 		forEachPayload(e, func(p *commonpb.Payload) {
 			payloads++
 			if string(p.Metadata["encoding"]) != codec.Encoding {
@@ -82,11 +85,13 @@ func TestHistoryHoldsOnlyCiphertext(t *testing.T) {
 	srv := httptest.NewServer(cd.Handler())
 	defer srv.Close()
 	out, err := exec.Command(cli, "workflow", "show", "--workflow-id", "it-codec", "--address", server.Addr(), "--namespace", "default",
-		"--codec-endpoint", srv.URL, "--output", "json").CombinedOutput()
+		"--codec-endpoint", srv.URL).CombinedOutput()
 	if err != nil {
 		t.Fatalf("temporal workflow show: %v\n%s", err, out)
 	}
 	if !bytes.Contains(out, []byte(s.Name)) {
+		enc, _ := exec.Command(cli, "workflow", "show", "--workflow-id", "it-codec", "--address", server.Addr(), "--namespace", "default", "--output", "json", "--codec-endpoint", srv.URL).CombinedOutput()
+		t.Logf("json: %s", enc[:min(len(enc), 6000)])
 		t.Fatalf("the CLI with the codec endpoint does not show the spec:\n%.2000s", out)
 	}
 }
