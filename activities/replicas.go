@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -128,6 +129,15 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	}
 	if a.PoolKey != nil {
 		store.Sign(a.PoolKey)
+	}
+	if in.Owner != "" {
+		if err := store.Claim(ctx, in.Run, in.Owner); err != nil {
+			store.Close()
+			if errors.Is(err, checkpoint.ErrOwned) {
+				return nil, nil, userError(err)
+			}
+			return nil, nil, err
+		}
 	}
 	rep := &replica{store: store, slot: in.Slot, storeURL: in.Spec.Checkpoint.URL}
 	if rep.scratch, err = os.MkdirTemp(a.scratch, fmt.Sprintf("%s-g%d-r%d-", fileSafe(in.Run), in.Generation, in.Rank)); err != nil {

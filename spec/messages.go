@@ -108,6 +108,9 @@ type EpochInput struct {
 	Resume bool `json:"resume,omitempty"`
 	// Checkpoint: rank 0 commits a checkpoint after the epoch.
 	Checkpoint bool `json:"checkpoint"`
+	// Owner, when set, is the workflow that claims Run in the checkpoint
+	// store: a run name another workflow owns fails the run (checkpoint.Store.Claim).
+	Owner string `json:"owner,omitempty"`
 	// Slot is the index, on the rank's worker, of the slot its gang holds.
 	Slot int `json:"slot"`
 	// BatchSize is the rank's batch: hyper.batch_size, scaled up when the gang

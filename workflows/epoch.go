@@ -39,7 +39,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
 		})
 		futures[rank] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, spec.EpochInput{
-			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, PublicKeys: keys, Grants: grants, Secret: g.secret,
+			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, PublicKeys: keys, Grants: grants, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch,
 		})

@@ -5,6 +5,8 @@ package workflows
 // The workflow code around them only gathers inputs and carries out answers.
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -253,8 +255,22 @@ func details(p *spec.Progress) string {
 
 var unsafeRunChars = regexp.MustCompile(`[^A-Za-z0-9._=+@-]`)
 
-// runName turns a workflow ID into a checkpoint run name.
+// runName turns a workflow ID into a checkpoint run name, one to one: an ID
+// that is not a run name as it stands (characters replaced, or too long)
+// gets a digest of the whole ID, so that "a/b" and "a-b" stay apart.
 func runName(workflowID string) string {
+	n := legacyRunName(workflowID)
+	if n == workflowID {
+		return n
+	}
+	sum := sha256.Sum256([]byte(workflowID))
+	digest := hex.EncodeToString(sum[:6])
+	return n[:min(len(n), 200-1-len(digest))] + "-" + digest
+}
+
+// legacyRunName is the run name of runs that began before run ownership
+// (the run-ownership version): several IDs may share one.
+func legacyRunName(workflowID string) string {
 	n := unsafeRunChars.ReplaceAllString(workflowID, "-")
 	n = strings.TrimLeft(n, "._=+@-")
 	if n == "" {

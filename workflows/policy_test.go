@@ -200,9 +200,26 @@ func TestSkippedIncidentOncePerGang(t *testing.T) {
 
 func TestRunNameAndDetails(t *testing.T) {
 	for in, want := range map[string]string{"a/b": "a-b", "--x": "x", "///": "run", "ok.name_1": "ok.name_1", strings.Repeat("x", 300): strings.Repeat("x", 200)} {
-		if got := runName(in); got != want {
-			t.Errorf("runName(%q) = %q; want %q", in, got, want)
+		if got := legacyRunName(in); got != want {
+			t.Errorf("legacyRunName(%q) = %q; want %q", in, got, want)
 		}
+	}
+	// Run names are one to one: IDs that a character substitution or a cut
+	// would merge keep names of their own, valid checkpoint run names.
+	ids := []string{"a/b", "a-b", "a b", "a:b", "--x", "x", "///", "run", "ok.name_1", strings.Repeat("x", 300), strings.Repeat("x", 301), strings.Repeat("x", 200)}
+	seen := map[string]string{}
+	for _, id := range ids {
+		n := runName(id)
+		if other, dup := seen[n]; dup {
+			t.Errorf("IDs %q and %q share the run name %q", other, id, n)
+		}
+		seen[n] = id
+		if len(n) > 200 || unsafeRunChars.MatchString(n) || strings.IndexAny(n[:1], "._=+@-") == 0 {
+			t.Errorf("runName(%q) = %q is not a checkpoint run name", id, n)
+		}
+	}
+	if runName("ok.name_1") != "ok.name_1" {
+		t.Error("an ID that is a run name as it stands was changed")
 	}
 	p := &spec.Progress{State: spec.StateTraining, Epoch: 2, Epochs: 5, Generation: 3, Failures: 1,
 		Gang:    []spec.Placement{{Worker: "a"}, {Worker: "b"}},

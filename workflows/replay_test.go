@@ -15,8 +15,10 @@ import (
 // recordedIDs are the workflow IDs the histories were recorded under, where
 // the workflow's decisions depend on it (a search names its trials after it).
 var recordedIDs = map[string]string{
-	"tune-asha-every-worker-killed.json": "it-tune-1",
-	"tune-cancelled-while-training.json": "it-end-search-2",
+	"tune-asha-every-worker-killed.json":    "it-tune-1",
+	"tune-cancelled-while-training.json":    "it-end-search-2",
+	"v1-tune-asha-every-worker-killed.json": "it-tune-1",
+	"v1-tune-cancelled-while-training.json": "it-end-search-2",
 }
 
 // TestReplayRecordedHistories replays histories recorded from real runs on the
@@ -24,7 +26,9 @@ var recordedIDs = map[string]string{
 // that makes TrainingWorkflow or TuneWorkflow non-deterministic, or
 // incompatible with runs already in flight, fails here. Histories of older
 // versions stay beside the current ones: a file prefixed "v0-" is from before
-// the elastic-gangs version.
+// the elastic-gangs version, "v1-" from before the rank-keys and
+// run-ownership versions (a gang secret in a SideEffect, run names that
+// several workflow IDs could share).
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {

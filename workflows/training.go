@@ -39,14 +39,22 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	if err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
+	// The run owns its checkpoint run name (checkpoint.Store.Claim), and a
+	// name made from the workflow ID is that ID's alone.
+	owned := workflow.GetVersion(ctx, "run-ownership", workflow.DefaultVersion, 1) >= 1
 	if p == nil {
 		p = &spec.Progress{Run: s.Name, Epochs: s.Hyper.Epochs, Workers: s.Scaling.Workers}
-		if p.Run == "" {
+		if p.Run == "" && owned {
 			p.Run = runName(info.WorkflowExecution.ID)
+		} else if p.Run == "" {
+			p.Run = legacyRunName(info.WorkflowExecution.ID)
 		}
 	}
 	r := &run{spec: s, p: p, stop: workflow.NewBufferedChannel(ctx, 1),
 		grants: workflow.GetSignalChannel(ctx, spec.SignalSlotGranted)}
+	if owned {
+		r.owner = info.WorkflowExecution.ID + " (first run " + info.FirstRunID + ")"
+	}
 	if err := r.handle(ctx); err != nil {
 		return nil, err
 	}
@@ -74,6 +82,8 @@ type run struct {
 	elastic bool
 	// rankKeys: ranks authenticate with their slots' keys, not a gang secret.
 	rankKeys bool
+	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
+	owner string
 }
 
 // handle sets up the query, signal and update handlers of a run.

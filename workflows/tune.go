@@ -42,9 +42,14 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	}
 	sched, _ := tune.New(s.Scheduler, s.Mode)
 	info := workflow.GetInfo(ctx)
+	// Trials own their checkpoint run names (run-ownership): each is named
+	// after the search and its number, never the train spec's one name.
+	owned := workflow.GetVersion(ctx, "run-ownership", workflow.DefaultVersion, 1) >= 1
 	name := s.Name
-	if name == "" {
+	if name == "" && owned {
 		name = runName(info.WorkflowExecution.ID)
+	} else if name == "" {
+		name = legacyRunName(info.WorkflowExecution.ID)
 	}
 	res := &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scheduler: schedulerName(s.Scheduler), Best: -1}
 	byID := map[string]int{}
@@ -64,8 +69,11 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	start := func(i int) {
 		t := &res.Trials[i]
 		sp := trials[i].Spec
-		if sp.Name == "" {
-			sp.Name = runName(t.WorkflowID)
+		switch {
+		case owned:
+			sp.Name = trialRunName(name, t.WorkflowID, i)
+		case sp.Name == "":
+			sp.Name = legacyRunName(t.WorkflowID)
 		}
 		in, _ := json.Marshal(sp)
 		// A trial lives no longer than its search: cancelling the search

@@ -99,3 +99,12 @@ func schedulerName(c tune.SchedulerConfig) string {
 	}
 	return c.Type
 }
+
+// trialRunName is a trial's checkpoint run name: the search's name and the
+// trial's number, or a name made from its workflow ID where that is too long.
+func trialRunName(search, workflowID string, trial int) string {
+	if n := fmt.Sprintf(trialSuffix, search, trial); len(n) <= 200 {
+		return n
+	}
+	return runName(workflowID)
+}
