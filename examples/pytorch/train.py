@@ -13,6 +13,7 @@ NCCL on GPUs, gloo on CPUs. Needs only torch and the standard library.
 
 import argparse
 import gzip
+import json
 import os
 import struct
 import sys
@@ -65,10 +66,15 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     ckpt = dt.get_checkpoint()
     if ckpt:
-        state = torch.load(os.path.join(ckpt, "state.pt"), map_location=device)
+        # Tensors only, loaded with weights_only=True: a checkpoint is data,
+        # and unpickling arbitrary objects from it would run its code. The
+        # rest (epoch, the optimizer's hyperparameters) is JSON.
+        state = torch.load(os.path.join(ckpt, "state.pt"), map_location=device, weights_only=True)
+        with open(os.path.join(ckpt, "meta.json")) as f:
+            meta = json.load(f)
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        print("rank %d: resumed from %s at epoch %d" % (rank, ckpt, state["epoch"]), file=sys.stderr)
+        opt.load_state_dict({"state": state["optimizer_state"], "param_groups": meta["param_groups"]})
+        print("rank %d: resumed from %s at epoch %d" % (rank, ckpt, meta["epoch"]), file=sys.stderr)
     ddp = DDP(model)
 
     xtr, ytr = load(a.data, "train")
@@ -103,8 +109,10 @@ def main():
         dist.all_reduce(sums)
         test_loss, correct, examples, loss_sum, step_sum = sums.tolist()
         os.makedirs(out_dir, exist_ok=True)
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1},
-                   os.path.join(out_dir, "state.pt"))
+        optim = opt.state_dict()
+        torch.save({"model": model.state_dict(), "optimizer_state": optim["state"]}, os.path.join(out_dir, "state.pt"))
+        with open(os.path.join(out_dir, "meta.json"), "w") as f:
+            json.dump({"epoch": epoch + 1, "param_groups": optim["param_groups"]}, f)
         dt.report({"train_loss": loss_sum / step_sum, "test_loss": test_loss / examples,
                    "test_accuracy": correct / examples, "test_examples": examples, "samples": len(shard) * world,
                    "seconds": time.time() - start}, checkpoint_dir=out_dir)
