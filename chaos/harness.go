@@ -270,7 +270,7 @@ func (h *Harness) serverAddr() string { return h.net.serverIP() + ":7233" }
 func (h *Harness) startProcesses() error {
 	logs := filepath.Join(h.cfg.Dir, "logs")
 	h.server = &proc{name: "devserver", bin: filepath.Join(h.cfg.Bin, "devserver"), delay: 0,
-		args:    []string{"-ip", h.net.serverIP(), "-port", "7233", "-ui-port", "0", "-db", filepath.Join(h.cfg.Dir, "temporal.db")},
+		args:    []string{"-ip", h.net.serverIP(), "-insecure-public", "-port", "7233", "-ui-port", "0", "-db", filepath.Join(h.cfg.Dir, "temporal.db")},
 		logPath: filepath.Join(logs, "devserver.log")}
 	if err := h.server.start(); err != nil {
 		return err

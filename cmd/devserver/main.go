@@ -7,6 +7,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -23,7 +24,12 @@ func main() {
 	db := flag.String("db", ".durabletrain/temporal.db", "SQLite file (empty: in memory, lost on exit)")
 	ns := flag.String("namespace", "default", "namespace to create")
 	verbose := flag.Bool("v", false, "log the server's own lines")
+	public := flag.Bool("insecure-public", false, "allow an -ip other than loopback: the dev server has no TLS and no authorizer, so whoever reaches it may start, signal and read every workflow; only on a private network (a container network, a test bridge)")
 	flag.Parse()
+	if err := checkBind(*ip, *public); err != nil {
+		fmt.Fprintln(os.Stderr, "devserver:", err)
+		os.Exit(2)
+	}
 	log := zap.NewNop()
 	if *verbose {
 		log, _ = zap.NewDevelopment()
@@ -42,4 +48,17 @@ func main() {
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig
 	srv.Stop()
+}
+
+// checkBind refuses a bind address other than loopback unless the operator
+// says the network is private.
+func checkBind(ip string, public bool) error {
+	addr := net.ParseIP(ip)
+	if addr == nil {
+		return fmt.Errorf("-ip %q is not an IP address; want 127.0.0.1 (or another address with -insecure-public)", ip)
+	}
+	if addr.IsLoopback() || public {
+		return nil
+	}
+	return fmt.Errorf("-ip %s would serve Temporal without TLS or authorization to everyone who reaches this host; keep 127.0.0.1, or add -insecure-public on a private network", ip)
 }
