@@ -32,35 +32,54 @@ const (
 	metadataEncoding = "encoding"
 )
 
-// Codec encrypts payloads with one key and decrypts payloads of that key;
+// Codec encrypts payloads with its current key and decrypts payloads of
+// that key or of the older keys it was given (key rotation: a new key
+// encrypts from now on, history written under the old ones stays readable);
 // payloads that were never encrypted pass through Decode unchanged.
 type Codec struct {
 	id   string
 	aead cipher.AEAD
+	keys map[string]cipher.AEAD // by key ID: the current key and the older ones
 }
 
 var _ converter.PayloadCodec = (*Codec)(nil)
 
 // New derives the AES-256 key from secret (at least 32 bytes: the contents
-// of a key file) and names it by a hash that does not reveal it.
-func New(secret []byte) (*Codec, error) {
+// of a key file) and names it by a hash that does not reveal it; older keys
+// only decrypt.
+func New(secret []byte, older ...[]byte) (*Codec, error) {
+	c := &Codec{keys: map[string]cipher.AEAD{}}
+	for i, k := range append([][]byte{secret}, older...) {
+		id, aead, err := derive(k)
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			c.id, c.aead = id, aead
+		}
+		c.keys[id] = aead
+	}
+	return c, nil
+}
+
+func derive(secret []byte) (string, cipher.AEAD, error) {
 	if len(secret) < minKeyBytes {
-		return nil, fmt.Errorf("codec key of %d bytes; want at least %d", len(secret), minKeyBytes)
+		return "", nil, fmt.Errorf("codec key of %d bytes; want at least %d", len(secret), minKeyBytes)
 	}
 	key, err := hkdf.Key(sha256.New, secret, nil, "durabletrain payload codec v1", 32)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	block, err := aes.NewCipher(key)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	aead, err := cipher.NewGCM(block)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	sum := sha256.Sum256(append([]byte("durabletrain payload codec key id\x00"), secret...))
-	return &Codec{id: hex.EncodeToString(sum[:8]), aead: aead}, nil
+	return hex.EncodeToString(sum[:8]), aead, nil
 }
 
 // KeyID names the codec's key in the metadata of what it encrypts.
@@ -133,18 +152,20 @@ func (c *Codec) Decode(payloads []*commonpb.Payload) ([]*commonpb.Payload, error
 			out[i] = p
 			continue
 		}
-		if id := string(p.Metadata[MetadataKeyID]); id != c.id {
-			return nil, fmt.Errorf("codec: payload encrypted with key %s; this process has key %s (-codec-key-file)", id, c.id)
+		id := string(p.Metadata[MetadataKeyID])
+		aead := c.keys[id]
+		if aead == nil {
+			return nil, fmt.Errorf("codec: payload encrypted with key %s; this process has key %s (-codec-key-file; list older keys after the current one to read what they encrypted)", id, c.id)
 		}
 		if cph := string(p.Metadata[MetadataCipher]); cph != Cipher {
 			return nil, fmt.Errorf("codec: payload cipher %q; want %q", cph, Cipher)
 		}
-		if len(p.Data) < nonceBytes+c.aead.Overhead() {
+		if len(p.Data) < nonceBytes+aead.Overhead() {
 			return nil, fmt.Errorf("codec: encrypted payload of %d bytes is too short", len(p.Data))
 		}
-		plain, err := c.aead.Open(nil, p.Data[:nonceBytes], p.Data[nonceBytes:], []byte(c.id))
+		plain, err := aead.Open(nil, p.Data[:nonceBytes], p.Data[nonceBytes:], []byte(id))
 		if err != nil {
-			return nil, fmt.Errorf("codec: encrypted payload does not authenticate with key %s: altered or damaged", c.id)
+			return nil, fmt.Errorf("codec: encrypted payload does not authenticate with key %s: altered or damaged", id)
 		}
 		var dec commonpb.Payload
 		if err := dec.Unmarshal(plain); err != nil {

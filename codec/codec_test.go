@@ -96,3 +96,29 @@ func TestHandlerDecodesForTheUIAndCLI(t *testing.T) {
 		t.Fatalf("a page from another origin got %d; want 403", resp.StatusCode)
 	}
 }
+
+// TestRotation: a codec given a new key and the old one encrypts with the new
+// and still reads what the old one encrypted; without the old key it cannot.
+func TestRotation(t *testing.T) {
+	old, _ := New(secret)
+	newKey := []byte("the-new-key-of-at-least-32-bytes-long!!")
+	rotated, err := New(newKey, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := old.Encode([]*commonpb.Payload{{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`"old"`)}})
+	if out, err := rotated.Decode(before); err != nil || string(out[0].Data) != `"old"` {
+		t.Fatalf("the rotated codec reading the old key's payload: %v", err)
+	}
+	after, _ := rotated.Encode([]*commonpb.Payload{{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`"new"`)}})
+	if string(after[0].Metadata[MetadataKeyID]) == old.KeyID() {
+		t.Fatal("the rotated codec still encrypts with the old key")
+	}
+	if _, err := old.Decode(after); err == nil {
+		t.Fatal("the old codec read a payload of the new key")
+	}
+	newOnly, _ := New(newKey)
+	if _, err := newOnly.Decode(before); err == nil || !strings.Contains(err.Error(), "older keys") {
+		t.Fatalf("without the old key: %v", err)
+	}
+}

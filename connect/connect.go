@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/contrib/envconfig"
@@ -71,7 +72,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	if o.CodecKeyFile == "" {
 		o.CodecKeyFile = os.Getenv("DURABLETRAIN_CODEC_KEY_FILE")
 	}
-	fs.StringVar(&o.CodecKeyFile, "codec-key-file", o.CodecKeyFile, "file holding the payload encryption key (at least 32 bytes, mode 600; default $DURABLETRAIN_CODEC_KEY_FILE): history then holds only ciphertext; give every starter and worker the same one")
+	fs.StringVar(&o.CodecKeyFile, "codec-key-file", o.CodecKeyFile, "file holding the payload encryption key (at least 32 bytes, mode 600; default $DURABLETRAIN_CODEC_KEY_FILE): history then holds only ciphertext; give every starter and worker the same one. To rotate, list the new key's file first and the old ones after it, comma-separated: the first encrypts, all decrypt")
 	if o.ControlQueue == "" {
 		o.ControlQueue = spec.DefaultControlQueue
 	}
@@ -115,11 +116,15 @@ func (o Options) ClientOptions(log *zap.Logger) (client.Options, error) {
 		return client.Options{}, err
 	}
 	if o.CodecKeyFile != "" {
-		key, err := keyfile.Read(o.CodecKeyFile, "-codec-key-file")
-		if err != nil {
-			return client.Options{}, err
+		var keys [][]byte
+		for _, path := range strings.Split(o.CodecKeyFile, ",") {
+			key, err := keyfile.Read(strings.TrimSpace(path), "-codec-key-file")
+			if err != nil {
+				return client.Options{}, err
+			}
+			keys = append(keys, key)
 		}
-		c, err := codec.New(key)
+		c, err := codec.New(keys[0], keys[1:]...)
 		if err != nil {
 			return client.Options{}, fmt.Errorf("-codec-key-file: %w", err)
 		}

@@ -23,6 +23,7 @@ const (
 	IncidentGangTimeout       = "gang-timeout"       // not enough slots within scaling.gang_timeout
 	IncidentCorruptCheckpoint = "corrupt-checkpoint" // a restore passed over a damaged checkpoint
 	IncidentResized           = "resized"            // an elastic gang shrank or grew back
+	IncidentForgedGrant       = "forged-grant"       // a rank refused a placement the pool key does not prove; not charged
 )
 
 // Application error types: what a run's failure policy classifies errors by,

@@ -67,7 +67,7 @@ func errorKind(err error) string {
 	var app *temporal.ApplicationError
 	if errors.As(err, &app) {
 		switch app.Type() {
-		case spec.ErrUser, spec.ErrPreempted:
+		case spec.ErrUser, spec.ErrPreempted, spec.ErrForgedGrant:
 			return app.Type()
 		}
 	}
@@ -82,6 +82,10 @@ func charge(p *spec.Progress, f spec.Failure, epoch int, err error) (*spec.Incid
 	switch errorKind(err) {
 	case spec.ErrUser:
 		return nil, err
+	case spec.ErrForgedGrant:
+		// Someone outside the pool signalled a placement: not the run's
+		// failure, so not charged; the next gang forms on real workers.
+		inc.Kind = spec.IncidentForgedGrant
 	case spec.ErrPreempted:
 		inc.Kind = spec.IncidentPreemption
 		p.Preemptions++

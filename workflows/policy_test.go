@@ -112,6 +112,8 @@ func TestCharge(t *testing.T) {
 		{"preemptions over budget", spec.Progress{Preemptions: 1}, errPreempt, spec.IncidentPreemption, "2 preemptions exceed failure.max_preemptions 1", 0, 2},
 		{"user error ends the run uncounted", spec.Progress{}, errUser, "", "bad data", 0, 0},
 		{"wrapped user error", spec.Progress{}, &rankError{what: "rank 1 on b", err: errUser}, "", "bad data", 0, 0},
+		{"forged grant is not the run's failure", spec.Progress{Failures: 1}, &rankError{what: "rank 1 on b",
+			err: temporal.NewNonRetryableApplicationError("rank 0's placement is not signed", spec.ErrForgedGrant, nil)}, spec.IncidentForgedGrant, "", 1, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := c.before

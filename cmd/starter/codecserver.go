@@ -22,18 +22,22 @@ import (
 //	temporal workflow show -w RUN --codec-endpoint http://127.0.0.1:8089
 func codecServer(args []string) {
 	fs := flag.NewFlagSet("codec-server", flag.ExitOnError)
-	keyFile := fs.String("codec-key-file", os.Getenv("DURABLETRAIN_CODEC_KEY_FILE"), "file holding the payload encryption key, as given to the starters and workers (default $DURABLETRAIN_CODEC_KEY_FILE)")
+	keyFile := fs.String("codec-key-file", os.Getenv("DURABLETRAIN_CODEC_KEY_FILE"), "file holding the payload encryption key, as given to the starters and workers, then older keys' files, comma-separated (default $DURABLETRAIN_CODEC_KEY_FILE)")
 	listen := fs.String("listen", "127.0.0.1:8089", "address to serve the codec on (keep it private: it decrypts for whoever reaches it)")
 	origins := fs.String("cors-origin", "", "web origins allowed to call it, comma-separated: the Temporal UI's address (e.g. http://localhost:8233); none for the CLI only")
 	fs.Parse(args)
 	if *keyFile == "" {
 		fail(exitUsage, "codec-server: -codec-key-file is required")
 	}
-	key, err := keyfile.Read(*keyFile, "-codec-key-file")
-	if err != nil {
-		fail(exitUsage, "codec-server: %v", err)
+	var keys [][]byte // the current key, then older ones (rotation)
+	for _, path := range strings.Split(*keyFile, ",") {
+		key, err := keyfile.Read(strings.TrimSpace(path), "-codec-key-file")
+		if err != nil {
+			fail(exitUsage, "codec-server: %v", err)
+		}
+		keys = append(keys, key)
 	}
-	c, err := codec.New(key)
+	c, err := codec.New(keys[0], keys[1:]...)
 	if err != nil {
 		fail(exitUsage, "codec-server: %v", err)
 	}
