@@ -10,15 +10,37 @@ import (
 
 // dataCache loads each data set once per worker, however many of its ranks
 // and runs ask for it, and forgets a load that failed so the next ask retries.
+// It keeps at most maxCachedDatasets(slots) data sets, forgetting the least
+// recently asked for: runs naming ever new data sets cannot grow a worker
+// without bound (ranks still training keep theirs until they let go).
 type dataCache struct {
-	mu sync.Mutex
-	m  map[spec.Dataset]*loadedData
+	mu   sync.Mutex
+	m    map[spec.Dataset]*loadedData
+	tick uint64
 }
 
 type loadedData struct {
 	once        sync.Once
 	train, test *dataset.Set
 	err         error
+	used        uint64 // the cache's tick when last asked for
+}
+
+// maxCachedDatasets is two data sets per slot, at least two.
+func maxCachedDatasets(slots int) int { return max(2, 2*slots) }
+
+// evictLocked forgets the least recently used data sets beyond limit.
+func (c *dataCache) evictLocked(limit int) {
+	for len(c.m) > limit {
+		var oldest spec.Dataset
+		var at uint64 = ^uint64(0)
+		for d, l := range c.m {
+			if l.used < at {
+				oldest, at = d, l.used
+			}
+		}
+		delete(c.m, oldest)
+	}
 }
 
 // dataset loads the spec's data set with its registered format; a failure is
@@ -34,6 +56,9 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 		l = &loadedData{}
 		c.m[d] = l
 	}
+	c.tick++
+	l.used = c.tick
+	c.evictLocked(maxCachedDatasets(len(a.Slots)))
 	c.mu.Unlock()
 	l.once.Do(func() {
 		loader, err := a.Datasets.Lookup(d.Format)

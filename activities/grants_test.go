@@ -2,6 +2,7 @@ package activities
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -70,5 +71,34 @@ func TestSlotKeysBelongToTheirHold(t *testing.T) {
 	st.free(0)
 	if st.key(0, "wf-a") != nil {
 		t.Fatal("a freed slot kept its key")
+	}
+}
+
+// TestDataCacheIsBounded: a worker asked for ever new data sets keeps at most
+// two per slot, the most recently used.
+func TestDataCacheIsBounded(t *testing.T) {
+	var c dataCache
+	c.m = map[spec.Dataset]*loadedData{}
+	set := func(i int) spec.Dataset { return spec.Dataset{URL: fmt.Sprintf("mem://set-%d", i)} }
+	ask := func(i int) {
+		if c.m[set(i)] == nil {
+			c.m[set(i)] = &loadedData{}
+		}
+		c.tick++
+		c.m[set(i)].used = c.tick
+		c.evictLocked(maxCachedDatasets(1))
+	}
+	ask(0)
+	ask(1)
+	ask(0) // used again: set-1 is now the least recent
+	ask(2)
+	if len(c.m) != 2 || c.m[set(0)] == nil || c.m[set(2)] == nil {
+		t.Fatalf("cache holds %v; want set-0 and set-2", c.m)
+	}
+	for i := 3; i < 100; i++ {
+		ask(i)
+	}
+	if len(c.m) != 2 || c.m[set(98)] == nil || c.m[set(99)] == nil {
+		t.Fatalf("cache holds %d sets; want the last two", len(c.m))
 	}
 }

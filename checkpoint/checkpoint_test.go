@@ -122,6 +122,12 @@ var corruptions = []struct {
 		other, _ := os.ReadFile(filepath.Join(filepath.Dir(dir), ID(1, 0), ManifestName))
 		os.WriteFile(dir+"/"+ManifestName, other, 0o644)
 	}, "lies at"},
+	{"manifest huge", func(t *testing.T, dir string) {
+		// A sparse file: the reader must refuse it by its size, not read it.
+		f, _ := os.OpenFile(dir+"/"+ManifestName, os.O_WRONLY, 0)
+		f.Truncate(8 << 30)
+		f.Close()
+	}, "a manifest is at most"},
 }
 
 func TestCorruptCheckpointsAreSkippedWithTheReason(t *testing.T) {

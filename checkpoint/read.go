@@ -79,15 +79,30 @@ func (s *Store) IDs(ctx context.Context, run string) ([]string, error) {
 	return ids, nil
 }
 
+// MaxManifestBytes bounds what a worker reads of a manifest (about 100,000
+// objects): a huge one is damage or an attack, never loaded.
+const MaxManifestBytes = 16 << 20
+
 // readManifest reads and checks a manifest without touching the objects.
 func (s *Store) readManifest(ctx context.Context, run, id string) (Manifest, error) {
 	var m Manifest
-	data, err := s.bucket.ReadAll(ctx, prefix(run, id)+ManifestName)
+	r, err := s.bucket.NewReader(ctx, prefix(run, id)+ManifestName, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
 			return m, errors.New("no manifest: the checkpoint was never committed")
 		}
 		return m, fmt.Errorf("reading the manifest: %w", err)
+	}
+	defer r.Close()
+	if r.Size() > MaxManifestBytes {
+		return m, fmt.Errorf("manifest of %d bytes; a manifest is at most %d", r.Size(), MaxManifestBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, MaxManifestBytes+1))
+	if err != nil {
+		return m, fmt.Errorf("reading the manifest: %w", err)
+	}
+	if len(data) > MaxManifestBytes {
+		return m, fmt.Errorf("manifest of more than %d bytes", MaxManifestBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
