@@ -196,7 +196,15 @@ func TestTrainsAcrossTwoWorkerProcesses(t *testing.T) {
 	}
 	// The run upserted its state and epoch: it can be found by them.
 	q := fmt.Sprintf("WorkflowId = 'it-train-1' AND %s = 'completed' AND %s = 10", spec.SearchAttributeState, spec.SearchAttributeEpoch)
-	resp, err := c.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{Namespace: "default", Query: q})
+	// Visibility is eventually consistent: a busy server indexes the close a moment later.
+	var resp *workflowservice.ListWorkflowExecutionsResponse
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err = c.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{Namespace: "default", Query: q})
+		if err == nil && len(resp.Executions) == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil || len(resp.Executions) != 1 {
 		t.Fatalf("listing by search attributes (%s): %d runs, %v", q, len(resp.GetExecutions()), err)
 	}
