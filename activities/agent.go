@@ -78,9 +78,11 @@ type DeviceStats interface {
 
 // GPUStats is a GPU's load, as heartbeats and logs show it.
 type GPUStats struct {
-	UtilizationPercent int    `json:"gpu_utilization_percent"`
-	MemoryUsedBytes    uint64 `json:"gpu_memory_used_bytes"`
-	MemoryTotalBytes   uint64 `json:"gpu_memory_total_bytes"`
+	UtilizationPercent int     `json:"gpu_utilization_percent"`
+	MemoryUsedBytes    uint64  `json:"gpu_memory_used_bytes"`
+	MemoryTotalBytes   uint64  `json:"gpu_memory_total_bytes"`
+	TemperatureCelsius int     `json:"gpu_temperature_celsius,omitempty"`
+	PowerWatts         float64 `json:"gpu_power_watts,omitempty"`
 }
 
 func (a *Agent) init() {

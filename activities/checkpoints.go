@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
@@ -54,8 +57,11 @@ func (a *Agent) SaveCheckpoint(ctx context.Context, in spec.SaveCheckpointInput)
 
 // save writes the replica's state, commits it with its manifest, and applies
 // the spec's retention.
-func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (*spec.CheckpointRef, error) {
+func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (_ *spec.CheckpointRef, err error) {
 	c := rep.tr.Cursor()
+	start := time.Now()
+	ctx, span := tracer.Start(ctx, "checkpoint.save", trace.WithAttributes(attribute.String("run", run), attribute.Int("epoch", c.Epoch), attribute.Int("step", c.Step)))
+	defer func() { endSpan(span, err) }()
 	w, err := rep.store.Begin(ctx, run, c.Epoch, c.Step)
 	if err != nil {
 		return nil, err
@@ -71,6 +77,7 @@ func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Train
 	if err != nil {
 		return nil, err
 	}
+	rep.metrics.checkpoint("save", manifest.Bytes(), time.Since(start))
 	cp := s.Checkpoint
 	if deleted, err := rep.store.Prune(ctx, run, checkpoint.Retention{KeepLast: cp.KeepLastN(), KeepBest: cp.KeepBest, Score: cp.Score, Mode: cp.Mode}); err != nil {
 		a.Log.Warn("checkpoint retention failed", zap.String("run", run), zap.Error(err))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/activity"
 	"go.uber.org/zap"
 
@@ -37,14 +39,18 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
 	epoch := rep.tr.Cursor().Epoch
-	m, err := a.trainEpoch(ctx, rep, in, leave, beat)
+	tctx, span := tracer.Start(ctx, "epoch.train", trace.WithAttributes(attribute.String("run", in.Run), attribute.Int("rank", in.Rank), attribute.Int("epoch", epoch)))
+	m, err := a.trainEpoch(tctx, rep, in, leave, beat)
+	endSpan(span, err)
 	if err != nil {
 		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
 	if m.Left {
 		return spec.EpochResult{}, a.leaveGang(ctx, key, rep, in, leave, beat)
 	}
-	e, err := rep.tr.Evaluate(ctx)
+	ectx, span := tracer.Start(ctx, "epoch.evaluate", trace.WithAttributes(attribute.String("run", in.Run), attribute.Int("rank", in.Rank), attribute.Int("epoch", epoch)))
+	e, err := rep.tr.Evaluate(ectx)
+	endSpan(span, err)
 	if err != nil {
 		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
@@ -52,6 +58,8 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 		Epoch: epoch, Steps: m.Steps, TrainLoss: m.TrainLoss, TestLoss: e.TestLoss, TestAccuracy: e.TestAccuracy,
 		SamplesPerSecond: m.SamplesPerSecond, Seconds: m.Seconds}}
 	a.logEpoch(in, res.Metrics)
+	rep.metrics.epoch(res.Metrics.SamplesPerSecond, res.Metrics.Map())
+	a.writeEpochEvents(ctx, rep, in, res.Metrics)
 	// A rank whose worker began stopping during the epoch's last step or the
 	// evaluation asks for a checkpoint now, so its gang's successor loses nothing.
 	leaving, err := anyLeaving(ctx, rep, leave)
@@ -118,9 +126,14 @@ func (a *Agent) trainEpoch(ctx context.Context, rep *replica, in spec.EpochInput
 	var lossSum float64
 	ran := 0
 	for {
+		rep.metrics.pause()
 		from := rep.tr.Cursor().Step
 		opts := trainer.EpochOptions{Leave: leave, Progress: func(p trainer.Progress) {
 			beat.set(map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps, "loss": p.Loss})
+			rep.metrics.step(p, in.BatchSize)
+			if rep.events != nil {
+				rep.events.step(p)
+			}
 		}}
 		if every > 0 {
 			opts.UntilStep = (from/every + 1) * every

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/activity"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
@@ -34,6 +36,8 @@ type replica struct {
 	slot    int    // the slot index it runs on
 	scratch string // the rank's own directory, removed with the replica
 	group   *collective.Group
+	metrics *rankMetrics
+	events  *epochEvents // rank 0's TensorBoard events of the epoch in progress
 	tr      trainer.Trainer
 	store   *checkpoint.Store
 	// storeURL is the spec's checkpoint URL: what checkpoint references
@@ -161,13 +165,20 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		}
 		gang.PublicKeys, opts.Identity = in.PublicKeys, sk.private
 	}
+	jctx, span := tracer.Start(jctx, "gang.join", trace.WithAttributes(attribute.String("run", in.Run), attribute.Int("rank", in.Rank),
+		attribute.Int("generation", in.Generation), attribute.Int("world", len(in.Peers))))
 	rep.group, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts)
+	endSpan(span, err)
 	if err != nil {
 		rep.close()
 		return nil, nil, err
 	}
+	rep.metrics = newRankMetrics(ctx, in.Run, in.Rank)
+	if in.Rank == 0 {
+		rep.events = &epochEvents{epoch: -1}
+	}
 	rep.tr, err = backend.NewRank(ctx, trainer.Rank{Spec: in.Spec, Run: in.Run, Generation: in.Generation, Rank: in.Rank,
-		Peers: in.Peers, BatchSize: in.BatchSize, Comm: rep.group, Device: a.device(in.Slot), Scratch: rep.scratch,
+		Peers: in.Peers, BatchSize: in.BatchSize, Comm: meteredReducer{Reducer: rep.group, m: rep.metrics}, Device: a.device(in.Slot), Scratch: rep.scratch,
 		PythonPath: a.PythonPath, Log: a.Log, Environ: a.Policy.Environ(), MemoryLimit: a.Policy.RankMemory(len(a.Slots)), Data: func(ctx context.Context) (*dataset.Set, *dataset.Set, error) {
 			beat.set(map[string]any{"phase": "loading data"})
 			return a.dataset(ctx, in.Spec.Dataset)

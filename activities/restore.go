@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/activity"
 	"go.uber.org/zap"
 
@@ -24,9 +27,13 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 		sources = append(sources, in.Spec.ResumeFrom)
 	}
 	for i, from := range sources {
-		c, err := rep.store.RestoreLatest(ctx, from, func(c *checkpoint.Checkpoint) error { return rep.tr.Restore(ctx, c) })
+		start := time.Now()
+		sctx, span := tracer.Start(ctx, "checkpoint.restore", trace.WithAttributes(attribute.String("run", from), attribute.Int("rank", in.Rank)))
+		c, err := rep.store.RestoreLatest(sctx, from, func(c *checkpoint.Checkpoint) error { return rep.tr.Restore(sctx, c) })
+		endSpan(span, err)
 		switch {
 		case err == nil:
+			rep.metrics.checkpoint("restore", c.Manifest.Bytes(), time.Since(start))
 			report := &spec.RestoreReport{From: refOf(c, rep.storeURL)}
 			for _, s := range c.Skipped {
 				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})

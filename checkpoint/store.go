@@ -365,6 +365,15 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 	return m, nil
 }
 
+// Bytes is the size of the checkpoint's objects together.
+func (m Manifest) Bytes() int64 {
+	var n int64
+	for _, o := range m.Objects {
+		n += o.Size
+	}
+	return n
+}
+
 func (m Manifest) checksum() string {
 	m.Checksum, m.Signature = "", ""
 	data, _ := json.Marshal(m)

@@ -92,7 +92,14 @@ func (g *GPUs) Stats(slot activities.Slot) (activities.GPUStats, bool) {
 	if ret != nvml.SUCCESS {
 		return activities.GPUStats{}, false
 	}
-	return activities.GPUStats{UtilizationPercent: int(util.Gpu), MemoryUsedBytes: mem.Used, MemoryTotalBytes: mem.Total}, true
+	stats := activities.GPUStats{UtilizationPercent: int(util.Gpu), MemoryUsedBytes: mem.Used, MemoryTotalBytes: mem.Total}
+	if t, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
+		stats.TemperatureCelsius = int(t)
+	}
+	if mw, ret := dev.GetPowerUsage(); ret == nvml.SUCCESS {
+		stats.PowerWatts = float64(mw) / 1000
+	}
+	return stats, true
 }
 
 // Close shuts NVML down; Stats reports nothing after it.

@@ -61,7 +61,19 @@ type Config struct {
 	// which the agent verifies before it loads one. Nil trusts every grant
 	// and every checkpoint in the storage roots.
 	PoolKey []byte
-	Log     *zap.Logger
+	// Metrics is the handler the worker's slot and GPU gauges are recorded
+	// through: the one given to the client (package telemetry). Nil: none.
+	Metrics client.MetricsHandler
+	// OnReady, if set, is called once every Temporal worker polls its queue;
+	// OnStopping when the process begins to stop (for /readyz).
+	OnReady, OnStopping func()
+	// Deployment, if set, opts the workflow worker into Temporal's worker
+	// deployment versioning as version Deployment:BuildID, with workflows
+	// auto-upgrading (their histories replay on newer builds: GetVersion
+	// guards every change). Empty: unversioned.
+	Deployment string
+	BuildID    string
+	Log        *zap.Logger
 }
 
 // RegisterWorkflows registers durabletrain's workflows on a worker of yours.
@@ -112,8 +124,16 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		// A workflow task stuck on a dead worker's sticky queue waits this long
 		// (5 s by default) before any worker may take it: measured as the bulk of
 		// the time to react to a killed worker.
-		w := worker.New(c, cfg.ControlQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
-			StickyScheduleToStartTimeout: time.Second})
+		opts := worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, StickyScheduleToStartTimeout: time.Second}
+		if cfg.Deployment != "" {
+			if cfg.BuildID == "" {
+				return errors.New("gpuworker: a Deployment needs a BuildID")
+			}
+			opts.DeploymentOptions = worker.DeploymentOptions{UseVersioning: true,
+				Version:                   worker.WorkerDeploymentVersion{DeploymentName: cfg.Deployment, BuildID: cfg.BuildID},
+				DefaultVersioningBehavior: workflow.VersioningBehaviorAutoUpgrade}
+		}
+		w := worker.New(c, cfg.ControlQueue, opts)
 		RegisterWorkflows(w, cfg.Policy)
 		workers = append(workers, w)
 		log.Info("serving workflows", zap.String("task_queue", cfg.ControlQueue))
@@ -154,6 +174,9 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 			MaxConcurrentActivityExecutionSize: len(agent.Slots)}) // poll for a gang slot only while one is free
 		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
 		RegisterAgent(slots, ranks, agent)
+		if cfg.Metrics != nil {
+			go sampleAgent(ctx, cfg.Metrics.WithTags(map[string]string{"worker": cfg.Identity}), agent, sampleEvery)
+		}
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),
 			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)), zap.Strings("trainers", backends.Names()))
@@ -166,7 +189,13 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 			return err
 		}
 	}
+	if cfg.OnReady != nil {
+		cfg.OnReady()
+	}
 	<-ctx.Done()
+	if cfg.OnStopping != nil {
+		cfg.OnStopping()
+	}
 	log.Info("shutting down: no new work; running ranks are told to leave", zap.Duration("grace", cfg.Grace))
 	// Stop them together: each Stop waits out its running activities, and a
 	// slot's HoldSlot waits for its rank's epoch to leave with the gang.

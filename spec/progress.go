@@ -56,6 +56,10 @@ type Progress struct {
 	IncidentsDropped int            `json:"incidents_dropped,omitempty"`
 	Latest           *CheckpointRef `json:"latest_checkpoint,omitempty"`
 	Stopping         bool           `json:"stopping,omitempty"`
+	// Waiting says what a run that is not training waits for: slots on which
+	// task queue, how many granted, until when; a gang that did not form and
+	// when the next try is.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // Incident records a failure, a preemption, a gang that did not form, a

@@ -9,6 +9,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/telemetry/metricname"
 )
 
 // gang is a reserved set of slots, one per rank, held by HoldSlot activities.
@@ -26,11 +27,14 @@ var errStopped = errors.New("stopped while forming a gang")
 // holds and backs off with jitter, so that runs competing for too few slots
 // take turns instead of each holding part of a gang.
 func (r *run) formGang(ctx workflow.Context) error {
+	start := workflow.Now(ctx)
 	for attempt := 0; ; attempt++ {
 		r.p.Generation++
 		gen := r.p.Generation
 		g, err := r.reserve(ctx, gen)
 		if err == nil {
+			r.waiting(ctx, "")
+			workflow.GetMetricsHandler(ctx).Timer(metricname.GangFormationLatency).Record(workflow.Now(ctx).Sub(start))
 			r.gang = g
 			r.p.Gang, r.p.World = g.placements, len(g.placements)
 			if n := len(g.placements); n < r.spec.Scaling.Workers {
@@ -49,6 +53,8 @@ func (r *run) formGang(ctx workflow.Context) error {
 		var jitter int64
 		workflow.SideEffect(ctx, func(workflow.Context) any { return time.Now().UnixNano() }).Get(&jitter)
 		backoff := gangBackoff(attempt, time.Duration(r.spec.Scaling.GangTimeout), jitter)
+		r.waiting(ctx, fmt.Sprintf("gang %d did not form (%v); trying again at %s, in %v", gen, err,
+			workflow.Now(ctx).Add(backoff).UTC().Format(time.TimeOnly), backoff.Round(time.Second)))
 		workflow.GetLogger(ctx).Info("gang not formed; backing off", "generation", gen, "backoff", backoff, "error", err)
 		sel := workflow.NewSelector(ctx)
 		sel.AddFuture(workflow.NewTimer(ctx, backoff), func(workflow.Future) {})
@@ -113,6 +119,12 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	defer cancelTimer()
 	timer := workflow.NewTimer(timerCtx, time.Duration(r.spec.Scaling.GangTimeout))
 	count, gone := 0, 0
+	deadline := workflow.Now(ctx).Add(time.Duration(r.spec.Scaling.GangTimeout)).UTC().Format(time.TimeOnly)
+	say := func() {
+		r.waiting(ctx, fmt.Sprintf("gang %d: %d of %d slots granted on task queue %q; waiting until %s (scaling.gang_timeout %v)",
+			gen, count, workers, r.spec.Scaling.TaskQueue, deadline, r.spec.Scaling.GangTimeout))
+	}
+	say()
 	for count < workers && count+gone < workers && !timedOut && holdErr == nil && !r.p.Stopping {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
@@ -124,6 +136,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			granted[s.Request] = true
 			placements[s.Request] = s.Placement
 			count++
+			say()
 		})
 		sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
 		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
@@ -169,6 +182,16 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		g.placements[i].Rank = i
 	}
 	return g, nil
+}
+
+// waiting says what the run waits for (empty: nothing), in the progress
+// query and the Temporal UI's details.
+func (r *run) waiting(ctx workflow.Context, what string) {
+	if r.p.Waiting == what {
+		return
+	}
+	r.p.Waiting = what
+	workflow.SetCurrentDetails(ctx, details(r.p))
 }
 
 func (r *run) releaseGang() {

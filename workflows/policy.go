@@ -242,7 +242,7 @@ func details(p *spec.Progress) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "**%s** · epoch %d/%d", p.State, p.Epoch, p.Epochs)
 	if m, ok := p.LastMetrics(); ok {
-		fmt.Fprintf(&b, " · test accuracy %.4f · loss %.4f · %.0f samples/s", m.TestAccuracy, m.TrainLoss, m.SamplesPerSecond)
+		fmt.Fprintf(&b, " · test accuracy %.4f · train loss %.4f · %.0f samples/s", m.TestAccuracy, m.TrainLoss, m.SamplesPerSecond)
 	}
 	if len(p.Gang) > 0 {
 		workers := make([]string, len(p.Gang))
@@ -253,6 +253,9 @@ func details(p *spec.Progress) string {
 	}
 	if p.Failures+p.Preemptions > 0 {
 		fmt.Fprintf(&b, " · %d failures, %d preemptions", p.Failures, p.Preemptions)
+	}
+	if p.Waiting != "" {
+		fmt.Fprintf(&b, "\n\n%s", p.Waiting)
 	}
 	return b.String()
 }

@@ -226,9 +226,13 @@ func TestRunNameAndDetails(t *testing.T) {
 	p := &spec.Progress{State: spec.StateTraining, Epoch: 2, Epochs: 5, Generation: 3, Failures: 1,
 		Gang:    []spec.Placement{{Worker: "a"}, {Worker: "b"}},
 		Metrics: []spec.EpochMetrics{{TestAccuracy: 0.81234, TrainLoss: 0.5, SamplesPerSecond: 1000}}}
-	want := "**training** · epoch 2/5 · test accuracy 0.8123 · loss 0.5000 · 1000 samples/s · gang 3 on a, b · 1 failures, 0 preemptions"
+	want := "**training** · epoch 2/5 · test accuracy 0.8123 · train loss 0.5000 · 1000 samples/s · gang 3 on a, b · 1 failures, 0 preemptions"
 	if got := details(p); got != want {
 		t.Errorf("details:\n got %s\nwant %s", got, want)
+	}
+	p.State, p.Waiting = spec.StateFormingGang, `gang 4: 1 of 2 slots granted on task queue "gpu"; waiting until 12:00:00 (scaling.gang_timeout 1m0s)`
+	if got := details(p); !strings.HasSuffix(got, "\n\n"+p.Waiting) {
+		t.Errorf("details of a run waiting for slots:\n%s\nwant what it waits for", got)
 	}
 }
 

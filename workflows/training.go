@@ -10,6 +10,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/telemetry/metricname"
 )
 
 // TrainingWorkflow runs one training run. Its input is the JSON spec (see
@@ -174,6 +175,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		if out.err != nil {
 			r.releaseGang()
 			inc, fatal := charge(r.p, r.spec.Failure, epoch, out.err)
+			countFailure(ctx, inc)
 			if inc != nil {
 				r.p.AddIncident(*inc)
 			}
@@ -234,12 +236,30 @@ func (r *run) fail(ctx workflow.Context, err error) (*spec.Progress, error) {
 // and (when the spec asks) its search attributes.
 func (r *run) setState(ctx workflow.Context, state string) {
 	r.p.State = state
+	switch state {
+	case spec.StateCompleted, spec.StateStopped, spec.StateFailed, spec.StateCancelled:
+		workflow.GetMetricsHandler(ctx).WithTags(map[string]string{"state": state}).Counter(metricname.RunsEnded).Inc(1)
+	}
 	workflow.SetCurrentDetails(ctx, details(r.p))
 	if r.spec.SearchAttributes {
 		if err := workflow.UpsertTypedSearchAttributes(ctx, stateAttribute.ValueSet(state), epochAttribute.ValueSet(int64(r.p.Epoch))); err != nil {
 			workflow.GetLogger(ctx).Warn("search attributes not upserted", "error", err)
 		}
 	}
+}
+
+// countFailure counts a charged failure, preemption or forged grant by its
+// incident kind (a user error, which ends the run, has none).
+func countFailure(ctx workflow.Context, inc *spec.Incident) {
+	kind := "user-error"
+	if inc != nil {
+		kind = inc.Kind
+	}
+	h := workflow.GetMetricsHandler(ctx)
+	if kind == spec.IncidentPreemption {
+		h.Counter(metricname.Preemptions).Inc(1)
+	}
+	h.WithTags(map[string]string{"kind": kind}).Counter(metricname.Failures).Inc(1)
 }
 
 var (

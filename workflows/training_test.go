@@ -510,6 +510,9 @@ func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
 	if p.Generation != 2 || p.Failures != 0 || len(p.Incidents) != 1 || p.Incidents[0].Kind != spec.IncidentGangTimeout {
 		t.Fatalf("progress %+v", p)
 	}
+	if p.Waiting != "" {
+		t.Fatalf("a run whose gang formed still says it waits: %q", p.Waiting)
+	}
 }
 
 func TestContinueAsNewCarriesTheState(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 
 	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/chaos"
+	"github.com/durabletrain/durabletrain/internal/buildinfo"
 )
 
 func main() {
@@ -32,7 +33,12 @@ func main() {
 	flag.StringVar(&cfg.Dataset, "dataset", "", "dataset URL (default the full Fashion-MNIST)")
 	dir := flag.String("dir", ".durabletrain/chaos", "work directory (wiped first)")
 	tags := flag.String("tags", "openblas", "build tags of the worker")
+	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.String("chaos"))
+		return
+	}
 	cfg.Kinds = strings.Split(*kinds, ",")
 	cfg.Log = os.Stderr
 	if err := os.RemoveAll(*dir); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/durabletrain/durabletrain/internal/buildinfo"
 	"github.com/durabletrain/durabletrain/internal/devserver"
 )
 
@@ -25,7 +26,12 @@ func main() {
 	ns := flag.String("namespace", "default", "namespace to create")
 	verbose := flag.Bool("v", false, "log the server's own lines")
 	public := flag.Bool("insecure-public", false, "allow an -ip other than loopback: the dev server has no TLS and no authorizer, so whoever reaches it may start, signal and read every workflow; only on a private network (a container network, a test bridge)")
+	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.String("devserver"))
+		return
+	}
 	if err := checkBind(*ip, *public); err != nil {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(2)

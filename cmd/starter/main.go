@@ -32,6 +32,7 @@ import (
 	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/connect"
+	"github.com/durabletrain/durabletrain/internal/buildinfo"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -46,6 +47,16 @@ type common struct{ connect.Options }
 
 func (c *common) flags(fs *flag.FlagSet) { c.Register(fs) }
 
+// converter is the data converter the client uses (the codec's, with
+// -codec-key-file), for payloads read from history.
+func (c *common) converter() converter.DataConverter {
+	opts, err := c.ClientOptions(zap.NewNop())
+	if err != nil || opts.DataConverter == nil {
+		return converter.GetDefaultDataConverter()
+	}
+	return opts.DataConverter
+}
+
 func (c *common) dial() client.Client {
 	cl, err := c.Dial(zap.NewNop())
 	if err != nil {
@@ -59,29 +70,76 @@ func fail(code int, format string, args ...any) {
 	os.Exit(code)
 }
 
+// commands are the starter's subcommands, in the order help lists them.
+var commands = []struct {
+	name, synopsis string
+	run            func(args []string)
+}{
+	{"train", "start a run (flags, or -f spec.json); -wait draws its progress until it ends", func(a []string) { train("train", a) }},
+	{"status", "a run's progress: state, epoch, metrics, gang, latest checkpoint", status},
+	{"stop", "finish the current step, checkpoint and complete (waits; -no-wait only asks)", stop},
+	{"list", "recent runs and searches, newest first", list},
+	{"checkpoints", "a run's checkpoints, each verified", checkpoints},
+	{"resume", "a new run from a run's latest verified checkpoint, with that run's spec", func(a []string) { train("resume", a) }},
+	{"plot", "draw a metric of a run, or of every trial of a search, against epoch or step (SVG, PNG, PDF)", plotCmd},
+	{"tune", "a hyperparameter search: its live status table and the best config", tuneCmd},
+	{"codec-server", "decrypt payloads for the Temporal UI and CLI (--codec-endpoint)", codecServer},
+	{"version", "the starter's version and build", func([]string) { fmt.Println(buildinfo.String("starter")) }},
+	{"help", "this list, or a command's flags: starter help COMMAND", nil}, // main's: it reads this table
+}
+
+func usage(w *os.File) {
+	fmt.Fprintf(w, "starter starts and watches durabletrain runs on Temporal (%s).\n\nUsage: starter COMMAND [flags]\n\nCommands:\n", buildinfo.ReleaseVersion())
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.synopsis)
+	}
+	fmt.Fprintf(w, "\nstarter COMMAND -h lists a command's flags. Every command that reaches Temporal takes -address,\n"+
+		"-namespace and the TLS flags, or reads TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_TLS_* and TEMPORAL_PROFILE.\n"+
+		"Exit codes: 0 done, 1 the run failed, 2 bad input, 3 Temporal unreachable.\n")
+}
+
+func helpCmd(args []string) {
+	if len(args) == 0 {
+		usage(os.Stdout)
+		return
+	}
+	for _, c := range commands {
+		if c.name == args[0] && c.run != nil && c.name != "version" {
+			c.run([]string{"-h"})
+			return
+		}
+	}
+	fail(exitUsage, "help: no command %q; `starter help` lists them", args[0])
+}
+
 func main() {
 	if len(os.Args) < 2 {
-		fail(exitUsage, "usage: starter train|status|stop|list|checkpoints|resume|tune|codec-server [flags]; starter CMD -h for its flags")
+		usage(os.Stderr)
+		os.Exit(exitUsage)
 	}
 	cmd, args := os.Args[1], os.Args[2:]
 	switch cmd {
-	case "train", "resume":
-		train(cmd, args)
-	case "status":
-		status(args)
-	case "stop":
-		stop(args)
-	case "list":
-		list(args)
-	case "checkpoints":
-		checkpoints(args)
-	case "tune":
-		tuneCmd(args)
-	case "codec-server":
-		codecServer(args)
-	default:
-		fail(exitUsage, "unknown command %q; want train, status, stop, list, checkpoints, resume, tune or codec-server", cmd)
+	case "-h", "-help", "--help":
+		usage(os.Stdout)
+		return
+	case "-version", "--version":
+		cmd = "version"
 	}
+	if cmd == "help" {
+		helpCmd(args)
+		return
+	}
+	for _, c := range commands {
+		if c.name == cmd {
+			c.run(args)
+			return
+		}
+	}
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	fail(exitUsage, "unknown command %q; want one of %s (starter help says what each does)", cmd, strings.Join(names, ", "))
 }
 
 func train(cmd string, args []string) {
@@ -99,14 +157,37 @@ func train(cmd string, args []string) {
 	ckpt := fs.String("checkpoint", "", "checkpoint.url")
 	attrs := fs.Bool("search-attributes", false, "search_attributes: upsert DurabletrainState/DurabletrainEpoch (the namespace must have them; the dev server does)")
 	fs.Parse(args)
+	if err := spec.CheckWorkflowID("-id", *id, len("-resumed-20060102T150405")); *id != "" && err != nil {
+		fail(exitUsage, "%v", err)
+	}
 	var s spec.Training
+	workflowID := *id
+	if cmd == "resume" {
+		// The old run's own spec (checkpoint URL, data set, model, scaling), then -f and the flags over it.
+		if *id == "" {
+			fail(exitUsage, "resume needs -id, the run to resume")
+		}
+		cl := c.dial()
+		old, runName, err := resumeSpec(cl, c.converter(), *id)
+		cl.Close()
+		if err != nil {
+			fail(exitFailed, "%v", err)
+		}
+		s = old
+		s.ResumeFrom = runName
+		workflowID = *id + "-resumed-" + time.Now().UTC().Format("20060102T150405")
+	}
 	if *file != "" {
 		raw, err := os.ReadFile(*file)
 		if err != nil {
 			fail(exitUsage, "%v", err)
 		}
+		resumeFrom := s.ResumeFrom
 		if s, err = spec.Parse(raw); err != nil {
 			fail(exitUsage, "%s: %v", *file, err)
+		}
+		if resumeFrom != "" {
+			s.ResumeFrom = resumeFrom
 		}
 	}
 	set := func(dst *int, v int) {
@@ -128,23 +209,6 @@ func train(cmd string, args []string) {
 	}
 	if *attrs {
 		s.SearchAttributes = true
-	}
-	if err := spec.CheckWorkflowID("-id", *id, len("-resumed-20060102T150405")); *id != "" && err != nil {
-		fail(exitUsage, "%v", err)
-	}
-	workflowID := *id
-	if cmd == "resume" {
-		if *id == "" {
-			fail(exitUsage, "resume needs -id, the run to resume")
-		}
-		cl := c.dial()
-		p, err := query(cl, *id)
-		cl.Close()
-		if err != nil {
-			fail(exitFailed, "%v", err)
-		}
-		s.ResumeFrom = p.Run
-		workflowID = *id + "-resumed-" + time.Now().UTC().Format("20060102T150405")
 	}
 	if workflowID == "" {
 		workflowID = "train-" + time.Now().UTC().Format("20060102T150405")
@@ -209,7 +273,7 @@ func progressLine(p *spec.Progress, elapsed time.Duration) string {
 	line := fmt.Sprintf("%s %s epoch %d/%d", bar, p.State, p.Epoch, p.Epochs)
 	if n := len(p.Metrics); n > 0 {
 		m := p.Metrics[n-1]
-		line += fmt.Sprintf(" · loss %.4f · accuracy %.4f · %.0f samples/s", m.TrainLoss, m.TestAccuracy, m.SamplesPerSecond)
+		line += fmt.Sprintf(" · train loss %.4f · test accuracy %.4f · %.0f samples/s", m.TrainLoss, m.TestAccuracy, m.SamplesPerSecond)
 		if done > 0 && done < 1 {
 			eta := time.Duration(float64(elapsed) * (1 - done) / done)
 			line += fmt.Sprintf(" · ETA %s", eta.Round(time.Second))
@@ -217,6 +281,9 @@ func progressLine(p *spec.Progress, elapsed time.Duration) string {
 	}
 	if p.Failures+p.Preemptions > 0 {
 		line += fmt.Sprintf(" · %d failures, %d preemptions", p.Failures, p.Preemptions)
+	}
+	if p.Waiting != "" {
+		line += " · " + p.Waiting
 	}
 	return line
 }
@@ -241,6 +308,53 @@ func summary(p *spec.Progress, elapsed time.Duration) {
 		}
 		fmt.Printf("incident: gang %d, epoch %d, %s%s: %s\n", inc.Generation, inc.Epoch, inc.Kind, again, inc.Detail)
 	}
+}
+
+// resumeSpec is the spec run id was started with, read from the start event
+// of its latest run (a run that continued as new carries its spec too, beside
+// the state), and the name its checkpoints are stored under.
+func resumeSpec(cl client.Client, dc converter.DataConverter, id string) (spec.Training, string, error) {
+	ctx := context.Background()
+	it := cl.GetWorkflowHistory(ctx, id, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	if !it.HasNext() {
+		return spec.Training{}, "", fmt.Errorf("run %s has no history to resume from", id)
+	}
+	ev, err := it.Next()
+	if err != nil {
+		return spec.Training{}, "", fmt.Errorf("reading run %s: %w", id, err)
+	}
+	started := ev.GetWorkflowExecutionStartedEventAttributes()
+	if started == nil || started.GetWorkflowType().GetName() != spec.WorkflowTraining {
+		return spec.Training{}, "", fmt.Errorf("%s is not a training run (a %s workflow): resume takes a TrainingWorkflow's ID",
+			id, started.GetWorkflowType().GetName())
+	}
+	var raw json.RawMessage
+	if in := started.GetInput().GetPayloads(); len(in) > 0 {
+		if err := dc.FromPayload(in[0], &raw); err != nil {
+			return spec.Training{}, "", fmt.Errorf("run %s: its spec does not decode (encrypted with a codec key this starter lacks? -codec-key-file): %w", id, err)
+		}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return spec.Training{}, "", fmt.Errorf("run %s: its input is not a JSON spec: %w", id, err)
+	}
+	delete(fields, "continued") // the state continue-as-new carried, not the spec's
+	raw, _ = json.Marshal(fields)
+	s, err := spec.Parse(raw)
+	if err != nil {
+		return spec.Training{}, "", fmt.Errorf("run %s: its spec no longer parses: %w", id, err)
+	}
+	p, err := query(cl, id)
+	if err != nil {
+		// A closed run answers with its result where no worker answers queries.
+		if gerr := cl.GetWorkflow(ctx, id, "").Get(ctx, &p); gerr != nil || p == nil {
+			return spec.Training{}, "", err
+		}
+	}
+	if p.Latest == nil {
+		return spec.Training{}, "", fmt.Errorf("run %s has no checkpoint yet: nothing to resume from (start it again with train)", id)
+	}
+	return s, p.Run, nil
 }
 
 func query(cl client.Client, id string) (*spec.Progress, error) {
@@ -329,16 +443,28 @@ func list(args []string) {
 	fs := flag.NewFlagSet("list", flag.ExitOnError)
 	var c common
 	c.flags(fs)
-	limit := fs.Int("n", 20, "how many runs, newest first")
+	limit := fs.Int("n", 20, "how many runs and searches, newest first")
 	fs.Parse(args)
 	cl := c.dial()
 	defer cl.Close()
 	resp, err := cl.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{
-		PageSize: int32(*limit), Query: "WorkflowType = '" + spec.WorkflowTraining + "'"})
+		PageSize: int32(*limit), Query: "WorkflowType = '" + spec.WorkflowTraining + "' OR WorkflowType = '" + spec.WorkflowTune + "'"})
 	if err != nil {
 		fail(exitFailed, "listing runs: %v", err)
 	}
+	if len(resp.Executions) == 0 {
+		fmt.Println("no runs or searches yet (starter train, starter tune)")
+		return
+	}
+	fmt.Printf("%-40s %-6s %-12s %-19s  %s\n", "ID", "KIND", "STATE", "STARTED", "")
 	for _, e := range resp.Executions {
+		kind := "run"
+		switch {
+		case e.GetType().GetName() == spec.WorkflowTune:
+			kind = "search"
+		case e.GetParentExecution() != nil:
+			kind = "trial"
+		}
 		status := strings.ToLower(strings.TrimPrefix(e.Status.String(), "WORKFLOW_EXECUTION_STATUS_"))
 		// Runs started with search_attributes say their own state and epoch.
 		var state string
@@ -350,9 +476,12 @@ func list(args []string) {
 		if state != "" {
 			status = state
 		}
-		line := fmt.Sprintf("%-40s %-12s started %s", e.Execution.WorkflowId, status, e.StartTime.AsTime().Local().Format(time.DateTime))
+		line := fmt.Sprintf("%-40s %-6s %-12s %-19s", e.Execution.WorkflowId, kind, status, e.StartTime.AsTime().Local().Format(time.DateTime))
 		if epoch >= 0 {
 			line += fmt.Sprintf("  epoch %d", epoch)
+		}
+		if p := e.GetParentExecution(); p != nil {
+			line += "  of " + p.GetWorkflowId()
 		}
 		fmt.Println(line)
 	}

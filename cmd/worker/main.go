@@ -22,14 +22,19 @@ import (
 	"syscall"
 	"time"
 
+	"go.temporal.io/sdk/client"
 	"go.uber.org/zap"
 
 	_ "github.com/durabletrain/durabletrain/blobdrivers" // file://, mem://, s3://
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/buildinfo"
 	"github.com/durabletrain/durabletrain/internal/keyfile"
+	"github.com/durabletrain/durabletrain/internal/logging"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/telemetry"
+	"github.com/durabletrain/durabletrain/telemetry/metricname"
 	_ "github.com/durabletrain/durabletrain/trainer/exectrainer" // "trainer": "exec"
 	_ "github.com/durabletrain/durabletrain/trainer/native"      // "trainer": "native"
 )
@@ -56,7 +61,33 @@ func main() {
 	poolKey := flag.String("pool-key-file", os.Getenv("DURABLETRAIN_POOL_KEY_FILE"),
 		"file holding the secret all workers of this pool share (at least 32 bytes, mode 600): it signs slot grants and checkpoints, so nobody outside the pool can join a gang or forge a checkpoint")
 	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
+	// Operations: logs, metrics, health, tracing, versioning.
+	var logOpts logging.Options
+	logOpts.Register(flag.CommandLine, "json")
+	metricsListen := flag.String("metrics-listen", os.Getenv("DURABLETRAIN_METRICS_LISTEN"), "address to serve /metrics (Prometheus), /healthz and /readyz on, such as :9090 (default $DURABLETRAIN_METRICS_LISTEN; empty: none)")
+	var tel telemetry.Options
+	flag.BoolVar(&tel.Tracing, "tracing", false, "export OpenTelemetry spans (Temporal's interceptor, and gang, epoch and checkpoint spans) over OTLP/gRPC to -otlp-endpoint or $OTEL_EXPORTER_OTLP_ENDPOINT")
+	flag.StringVar(&tel.OTLPEndpoint, "otlp-endpoint", "", "host:port of the OpenTelemetry collector (default $OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)")
+	flag.BoolVar(&tel.OTLPInsecure, "otlp-insecure", false, "send spans without TLS (a collector on this host or in this pod)")
+	flag.StringVar(&cfg.Deployment, "deployment-name", "", "Temporal worker deployment this worker is a version of (worker versioning; the version is this binary's build ID, see -version); empty: unversioned")
+	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.String("worker"))
+		return
+	}
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "worker: unexpected argument %q; every setting is a flag (worker -h lists them)\n", flag.Arg(0))
+		os.Exit(2)
+	}
+	log, err := logOpts.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	defer log.Sync()
+	cfg.Log = log
+	cfg.BuildID = buildinfo.BuildID()
 	cfg.Policy.Exec, cfg.Policy.ExecDirs = list(*allowExec), list(*execDirs)
 	cfg.Policy.PassEnv, cfg.Policy.StorageRoots = list(*passEnv), splitRoots(*roots)
 	if cfg.Policy.PassEnv == nil {
@@ -82,20 +113,73 @@ func main() {
 		fmt.Fprintf(os.Stderr, "worker: -role is %q; want workflows, agent or both\n", *role)
 		os.Exit(2)
 	}
-	log, _ := zap.NewProduction()
-	defer log.Sync()
-	cfg.Log = log
-	c, err := conn.Dial(log)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	tel.Service, tel.Version = "worker", buildinfo.ReleaseVersion()
+	t, err := telemetry.New(ctx, tel, log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	defer t.Close(context.Background())
+	t.Metrics.WithTags(map[string]string{"version": buildinfo.ReleaseVersion(), "build_id": cfg.BuildID, "worker": cfg.Identity}).Gauge(metricname.WorkerInfo).Update(1)
+	if *metricsListen != "" {
+		addr, err := t.Listen(*metricsListen)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			os.Exit(2)
+		}
+		log.Info("serving /metrics, /healthz and /readyz", zap.String("address", addr))
+	}
+	opts, err := conn.ClientOptions(log)
+	if err != nil { // a configuration error: retrying cannot mend it
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	opts.MetricsHandler, opts.Interceptors = t.Metrics, append(opts.Interceptors, t.Interceptors...)
+	c, err := dialUntilUp(ctx, opts, t.Health, log)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(3)
 	}
 	defer c.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	cfg.Metrics = t.Metrics
+	cfg.OnReady = t.Health.SetReady
+	cfg.OnStopping = func() { t.Health.SetNotReady("shutting down") }
+	log.Info("starting", zap.String("version", buildinfo.ReleaseVersion()), zap.String("build_id", cfg.BuildID))
 	if err := gpuworker.Run(ctx, c, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
+	}
+}
+
+// dialUntilUp connects to Temporal, and while it cannot, tries again with
+// backoff (1 s doubling to 30 s) until ctx ends: a worker started before its
+// server, as in a Kubernetes roll-out, waits instead of exiting.
+func dialUntilUp(ctx context.Context, opts client.Options, health *telemetry.Health, log *zap.Logger) (client.Client, error) {
+	wait := time.Second
+	for attempt := 1; ; attempt++ {
+		health.SetNotReady(fmt.Sprintf("connecting to Temporal at %s (attempt %d)", opts.HostPort, attempt))
+		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c, err := client.DialContext(dialCtx, opts)
+		cancel()
+		if err == nil {
+			if attempt > 1 {
+				log.Info("reached Temporal", zap.String("address", opts.HostPort), zap.Int("attempts", attempt))
+			}
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("stopped while connecting to Temporal at %s: %w", opts.HostPort, err)
+		}
+		log.Warn("cannot reach Temporal yet; trying again", zap.String("address", opts.HostPort), zap.String("namespace", opts.Namespace),
+			zap.Int("attempt", attempt), zap.Duration("in", wait), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("stopped while connecting to Temporal at %s: %w", opts.HostPort, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
 	}
 }
 

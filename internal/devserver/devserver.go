@@ -90,6 +90,15 @@ func Start(o Options) (*Server, error) {
 			o.Port = ports.pick()
 		}
 	}
+	// The server itself panics on a busy port: say it plainly first.
+	if err := portFree(o.IP, o.Port, "-port", "the frontend"); err != nil {
+		return nil, err
+	}
+	if o.UIPort > 0 {
+		if err := portFree(o.IP, o.UIPort, "-ui-port", "the Web UI"); err != nil {
+			return nil, err
+		}
+	}
 	sqlConf := config.SQL{PluginName: sqliteplugin.PluginName}
 	if o.DBFile == "" {
 		sqlConf.ConnectAttributes = map[string]string{"mode": "memory", "cache": "shared"}
@@ -184,6 +193,16 @@ func Start(o Options) (*Server, error) {
 		s.url = fmt.Sprintf("http://%s:%d", o.IP, o.UIPort)
 	}
 	return s, nil
+}
+
+// portFree says whether ip:port can be bound now, and if not, which flag to change.
+func portFree(ip string, port int, flag, what string) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("devserver: %s cannot listen on %s (%v): another devserver or Temporal server may be running; stop it, or choose a free port with %s",
+			what, net.JoinHostPort(ip, strconv.Itoa(port)), err, flag)
+	}
+	return ln.Close()
 }
 
 // portPicker hands out free ports, holding each until release so that two

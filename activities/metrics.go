@@ -1,0 +1,110 @@
+package activities
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+
+	"github.com/durabletrain/durabletrain/telemetry/metricname"
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// SlotCounts is how many of the agent's slots are free and held, for the
+// worker's durabletrain_slots gauge.
+func (a *Agent) SlotCounts() (free, held int) {
+	a.init()
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	held = len(a.slots.busy)
+	return len(a.slots.order) - held, held
+}
+
+// rankMetrics records one rank's metrics through the activity's handler
+// (the worker's registry), tagged with the run and the rank.
+type rankMetrics struct {
+	h        client.MetricsHandler
+	lastStep time.Time
+}
+
+func newRankMetrics(ctx context.Context, run string, rank int) *rankMetrics {
+	h := client.MetricsHandler(client.MetricsNopHandler)
+	if activity.IsActivity(ctx) {
+		h = activity.GetMetricsHandler(ctx)
+	}
+	return &rankMetrics{h: h.WithTags(map[string]string{"run": run, "rank": strconv.Itoa(rank)})}
+}
+
+// step records a training step: position, loss, and the time since the last.
+func (m *rankMetrics) step(p trainer.Progress, batch int) {
+	now := time.Now()
+	if !m.lastStep.IsZero() {
+		m.h.Timer(metricname.StepLatency).Record(now.Sub(m.lastStep))
+	}
+	m.lastStep = now
+	m.h.Gauge(metricname.Epoch).Update(float64(p.Epoch))
+	m.h.Gauge(metricname.Step).Update(float64(p.Step))
+	m.h.Counter(metricname.Steps).Inc(1)
+	m.h.Counter(metricname.Samples).Inc(int64(batch))
+	m.h.WithTags(map[string]string{"name": "loss"}).Gauge(metricname.ReportedMetric).Update(p.Loss)
+}
+
+// pause marks a gap in training (a checkpoint, an evaluation) so that the
+// next step's latency does not include it.
+func (m *rankMetrics) pause() { m.lastStep = time.Time{} }
+
+// epoch records what an epoch reported.
+func (m *rankMetrics) epoch(samplesPerSecond float64, reported map[string]float64) {
+	m.h.Gauge(metricname.SamplesPerSecond).Update(samplesPerSecond)
+	for name, v := range reported {
+		m.h.WithTags(map[string]string{"name": name}).Gauge(metricname.ReportedMetric).Update(v)
+	}
+}
+
+// checkpoint records a checkpoint saved or restored.
+func (m *rankMetrics) checkpoint(op string, bytes int64, took time.Duration) {
+	h := m.h.WithTags(map[string]string{"op": op})
+	h.Counter(metricname.CheckpointBytes).Inc(bytes)
+	h.Timer(metricname.CheckpointLatency).Record(took)
+}
+
+// meteredReducer times the collective a trainer uses.
+type meteredReducer struct {
+	trainer.Reducer
+	m *rankMetrics
+}
+
+func (r meteredReducer) AllReduce(ctx context.Context, buf []float32) error {
+	start := time.Now()
+	err := r.Reducer.AllReduce(ctx, buf)
+	if err != nil || r.Reducer.World() < 2 {
+		return err
+	}
+	took := time.Since(start)
+	bytes := int64(len(buf)) * 4
+	r.m.h.Timer(metricname.AllReduceLatency).Record(took)
+	r.m.h.Counter(metricname.AllReduceBytes).Inc(bytes)
+	if bytes >= metricname.BusBandwidthFloor && took > 0 {
+		n := float64(r.Reducer.World())
+		r.m.h.Gauge(metricname.AllReduceBusBandwidth).Update(2 * (n - 1) / n * float64(bytes) / took.Seconds())
+	}
+	return nil
+}
+
+// tracer makes the agent's spans (gang.join, epoch.train, epoch.evaluate,
+// checkpoint.save, checkpoint.restore) under the activity's span that
+// Temporal's tracing interceptor starts; a no-op unless the worker traces.
+var tracer = otel.Tracer("durabletrain/activities")
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}

@@ -1,0 +1,189 @@
+package integration
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitLine waits for a line of the worker's log matching re and returns its submatches.
+func waitLine(t *testing.T, w *workerProc, re *regexp.Regexp, limit time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		w.logs.mu.Lock()
+		for _, l := range w.logs.lines {
+			if m := re.FindStringSubmatch(l); m != nil {
+				w.logs.mu.Unlock()
+				return m
+			}
+		}
+		w.logs.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s logged no line matching %s within %v", w.name, re, limit)
+	return nil
+}
+
+// promSample sums the samples of a metric whose labels include every one of
+// labels (`state="held"`), and says whether there was any.
+func promSample(body, name string, labels ...string) (float64, bool) {
+	var sum float64
+	found := false
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		if !ok {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			sum, found = sum+v, true
+		}
+	}
+	return sum, found
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestWorkerServesMetrics scrapes a real worker's /metrics while it trains
+// a real run and checks that the values move: steps, all-reduce time and bus
+// bandwidth, checkpoint bytes, gang formation, slots held then free, the
+// epoch's reported metrics, the SDK's own metrics; and /readyz.
+func TestWorkerServesMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-metrics"
+	w := startWorkerWith(t, "worker-m", "both", queue, append(append([]string{}, testPolicy...), "-slots", "2", "-metrics-listen", "127.0.0.1:0"))
+	addr := waitLine(t, w, regexp.MustCompile(`serving /metrics.*"address":"([0-9.:]+)"`), 30*time.Second)[1]
+	base := "http://" + addr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get(t, base+"/readyz")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never ready: %d %s", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, _ := get(t, base+"/healthz"); code != 200 {
+		t.Fatalf("/healthz: %d", code)
+	}
+	scrape := func() string {
+		code, body := get(t, base+"/metrics")
+		if code != 200 {
+			t.Fatalf("/metrics: %d\n%s", code, body)
+		}
+		return body
+	}
+	if free, _ := promSample(scrape(), "durabletrain_slots", `state="free"`); free != 2 {
+		t.Errorf("before the run: %v slots free; want 2", free)
+	}
+
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 4)
+	run := startRun(t, c, "it-metrics-1", queue, s)
+	// While it trains: the step counter moves between two scrapes.
+	var first float64
+	deadline = time.Now().Add(2 * time.Minute)
+	for {
+		body := scrape()
+		steps, _ := promSample(body, "durabletrain_steps_total", `run="it-metrics-1"`)
+		held, _ := promSample(body, "durabletrain_slots", `state="held"`)
+		if first == 0 && steps > 0 {
+			first = steps
+			if held != 2 {
+				t.Errorf("while training: %v slots held; want 2", held)
+			}
+		} else if first > 0 && steps > first {
+			t.Logf("steps counted %v, then %v", first, steps)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("durabletrain_steps_total did not move (first %v, now %v)", first, steps)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p := awaitRun(t, run, 3*time.Minute)
+	if p.Epoch != 4 {
+		t.Fatalf("the run ended at epoch %d", p.Epoch)
+	}
+	time.Sleep(2500 * time.Millisecond) // one sampling of the slot gauges
+	body := scrape()
+	for _, c := range []struct {
+		name   string
+		labels []string
+		min    float64
+	}{
+		{"durabletrain_steps_total", []string{`run="it-metrics-1"`}, 4 * 2 * 10},
+		{"durabletrain_epoch", []string{`run="it-metrics-1"`}, 3},
+		{"durabletrain_samples_per_second", []string{`run="it-metrics-1"`}, 1},
+		{"durabletrain_metric", []string{`name="test_accuracy"`, `run="it-metrics-1"`}, 0.5},
+		{"durabletrain_metric", []string{`name="train_loss"`, `run="it-metrics-1"`}, 0.01},
+		{"durabletrain_step_latency_seconds_count", []string{`run="it-metrics-1"`}, 10},
+		{"durabletrain_allreduce_latency_seconds_count", []string{`run="it-metrics-1"`}, 10},
+		{"durabletrain_allreduce_bytes_total", []string{`run="it-metrics-1"`}, 1 << 20},
+		{"durabletrain_allreduce_bus_bandwidth_bytes_per_second", []string{`run="it-metrics-1"`}, 1e6},
+		{"durabletrain_checkpoint_bytes_total", []string{`op="save"`, `run="it-metrics-1"`}, 100 << 10},
+		{"durabletrain_checkpoint_latency_seconds_count", []string{`op="save"`}, 1},
+		{"durabletrain_gang_formation_latency_seconds_count", nil, 1},
+		{"durabletrain_runs_ended_total", []string{`state="completed"`}, 1},
+		{"durabletrain_slots", []string{`state="free"`}, 2},
+		{"durabletrain_worker_info", []string{`build_id="v`}, 1},
+		{"temporal_activity_execution_latency_seconds_count", []string{`activity_type="RunEpoch"`}, 4},
+		{"temporal_workflow_completed_total", nil, 1},
+	} {
+		v, ok := promSample(body, c.name, c.labels...)
+		if !ok || v < c.min {
+			t.Errorf("%s%v = %v (present %v); want at least %v", c.name, c.labels, v, ok, c.min)
+		}
+	}
+	// The SDK series the Grafana dashboard charts are ones a worker serves
+	// (failure counters appear only once something fails).
+	dash, err := os.ReadFile("../deploy/grafana/durabletrain.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range regexp.MustCompile(`\btemporal_[a-z_]+`).FindAllString(string(dash), -1) {
+		if !strings.Contains(n, "failure") && !strings.Contains(body, "\n"+n) {
+			t.Errorf("the dashboard charts %s, which the worker does not serve", n)
+		}
+	}
+	if held, _ := promSample(body, "durabletrain_slots", `state="held"`); held != 0 {
+		t.Errorf("after the run: %v slots held; want 0", held)
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+	// A normal run's end warns of nothing.
+	w.logs.mu.Lock()
+	defer w.logs.mu.Unlock()
+	for _, l := range w.logs.lines {
+		if strings.Contains(l, `"level":"warn"`) && !strings.Contains(l, "no pool key") {
+			t.Errorf("a warning in a normal run: %s", l)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+// Package metricname names durabletrain's metrics, for the code that records them
+// (workflows, activities, the worker) and the dashboards that chart them.
+package metricname
+
+// The names of durabletrain's metrics as recorded through a
+// client.MetricsHandler. The Prometheus exporter adds _total to counters and
+// _seconds to timers: durabletrain_steps_total, durabletrain_step_latency_seconds.
+// deploy/grafana/durabletrain.json charts them.
+const (
+	// A rank's position and pace (tags: run, rank).
+	Epoch            = "durabletrain_epoch"              // gauge: the epoch being trained
+	Step             = "durabletrain_step"               // gauge: the step within it
+	Steps            = "durabletrain_steps"              // counter: training steps run
+	Samples          = "durabletrain_samples"            // counter: training examples seen by this rank
+	SamplesPerSecond = "durabletrain_samples_per_second" // gauge: the last epoch's, over all ranks
+	StepLatency      = "durabletrain_step_latency"       // timer: one training step, all-reduce included
+	// ReportedMetric is every metric an epoch reports (tag name: train_loss,
+	// test_loss, test_accuracy, loss for the latest step, and any other).
+	ReportedMetric = "durabletrain_metric"
+
+	// The collective (tags: run, rank).
+	AllReduceLatency = "durabletrain_allreduce_latency" // timer
+	AllReduceBytes   = "durabletrain_allreduce_bytes"   // counter: bytes of the buffers reduced
+	// AllReduceBusBandwidth is NCCL's bus bandwidth of the latest all-reduce
+	// of at least 64 KiB: 2(n-1)/n × bytes / seconds.
+	AllReduceBusBandwidth = "durabletrain_allreduce_bus_bandwidth_bytes_per_second"
+
+	// Checkpoints (tags: run, op save or restore).
+	CheckpointBytes   = "durabletrain_checkpoint_bytes"   // counter
+	CheckpointLatency = "durabletrain_checkpoint_latency" // timer
+
+	// The run, from its workflow (the SDK's workflow tags).
+	GangFormationLatency = "durabletrain_gang_formation_latency" // timer: from asking for slots to a formed gang
+	Failures             = "durabletrain_failures"               // counter (tag kind: the incident kind)
+	Preemptions          = "durabletrain_preemptions"            // counter
+	RunsEnded            = "durabletrain_runs_ended"             // counter (tag state: completed, stopped, failed, cancelled)
+
+	// The worker's slots and GPUs (tags: worker; gpu for a GPU's).
+	Slots             = "durabletrain_slots" // gauge (tag state: free or held)
+	GPUUtilization    = "durabletrain_gpu_utilization_percent"
+	GPUMemoryUsed     = "durabletrain_gpu_memory_used_bytes"
+	GPUMemoryTotal    = "durabletrain_gpu_memory_total_bytes"
+	GPUTemperature    = "durabletrain_gpu_temperature_celsius"
+	GPUPowerWatts     = "durabletrain_gpu_power_watts"
+	WorkerInfo        = "durabletrain_worker_info" // gauge 1 (tags: version, build_id)
+	busBandwidthFloor = 64 << 10
+)
+
+// BusBandwidthFloor is the smallest all-reduce whose bandwidth is reported:
+// below it the latency, not the bandwidth, is what is measured.
+const BusBandwidthFloor = busBandwidthFloor
+
+// All is every name above, for the checks that dashboards and alerts chart
+// only what is recorded.
+var All = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatency, ReportedMetric,
+	AllReduceLatency, AllReduceBytes, AllReduceBusBandwidth, CheckpointBytes, CheckpointLatency,
+	GangFormationLatency, Failures, Preemptions, RunsEnded,
+	Slots, GPUUtilization, GPUMemoryUsed, GPUMemoryTotal, GPUTemperature, GPUPowerWatts, WorkerInfo}
