@@ -63,6 +63,10 @@ type Agent struct {
 	// with their gang and checkpoint before they are cut off; default 8s.
 	// Keep it below the worker's stop grace.
 	LeaveTimeout time.Duration
+	// SlotsChanged, if set, is told how many slots are free and held
+	// whenever a gang takes or frees one (the worker's durabletrain_slots
+	// gauge). It must not block.
+	SlotsChanged func(free, held int)
 
 	once     sync.Once
 	scratch  string // this process's directory for ranks' scratch directories
@@ -97,6 +101,8 @@ func (a *Agent) init() {
 			a.Datasets = dataset.DefaultRegistry
 		}
 		a.slots.init(a.Slots)
+		a.slots.changed = a.SlotsChanged
+		a.slots.notify()
 		a.scratch = newScratchRoot(os.TempDir(), a.Log)
 	})
 }

@@ -51,7 +51,15 @@ func (a *Agent) writeEpochEvents(ctx context.Context, rep *replica, in spec.Epoc
 	scalars := m.Map()
 	scalars["epoch"] = float64(m.Epoch)
 	now := time.Now()
-	events = append(events, tensorboard.Event{WallTime: unixSeconds(now), Step: globalStep(m.Epoch+1, 0, m.Steps), Scalars: scalars})
+	// At the epoch's last step: on the same event as that step's loss, if it was kept.
+	end := globalStep(m.Epoch+1, 0, m.Steps)
+	if n := len(events); n > 0 && events[n-1].Step == end {
+		for k, v := range scalars {
+			events[n-1].Scalars[k] = v
+		}
+	} else {
+		events = append(events, tensorboard.Event{WallTime: unixSeconds(now), Step: end, Scalars: scalars})
+	}
 	// Named by epoch, gang and time: TensorBoard reads a directory's files in name order.
 	name := fmt.Sprintf("events.out.tfevents.e%06d.%d.g%d.durabletrain", m.Epoch, now.Unix(), in.Generation)
 	if err := rep.store.WriteEvents(ctx, in.Run, name, tensorboard.Encode(unixSeconds(now), events)); err != nil {

@@ -15,16 +15,6 @@ import (
 	"github.com/durabletrain/durabletrain/trainer"
 )
 
-// SlotCounts is how many of the agent's slots are free and held, for the
-// worker's durabletrain_slots gauge.
-func (a *Agent) SlotCounts() (free, held int) {
-	a.init()
-	a.slots.mu.Lock()
-	defer a.slots.mu.Unlock()
-	held = len(a.slots.busy)
-	return len(a.slots.order) - held, held
-}
-
 // rankMetrics records one rank's metrics through the activity's handler
 // (the worker's registry), tagged with the run and the rank.
 type rankMetrics struct {

@@ -23,6 +23,15 @@ type slotTable struct {
 	epochs map[int]chan struct{}       // closed when the slot's running RunEpoch returns
 	refs   map[int]*spec.CheckpointRef // the latest checkpoint the slot's gang committed
 	keys   map[int]*slotKey            // the identity of the slot's current hold
+	// changed, if set, is told the free and held counts whenever a slot is
+	// taken or freed (called with mu held: it must not call back).
+	changed func(free, held int)
+}
+
+func (t *slotTable) notify() {
+	if t.changed != nil {
+		t.changed(len(t.order)-len(t.busy), len(t.busy))
+	}
 }
 
 func (t *slotTable) init(slots []Slot) {
@@ -37,6 +46,7 @@ func (t *slotTable) take() (Slot, bool) {
 	for _, s := range t.order {
 		if !t.busy[s.Index] {
 			t.busy[s.Index] = true
+			t.notify()
 			return s, true
 		}
 	}
@@ -49,6 +59,7 @@ func (t *slotTable) free(i int) {
 	delete(t.busy, i)
 	delete(t.refs, i)
 	delete(t.keys, i)
+	t.notify()
 	t.mu.Unlock()
 }
 

@@ -7,6 +7,7 @@
 package connect
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -187,10 +188,49 @@ func (o Options) Dial(log *zap.Logger) (client.Client, error) {
 	return c, nil
 }
 
-// SDKLogger bridges zap to the Temporal SDK's logger.
+// SDKLogger bridges zap to the Temporal SDK's logger. The SDK's lines about
+// a run that has ended (see quietEndings) go to debug.
 func SDKLogger(log *zap.Logger) sdklog.Logger {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return sdklog.NewStructuredLogger(slog.New(zapslog.NewHandler(log.Core())))
+	return sdklog.NewStructuredLogger(slog.New(quietEndings{zapslog.NewHandler(log.Core())}))
+}
+
+// runEnded is how the server answers a heartbeat or a completion of an
+// activity whose workflow has closed.
+const runEnded = "workflow execution already completed"
+
+// quietEndings demotes to debug what the SDK logs when a slot's HoldSlot
+// heartbeats after its run has completed: the expected way a hold learns
+// that its run ended (the slot is then released at once), not a fault. Every
+// run's end used to log it once per slot as a warning.
+type quietEndings struct{ slog.Handler }
+
+func (q quietEndings) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level > slog.LevelDebug && (r.Message == "RecordActivityHeartbeat with error" || r.Message == "Task processing failed with error") {
+		ended := false
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "Error" && strings.Contains(a.Value.String(), runEnded) {
+				ended = true
+			}
+			return !ended
+		})
+		if ended {
+			if !q.Handler.Enabled(ctx, slog.LevelDebug) {
+				return nil
+			}
+			r = slog.NewRecord(r.Time, slog.LevelDebug, r.Message+" (its run has ended)", r.PC)
+			r.AddAttrs(slog.String("Error", runEnded))
+		}
+	}
+	return q.Handler.Handle(ctx, r)
+}
+
+func (q quietEndings) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return quietEndings{q.Handler.WithAttrs(attrs)}
+}
+
+func (q quietEndings) WithGroup(name string) slog.Handler {
+	return quietEndings{q.Handler.WithGroup(name)}
 }

@@ -1,11 +1,16 @@
 package connect
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // clean makes the test independent of the machine's Temporal environment.
@@ -87,5 +92,20 @@ func TestAPIKeyFromAnotherVariable(t *testing.T) {
 	c, err := o.ClientOptions(nil)
 	if err != nil || c.Credentials == nil || c.ConnectionOptions.TLS == nil {
 		t.Fatalf("got %v creds=%v tls=%v", err, c.Credentials, c.ConnectionOptions.TLS)
+	}
+}
+
+// The SDK's warning about a heartbeat after the run completed is expected at
+// every run's end: debug, not warn. Other heartbeat errors stay warnings.
+func TestRunEndIsNotAWarning(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	l := SDKLogger(zap.New(core)).(interface {
+		Warn(string, ...interface{})
+	})
+	l.Warn("RecordActivityHeartbeat with error", "Error", errors.New("workflow execution already completed"))
+	l.Warn("RecordActivityHeartbeat with error", "Error", errors.New("connection refused"))
+	all := logs.All()
+	if len(all) != 2 || all[0].Level != zapcore.DebugLevel || all[1].Level != zapcore.WarnLevel {
+		t.Fatalf("logged %+v", all)
 	}
 }

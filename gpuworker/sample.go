@@ -11,20 +11,25 @@ import (
 	"github.com/durabletrain/durabletrain/telemetry/metricname"
 )
 
-// sampleEvery is how often the slot and GPU gauges are read: finer than a
+// sampleEvery is how often the GPU gauges are read: finer than a
 // Prometheus scrape (15 s by default) and cheap (a lock and an NVML call per GPU).
 const sampleEvery = 2 * time.Second
 
-// sampleAgent records the agent's free and held slots and each GPU's load
-// until ctx ends.
-func sampleAgent(ctx context.Context, h client.MetricsHandler, agent *activities.Agent, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
+// slotGauges is the agent's SlotsChanged: the free and held gauges, updated
+// the moment a slot is taken or freed.
+func slotGauges(h client.MetricsHandler) func(free, held int) {
 	free, held := h.WithTags(map[string]string{"state": "free"}).Gauge(metricname.Slots), h.WithTags(map[string]string{"state": "held"}).Gauge(metricname.Slots)
-	for {
-		f, hd := agent.SlotCounts()
+	return func(f, hd int) {
 		free.Update(float64(f))
 		held.Update(float64(hd))
+	}
+}
+
+// sampleGPUs records each GPU's load every interval until ctx ends.
+func sampleGPUs(ctx context.Context, h client.MetricsHandler, agent *activities.Agent, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
 		if agent.Devices != nil {
 			for _, slot := range agent.Slots {
 				g, ok := agent.Devices.Stats(slot)

@@ -175,7 +175,12 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
 		RegisterAgent(slots, ranks, agent)
 		if cfg.Metrics != nil {
-			go sampleAgent(ctx, cfg.Metrics.WithTags(map[string]string{"worker": cfg.Identity}), agent, sampleEvery)
+			h := cfg.Metrics.WithTags(map[string]string{"worker": cfg.Identity})
+			agent.SlotsChanged = slotGauges(h)
+			agent.SlotsChanged(len(agent.Slots), 0)
+			if gpus != nil {
+				go sampleGPUs(ctx, h, agent, sampleEvery)
+			}
 		}
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),

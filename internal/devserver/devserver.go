@@ -83,16 +83,19 @@ func Start(o Options) (*Server, error) {
 	}
 	ports := &portPicker{}
 	defer ports.release()
+	picked := false
 	if o.Port == 0 {
 		if !o.Ephemeral {
 			o.Port = 7233
 		} else {
-			o.Port = ports.pick()
+			o.Port, picked = ports.pick(), true
 		}
 	}
 	// The server itself panics on a busy port: say it plainly first.
-	if err := portFree(o.IP, o.Port, "-port", "the frontend"); err != nil {
-		return nil, err
+	if !picked {
+		if err := portFree(o.IP, o.Port, "-port", "the frontend"); err != nil {
+			return nil, err
+		}
 	}
 	if o.UIPort > 0 {
 		if err := portFree(o.IP, o.UIPort, "-ui-port", "the Web UI"); err != nil {
