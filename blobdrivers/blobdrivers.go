@@ -1,10 +1,15 @@
 // Package blobdrivers registers the gocloud.dev/blob drivers durabletrain's
-// binaries accept in URLs: file://, mem:// and s3:// (S3 and S3-compatible
-// stores such as MinIO). Import it for its side effect.
+// binaries accept in URLs: file://, mem://, s3:// (S3 and S3-compatible
+// stores such as MinIO), gs:// (Google Cloud Storage) and azblob:// (Azure
+// Blob Storage): every scheme spec.CheckURL accepts. Import it for its side
+// effect. Credentials come from each cloud's usual environment (AWS_*,
+// GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*).
 package blobdrivers
 
 import (
+	_ "gocloud.dev/blob/azureblob"
 	_ "gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/gcsblob"
 	_ "gocloud.dev/blob/memblob"
 	_ "gocloud.dev/blob/s3blob"
 )

@@ -132,6 +132,10 @@ func refuseExplicitZeros(data []byte) error {
 // blobSchemes are the gocloud.dev/blob URL schemes a spec may name.
 var blobSchemes = []string{"file", "s3", "gs", "azblob", "mem"}
 
+// BlobSchemes are the URL schemes a spec may name (package blobdrivers
+// registers a driver for each).
+func BlobSchemes() []string { return append([]string(nil), blobSchemes...) }
+
 var bucketPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,221}[a-z0-9]$`)
 
 // CheckURL parses a blob URL and checks its parts: a known scheme; for
