@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
 
-.PHONY: chaos images temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
 
 deps:
 	@scripts/deps.sh
@@ -35,9 +35,15 @@ temporal-cli: bin/temporal
 bin/temporal:
 	GOBIN=$(CURDIR)/bin $(GO) install github.com/temporalio/cli/cmd/temporal@v1.5.1
 
+## minio: the MinIO server (S3-compatible) in bin/, built from the Go module proxy, for the S3 tests
+MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
+minio: bin/minio
+bin/minio:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/minio/minio@$(MINIO_VERSION)
+
 ## test: every test, again under the race detector (all but integration), and the OpenBLAS build
-test: deps-test vet bin/temporal
-	$(GO) test -count=1 ./...
+test: deps-test vet bin/temporal bin/minio
+	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE)
 	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/...
 

@@ -1,0 +1,157 @@
+// Package minio starts a real MinIO server (the S3-compatible object store,
+// built from the Go module proxy into bin/minio by `make minio`, at the
+// version the Makefile pins) for the
+// tests and benchmarks that claim S3: a process of its own on a free port,
+// with its data in a directory, reached through gocloud's s3blob like any S3.
+package minio
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/s3blob"
+)
+
+// Binary is the MinIO server to run: $MINIO_BIN, else bin/minio under the
+// repository root given.
+func Binary(repoRoot string) (string, error) {
+	if p := os.Getenv("MINIO_BIN"); p != "" {
+		return p, nil
+	}
+	p := filepath.Join(repoRoot, "bin", "minio")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("no MinIO server at %s (make minio builds it from the Go module proxy; or set MINIO_BIN)", p)
+	}
+	return p, nil
+}
+
+// Server is a running MinIO.
+type Server struct {
+	Endpoint             string // http://127.0.0.1:port
+	AccessKey, SecretKey string
+	cmd                  *exec.Cmd
+	done                 chan error
+}
+
+// Start runs bin with its data in dir and waits until it answers.
+func Start(bin, dir string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Endpoint: "http://127.0.0.1:" + strconv.Itoa(port), AccessKey: "durabletrain", SecretKey: randomHex(20), done: make(chan error, 1)}
+	s.cmd = exec.Command(bin, "server", dir, "--address", "127.0.0.1:"+strconv.Itoa(port), "--console-address", "127.0.0.1:0", "--quiet")
+	s.cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey,
+		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "MINIO_CI_CD=1")
+	logFile, err := os.Create(filepath.Join(filepath.Dir(dir), "minio.log"))
+	if err != nil {
+		return nil, err
+	}
+	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
+	if err := s.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting MinIO %s: %w", bin, err)
+	}
+	go func() { s.done <- s.cmd.Wait(); logFile.Close() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get(s.Endpoint + "/minio/health/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s, nil
+			}
+		}
+		select {
+		case err := <-s.done:
+			log, _ := os.ReadFile(logFile.Name())
+			return nil, fmt.Errorf("MinIO exited (%v):\n%s", err, log)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return nil, errors.New("MinIO did not become ready within 60 s")
+		}
+	}
+}
+
+// Env is what a process needs to reach the server with the AWS SDK.
+func (s *Server) Env() []string {
+	return []string{"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey, "AWS_REGION=us-east-1",
+		"AWS_EC2_METADATA_DISABLED=true"}
+}
+
+// SetEnv sets Env in this process (tests: for t.Setenv, call it per variable).
+func (s *Server) SetEnv(set func(k, v string)) {
+	for _, kv := range s.Env() {
+		for i := range kv {
+			if kv[i] == '=' {
+				set(kv[:i], kv[i+1:])
+				break
+			}
+		}
+	}
+}
+
+// BucketURL is the s3:// URL of bucket on this server (with prefix, if any):
+// the endpoint and path-style addressing in its query, as a worker's
+// -storage-roots would give them.
+func (s *Server) BucketURL(bucket, prefix string) string {
+	q := url.Values{"endpoint": {s.Endpoint}, "use_path_style": {"true"}, "disable_https": {"true"}, "region": {"us-east-1"}}
+	if prefix != "" {
+		q.Set("prefix", prefix)
+	}
+	return "s3://" + bucket + "?" + q.Encode()
+}
+
+// CreateBucket creates a bucket (the AWS SDK's CreateBucket, through the
+// s3blob driver's client). The AWS variables of Env must be set here.
+func (s *Server) CreateBucket(ctx context.Context, name string) error {
+	b, err := blob.OpenBucket(ctx, s.BucketURL(name, ""))
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	var client *s3.Client
+	if !b.As(&client) {
+		return errors.New("the s3blob bucket does not expose its *s3.Client")
+	}
+	_, err = client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &name})
+	return err
+}
+
+// Stop kills the server.
+func (s *Server) Stop() {
+	if s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
