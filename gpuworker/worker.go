@@ -34,6 +34,7 @@ import (
 // Config is a worker process. Reach Temporal with package connect.
 type Config struct {
 	ControlQueue string // workflows' queue; default spec.DefaultControlQueue
+	Namespace    string // the client's namespace, for the queue backlog the workflow role reports; default "default"
 	TaskQueue    string // GPU agents' shared queue; default spec.DefaultTaskQueue
 
 	Workflows bool // run workflows
@@ -108,6 +109,9 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 	if cfg.TaskQueue == "" {
 		cfg.TaskQueue = spec.DefaultTaskQueue
 	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = "default"
+	}
 	if cfg.Identity == "" {
 		host, _ := os.Hostname()
 		cfg.Identity = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -136,6 +140,9 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		w := worker.New(c, cfg.ControlQueue, opts)
 		RegisterWorkflows(w, cfg.Policy)
 		workers = append(workers, w)
+		if cfg.Metrics != nil {
+			go sampleDemand(ctx, c, cfg.Namespace, cfg.TaskQueue, cfg.Metrics, log, demandEvery)
+		}
 		log.Info("serving workflows", zap.String("task_queue", cfg.ControlQueue))
 	}
 	backends := trainer.DefaultBackends

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/durabletrain/durabletrain/spec"
 )
 
 // waitLine waits for a line of the worker's log matching re and returns its submatches.
@@ -191,5 +194,34 @@ func TestWorkerServesMetrics(t *testing.T) {
 		if strings.Contains(l, `"level":"warn"`) && !strings.Contains(l, "no pool key") {
 			t.Errorf("a warning in a normal run: %s", l)
 		}
+	}
+}
+
+// TestSlotsWantedIsTheGPUQueueBacklog: a run that asks for two slots no
+// agent offers shows as durabletrain_slots_wanted 2 on the workflow
+// worker's /metrics, the demand the KEDA ScaledObject scales agents by.
+func TestSlotsWantedIsTheGPUQueueBacklog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-demand"
+	w := startWorkerWith(t, "worker-w", "workflows", queue, append(append([]string{}, testPolicy...), "-metrics-listen", "127.0.0.1:0"))
+	addr := waitLine(t, w, regexp.MustCompile(`serving /metrics.*"address":"([0-9.:]+)"`), 30*time.Second)[1]
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 1)
+	s.Scaling.GangTimeout = spec.Duration(10 * time.Minute)
+	startRun(t, c, "it-demand-1", queue, s)
+	defer c.CancelWorkflow(context.Background(), "it-demand-1", "")
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		_, body := get(t, "http://"+addr+"/metrics")
+		wanted, ok := promSample(body, "durabletrain_slots_wanted", `task_queue="it-demand"`)
+		if ok && wanted == 2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("durabletrain_slots_wanted = %v (present %v); want 2, the run's two slot requests", wanted, ok)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }

@@ -143,7 +143,7 @@ func main() {
 		os.Exit(3)
 	}
 	defer c.Close()
-	cfg.Metrics = t.Metrics
+	cfg.Metrics, cfg.Namespace = t.Metrics, opts.Namespace
 	cfg.OnReady = t.Health.SetReady
 	cfg.OnStopping = func() { t.Health.SetNotReady("shutting down") }
 	log.Info("starting", zap.String("version", buildinfo.ReleaseVersion()), zap.String("build_id", cfg.BuildID))

@@ -34,6 +34,9 @@ const (
 	Failures             = "durabletrain_failures"               // counter (tag kind: the incident kind)
 	Preemptions          = "durabletrain_preemptions"            // counter
 	RunsEnded            = "durabletrain_runs_ended"             // counter (tag state: completed, stopped, failed, cancelled)
+	// SlotsWanted is the GPU queue's backlog of slot requests no agent has
+	// taken (tag task_queue), read from Temporal by the workflow workers.
+	SlotsWanted = "durabletrain_slots_wanted"
 
 	// The worker's slots and GPUs (tags: worker; gpu for a GPU's).
 	Slots             = "durabletrain_slots" // gauge (tag state: free or held)
@@ -54,5 +57,5 @@ const BusBandwidthFloor = busBandwidthFloor
 // only what is recorded.
 var All = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatency, ReportedMetric,
 	AllReduceLatency, AllReduceBytes, AllReduceBusBandwidth, CheckpointBytes, CheckpointLatency,
-	GangFormationLatency, Failures, Preemptions, RunsEnded,
+	GangFormationLatency, Failures, Preemptions, RunsEnded, SlotsWanted,
 	Slots, GPUUtilization, GPUMemoryUsed, GPUMemoryTotal, GPUTemperature, GPUPowerWatts, WorkerInfo}
