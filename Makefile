@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint bench-s3 vet
 
 deps:
 	@scripts/deps.sh
@@ -61,7 +61,7 @@ images: deps
 	deploy/build-images.sh
 
 ## bench: every benchmark table (needs the peers: PyTorch, OpenMPI)
-bench: deps-bench bench-allreduce bench-train bench-checkpoint
+bench: deps-bench bench-allreduce bench-train bench-checkpoint bench-s3
 
 bench-allreduce: deps-bench
 	$(GO) run -tags '$(TAGS)' ./bench allreduce
@@ -71,3 +71,6 @@ bench-train: deps-bench
 
 bench-checkpoint: deps
 	$(GO) run -tags '$(TAGS)' ./bench checkpoint
+
+bench-s3: deps-bench bin/minio
+	$(GO) run ./bench s3

@@ -4,6 +4,7 @@
 //	bench allreduce    ring all-reduce vs torch.distributed gloo and OpenMPI over TCP
 //	bench train        native trainer vs PyTorch: accuracy, 1-rank and 2-rank throughput
 //	bench checkpoint   1 GiB checkpoint save and load vs dd
+//	bench s3           1 GiB checkpoint save and restore on MinIO vs the AWS CLI
 //
 // Run `bench <table> -h` for its flags. The peers come from Debian's packages
 // (make deps-bench installs them).
@@ -21,6 +22,7 @@ var tables = map[string]func(args []string) error{
 	"allreduce":  benchAllReduce,
 	"train":      benchTrain,
 	"checkpoint": benchCheckpoint,
+	"s3":         benchS3,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"train-rank":     trainRank,
@@ -28,7 +30,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3 [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {

@@ -8,7 +8,7 @@ set -euo pipefail
 need=(libopenblas-dev dataset-fashion-mnist)
 case "${1:-}" in
   test) need+=(python3-torch) ;;
-  bench) need+=(python3-torch libopenblas0-openmp openmpi-bin libopenmpi-dev) ;;
+  bench) need+=(python3-torch libopenblas0-openmp openmpi-bin libopenmpi-dev awscli) ;;
 esac
 missing=()
 for p in "${need[@]}"; do
