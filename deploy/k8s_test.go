@@ -49,7 +49,7 @@ type scaledObject struct {
 		MaxReplicaCount       *int32 `json:"maxReplicaCount,omitempty"`
 		Advanced              *struct {
 			HorizontalPodAutoscalerConfig *struct {
-				Name     string                                       `json:"name,omitempty"`
+				Name     string                                         `json:"name,omitempty"`
 				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior,omitempty"`
 			} `json:"horizontalPodAutoscalerConfig,omitempty"`
 			RestoreToOriginalReplicaCount bool `json:"restoreToOriginalReplicaCount,omitempty"`
