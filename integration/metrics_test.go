@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -223,5 +224,66 @@ func TestSlotsWantedIsTheGPUQueueBacklog(t *testing.T) {
 			t.Fatalf("durabletrain_slots_wanted = %v (present %v); want 2, the run's two slot requests", wanted, ok)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestWorkerWaitsForTemporal: a worker started before Temporal answers is
+// alive but not ready, says so, and keeps trying; once Temporal answers it
+// becomes ready and trains.
+func TestWorkerWaitsForTemporal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	// A port nothing listens on yet; later a forwarder to the server.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	queue := "it-wait"
+	w := startWorkerWith(t, "worker-late", "both", queue, append(append([]string{}, testPolicy...), "-metrics-listen", "127.0.0.1:0", "-address", addr))
+	metrics := waitLine(t, w, regexp.MustCompile(`serving /metrics.*"address":"([0-9.:]+)"`), 30*time.Second)[1]
+	waitLine(t, w, regexp.MustCompile(`cannot reach Temporal yet; trying again.*"attempt":2`), 60*time.Second)
+	if code, body := get(t, "http://"+metrics+"/readyz"); code != 503 || !strings.Contains(body, "connecting to Temporal at "+addr) {
+		t.Fatalf("/readyz while Temporal is away: %d %q", code, body)
+	}
+	if code, _ := get(t, "http://"+metrics+"/healthz"); code != 200 {
+		t.Fatalf("/healthz while Temporal is away: %d; the worker is alive", code)
+	}
+	// Temporal "comes up": forward the port to the real server.
+	fwd, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.Close()
+	go func() {
+		for {
+			in, err := fwd.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", server.Addr())
+			if err != nil {
+				in.Close()
+				continue
+			}
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	deadline := time.Now().Add(60 * time.Second) // the backoff is at most 30 s
+	for {
+		if code, _ := get(t, "http://"+metrics+"/readyz"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker did not become ready after Temporal came up")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	p := awaitRun(t, startRun(t, dial(t), "it-wait-1", queue, subsetSpec(t, queue, 1, 1)), 2*time.Minute)
+	if p.State != spec.StateCompleted {
+		t.Fatalf("the run on the late worker: %+v", p)
 	}
 }

@@ -121,7 +121,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(2)
 	}
-	defer t.Close(context.Background())
+	defer func() {
+		// Flush the spans not yet exported, but never hold the exit for an unreachable collector.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		t.Close(ctx)
+	}()
 	t.Metrics.WithTags(map[string]string{"version": buildinfo.ReleaseVersion(), "build_id": cfg.BuildID, "worker": cfg.Identity}).Gauge(metricname.WorkerInfo).Update(1)
 	if *metricsListen != "" {
 		addr, err := t.Listen(*metricsListen)
