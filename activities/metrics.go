@@ -17,9 +17,15 @@ import (
 
 // rankMetrics records one rank's metrics through the activity's handler
 // (the worker's registry), tagged with the run and the rank.
+// The instruments of the step and the all-reduce are made once per replica:
+// both run thousands of times a second on a small model.
 type rankMetrics struct {
 	h        client.MetricsHandler
 	lastStep time.Time
+
+	stepLatency, allReduceLatency client.MetricsTimer
+	epochG, stepG, loss, busBW    client.MetricsGauge
+	steps, samples, reducedBytes  client.MetricsCounter
 }
 
 func newRankMetrics(ctx context.Context, run string, rank int) *rankMetrics {
@@ -27,21 +33,26 @@ func newRankMetrics(ctx context.Context, run string, rank int) *rankMetrics {
 	if activity.IsActivity(ctx) {
 		h = activity.GetMetricsHandler(ctx)
 	}
-	return &rankMetrics{h: h.WithTags(map[string]string{"run": run, "rank": strconv.Itoa(rank)})}
+	h = h.WithTags(map[string]string{"run": run, "rank": strconv.Itoa(rank)})
+	return &rankMetrics{h: h,
+		stepLatency: h.Timer(metricname.StepLatency), allReduceLatency: h.Timer(metricname.AllReduceLatency),
+		epochG: h.Gauge(metricname.Epoch), stepG: h.Gauge(metricname.Step), busBW: h.Gauge(metricname.AllReduceBusBandwidth),
+		loss:  h.WithTags(map[string]string{"name": "loss"}).Gauge(metricname.ReportedMetric),
+		steps: h.Counter(metricname.Steps), samples: h.Counter(metricname.Samples), reducedBytes: h.Counter(metricname.AllReduceBytes)}
 }
 
 // step records a training step: position, loss, and the time since the last.
 func (m *rankMetrics) step(p trainer.Progress, batch int) {
 	now := time.Now()
 	if !m.lastStep.IsZero() {
-		m.h.Timer(metricname.StepLatency).Record(now.Sub(m.lastStep))
+		m.stepLatency.Record(now.Sub(m.lastStep))
 	}
 	m.lastStep = now
-	m.h.Gauge(metricname.Epoch).Update(float64(p.Epoch))
-	m.h.Gauge(metricname.Step).Update(float64(p.Step))
-	m.h.Counter(metricname.Steps).Inc(1)
-	m.h.Counter(metricname.Samples).Inc(int64(batch))
-	m.h.WithTags(map[string]string{"name": "loss"}).Gauge(metricname.ReportedMetric).Update(p.Loss)
+	m.epochG.Update(float64(p.Epoch))
+	m.stepG.Update(float64(p.Step))
+	m.steps.Inc(1)
+	m.samples.Inc(int64(batch))
+	m.loss.Update(p.Loss)
 }
 
 // pause marks a gap in training (a checkpoint, an evaluation) so that the
@@ -77,11 +88,11 @@ func (r meteredReducer) AllReduce(ctx context.Context, buf []float32) error {
 	}
 	took := time.Since(start)
 	bytes := int64(len(buf)) * 4
-	r.m.h.Timer(metricname.AllReduceLatency).Record(took)
-	r.m.h.Counter(metricname.AllReduceBytes).Inc(bytes)
+	r.m.allReduceLatency.Record(took)
+	r.m.reducedBytes.Inc(bytes)
 	if bytes >= metricname.BusBandwidthFloor && took > 0 {
 		n := float64(r.Reducer.World())
-		r.m.h.Gauge(metricname.AllReduceBusBandwidth).Update(2 * (n - 1) / n * float64(bytes) / took.Seconds())
+		r.m.busBW.Update(2 * (n - 1) / n * float64(bytes) / took.Seconds())
 	}
 	return nil
 }

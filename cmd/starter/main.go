@@ -344,12 +344,9 @@ func resumeSpec(cl client.Client, dc converter.DataConverter, id string) (spec.T
 	if err != nil {
 		return spec.Training{}, "", fmt.Errorf("run %s: its spec no longer parses: %w", id, err)
 	}
-	p, err := query(cl, id)
+	p, err := runProgress(cl, id)
 	if err != nil {
-		// A closed run answers with its result where no worker answers queries.
-		if gerr := cl.GetWorkflow(ctx, id, "").Get(ctx, &p); gerr != nil || p == nil {
-			return spec.Training{}, "", err
-		}
+		return spec.Training{}, "", err
 	}
 	if p.Latest == nil {
 		return spec.Training{}, "", fmt.Errorf("run %s has no checkpoint yet: nothing to resume from (start it again with train)", id)

@@ -192,7 +192,8 @@ func series(ctx context.Context, cl client.Client, id, metric, x string) (plotte
 	return pts, nil
 }
 
-// runProgress is a run's progress: its query's answer, or its result once closed.
+// runProgress is a run's progress: its query's answer, or, where no worker
+// answers queries, the result of the closed run.
 func runProgress(cl client.Client, id string) (*spec.Progress, error) {
 	p, err := query(cl, id)
 	if err == nil && p != nil {
