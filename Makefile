@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint bench-s3 vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -76,3 +76,10 @@ bench-checkpoint: deps
 
 bench-s3: deps-bench bin/minio
 	$(GO) run ./bench s3
+
+## bench-scale: runs on a simulated fleet of 8-GPU hosts, per host (today) and per rank (before),
+## one row each (RANKS="8 64 512 2048" to choose; minutes per row at 512 ranks and more)
+RANKS ?= 8 64 512
+bench-scale: deps
+	@for r in $(RANKS); do $(GO) run ./bench scale -ranks $$r -gpus-per-host 8 -epochs 3 || exit 1; done
+	@for r in $(filter-out 8,$(RANKS)); do $(GO) run ./bench scale -ranks $$r -gpus-per-host 8 -epochs 3 -per-rank || exit 1; done

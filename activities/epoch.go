@@ -2,12 +2,15 @@ package activities
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/spec"
@@ -21,17 +24,86 @@ import (
 // gang stops after that same step, rank 0 checkpoints there (mid-epoch), and
 // every rank returns a preemption that carries the checkpoint's reference.
 // Only if that takes longer than LeaveTimeout is the rank cut off.
+//
+// The input is one host's: its local ranks train side by side in this
+// process, in one activity, so Temporal sees one activity per host and
+// epoch however many GPUs the host has.
 func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochResult, error) {
 	a.init()
+	ranks, places, err := in.RankInputs()
+	if err != nil {
+		return spec.EpochResult{}, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
+	}
+	beat := startHeartbeat(ctx, a.gpuStats(ranks[0].Slot))
+	defer beat.stop()
+	if len(ranks) == 1 {
+		return a.runRank(ctx, ranks[0], places[0], beat)
+	}
+	// A rank that fails breaks the gang's collective, so the others fail
+	// with it; the host reports the most telling of its ranks' ends.
+	results := make([]spec.EpochResult, len(ranks))
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for l := range ranks {
+		wg.Go(func() { results[l], errs[l] = a.runRank(ctx, ranks[l], places[l], beat) })
+	}
+	wg.Wait()
+	return hostEnd(results, errs)
+}
+
+// hostEnd is how a host's epoch ended, from its ranks' ends: the first
+// rank's result if every rank finished; else a user error before a
+// preemption that carries a checkpoint before any preemption before the
+// lowest rank's error.
+func hostEnd(results []spec.EpochResult, errs []error) (spec.EpochResult, error) {
+	var first error
+	for _, err := range errs {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		res := results[0]
+		for _, r := range results[1:] {
+			if res.Checkpoint == nil {
+				res.Checkpoint = r.Checkpoint
+			}
+			if res.Restored == nil {
+				res.Restored = r.Restored
+			}
+		}
+		return res, nil
+	}
+	firstOf := func(pick func(*temporal.ApplicationError) bool) error {
+		for _, err := range errs {
+			var app *temporal.ApplicationError
+			if errors.As(err, &app) && pick(app) {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, pick := range []func(*temporal.ApplicationError) bool{
+		func(app *temporal.ApplicationError) bool { return app.Type() == spec.ErrUser },
+		func(app *temporal.ApplicationError) bool { return app.Type() == spec.ErrPreempted && app.HasDetails() },
+		func(app *temporal.ApplicationError) bool { return app.Type() == spec.ErrPreempted },
+	} {
+		if err := firstOf(pick); err != nil {
+			return spec.EpochResult{}, err
+		}
+	}
+	return spec.EpochResult{}, first
+}
+
+// runRank trains one rank's epoch; the host's heartbeat carries its progress.
+func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.LocalPlace, beat *heartbeat) (spec.EpochResult, error) {
 	key := keyOf(ctx, in.Generation, in.Rank)
 	defer a.slots.running(in.Slot)()
-	beat := startHeartbeat(ctx, a.gpuStats(in.Slot))
-	defer beat.stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	leave := a.watchStop(ctx, cancel, in)
 
-	rep, restored, err := a.replica(ctx, key, in, beat)
+	rep, restored, err := a.replica(ctx, key, in, place, beat)
 	if err == nil && isClosed(leave) {
 		err = errShuttingDown // joined or restored while stopping: nothing trained, nothing to save
 	}

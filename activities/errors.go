@@ -21,7 +21,7 @@ func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err erro
 	var app *temporal.ApplicationError
 	switch {
 	case errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave):
-		return a.preempted(slot)
+		return a.preempted([]Slot{{Index: slot}})
 	case errors.As(err, &app):
 		return err
 	case errors.Is(err, trainer.ErrUser):
@@ -36,8 +36,14 @@ func userError(err error) error {
 
 // preempted is the error of a rank or slot whose worker is stopping, with the
 // latest checkpoint its gang committed, if any, as details.
-func (a *Agent) preempted(slot int) error {
-	return preemption(fmt.Sprintf("worker %s is shutting down", a.Identity), a.slots.checkpoint(slot))
+func (a *Agent) preempted(slots []Slot) error {
+	var ref *spec.CheckpointRef
+	for _, s := range slots {
+		if c := a.slots.checkpoint(s.Index); c != nil && (ref == nil || c.Epoch > ref.Epoch || c.Epoch == ref.Epoch && c.Step > ref.Step) {
+			ref = c
+		}
+	}
+	return preemption(fmt.Sprintf("worker %s is shutting down", a.Identity), ref)
 }
 
 // preemption is a spec.ErrPreempted error; ref, if any, rides in its details.

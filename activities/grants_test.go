@@ -62,9 +62,9 @@ func TestGrantsProveTheirWorkerIsOfThePool(t *testing.T) {
 func TestSlotKeysBelongToTheirHold(t *testing.T) {
 	var st slotTable
 	st.init([]Slot{{Index: 0}})
-	s, _ := st.take()
+	s, _ := st.take(1)
 	k, _ := newSlotKey("wf-a")
-	st.setKey(s.Index, k)
+	st.setKey(s[0].Index, k)
 	if st.key(0, "wf-a") != k || st.key(0, "wf-b") != nil {
 		t.Fatal("a slot's key was not bound to its workflow")
 	}
@@ -100,5 +100,21 @@ func TestDataCacheIsBounded(t *testing.T) {
 	}
 	if len(c.m) != 2 || c.m[set(98)] == nil || c.m[set(99)] == nil {
 		t.Fatalf("cache holds %d sets; want the last two", len(c.m))
+	}
+}
+
+// TestHostHoldsAreAllOrNone: a host's slots are taken together or not at
+// all, so two gangs asking for more than a worker has cannot split it.
+func TestHostHoldsAreAllOrNone(t *testing.T) {
+	var st slotTable
+	st.init([]Slot{{Index: 0}, {Index: 1}, {Index: 2}})
+	if got, ok := st.take(2); !ok || len(got) != 2 || got[0].Index != 0 || got[1].Index != 1 {
+		t.Fatalf("take(2) of 3 free slots = %v, %v; want slots 0 and 1", got, ok)
+	}
+	if got, ok := st.take(2); ok {
+		t.Fatalf("take(2) with 1 slot free = %v; want none taken", got)
+	}
+	if got, ok := st.take(1); !ok || got[0].Index != 2 {
+		t.Fatalf("take(1) after a refused take(2) = %v, %v; want slot 2, still free", got, ok)
 	}
 }

@@ -115,7 +115,7 @@ func (t *replicaTable) dropOn(workflowID string, slot int) {
 
 // replica returns the rank's warm replica, or builds one: join the gang, ask
 // the spec's backend for the rank's trainer, and restore it (restore.go).
-func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput, beat *heartbeat) (*replica, *spec.RestoreReport, error) {
+func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput, place spec.LocalPlace, beat *heartbeat) (*replica, *spec.RestoreReport, error) {
 	if rep := a.replicas.get(key); rep != nil && rep.tr.Cursor().Step == 0 {
 		return rep, nil, nil
 	}
@@ -134,7 +134,10 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	if a.PoolKey != nil {
 		store.Sign(a.PoolKey)
 	}
-	if in.Owner != "" {
+	// Rank 0 writes the run's checkpoints, so it alone claims the run's
+	// name: a gang of thousands claiming at once would be thousands of
+	// writers racing the others' listings.
+	if in.Owner != "" && in.Rank == 0 {
 		if err := store.Claim(ctx, in.Run, in.Owner); err != nil {
 			store.Close()
 			if errors.Is(err, checkpoint.ErrOwned) {
@@ -178,7 +181,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.events = &epochEvents{epoch: -1}
 	}
 	rep.tr, err = backend.NewRank(ctx, trainer.Rank{Spec: in.Spec, Run: in.Run, Generation: in.Generation, Rank: in.Rank,
-		Peers: in.Peers, BatchSize: in.BatchSize, Comm: meteredReducer{Reducer: rep.group, m: rep.metrics}, Device: a.device(in.Slot), Scratch: rep.scratch,
+		Peers: in.Peers, Local: place, BatchSize: in.BatchSize, Comm: meteredReducer{Reducer: rep.group, m: rep.metrics}, Device: a.device(in.Slot), Scratch: rep.scratch,
 		PythonPath: a.PythonPath, Log: a.Log, Environ: a.Policy.Environ(), MemoryLimit: a.Policy.RankMemory(len(a.Slots)), Data: func(ctx context.Context) (*dataset.Set, *dataset.Set, error) {
 			beat.set(map[string]any{"phase": "loading data"})
 			return a.dataset(ctx, in.Spec.Dataset)

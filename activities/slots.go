@@ -39,18 +39,24 @@ func (t *slotTable) init(slots []Slot) {
 	t.busy, t.epochs, t.refs, t.keys = map[int]bool{}, map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}, map[int]*slotKey{}
 }
 
-// take reserves the first free slot.
-func (t *slotTable) take() (Slot, bool) {
+// take reserves the first n free slots, all or none.
+func (t *slotTable) take(n int) ([]Slot, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var got []Slot
 	for _, s := range t.order {
-		if !t.busy[s.Index] {
-			t.busy[s.Index] = true
-			t.notify()
-			return s, true
+		if len(got) < n && !t.busy[s.Index] {
+			got = append(got, s)
 		}
 	}
-	return Slot{}, false
+	if len(got) < n {
+		return nil, false
+	}
+	for _, s := range got {
+		t.busy[s.Index] = true
+	}
+	t.notify()
+	return got, true
 }
 
 // free forgets everything about a slot's gang and makes it free again.
@@ -122,35 +128,47 @@ func (t *slotTable) waitEpoch(ctx context.Context, i int, limit time.Duration) {
 	}
 }
 
-// HoldSlot reserves a free slot for one rank of a gang, tells the workflow
-// where it is, and holds it, heartbeating, until the workflow releases it (by
+// HoldSlot reserves free slots for one host of a gang (in.Slots of them,
+// on this worker, all or none), tells the workflow where they are, and
+// holds them, heartbeating, until the workflow releases them (by
 // cancelling) or the worker shuts down (a preemption).
 func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	a.init()
-	slot, ok := a.slots.take()
+	n := max(1, in.Slots)
+	if n > spec.MaxWorkersPerHost {
+		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("a hold of %d slots; want at most %d", n, spec.MaxWorkersPerHost), spec.ErrUser, nil)
+	}
+	slots, ok := a.slots.take(n)
 	if !ok {
-		return temporal.NewApplicationError(fmt.Sprintf("no free slot on %s", a.Identity), spec.ErrNoSlot)
+		return temporal.NewApplicationError(fmt.Sprintf("no %d free slots on %s", n, a.Identity), spec.ErrNoSlot)
 	}
 	defer func() {
-		a.replicas.dropOn(in.WorkflowID, slot.Index)
-		a.slots.free(slot.Index)
+		for _, s := range slots {
+			a.replicas.dropOn(in.WorkflowID, s.Index)
+			a.slots.free(s.Index)
+		}
 	}()
 	key, err := newSlotKey(in.WorkflowID)
 	if err != nil {
 		return err
 	}
-	a.slots.setKey(slot.Index, key)
-	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slot.Index, GPU: slot.GPU,
+	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slots[0].Index, GPU: slots[0].GPU,
 		PublicKey: key.private.PublicKey().Bytes()}
+	for _, s := range slots {
+		a.slots.setKey(s.Index, key)
+		if n > 1 {
+			placement.Slots = append(placement.Slots, s.Index)
+		}
+	}
 	if a.PoolKey != nil {
 		placement.Grant = grantMAC(a.PoolKey, in.WorkflowID, placement.Collective, placement.PublicKey)
 	}
 	if err := activity.GetClient(ctx).SignalWorkflow(ctx, in.WorkflowID, in.RunID, spec.SignalSlotGranted,
 		spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: placement}); err != nil {
-		return fmt.Errorf("telling workflow %s about slot %d: %w", in.WorkflowID, slot.Index, err)
+		return fmt.Errorf("telling workflow %s about slot %d: %w", in.WorkflowID, slots[0].Index, err)
 	}
-	log := a.Log.With(zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slot.Index))
-	log.Info("slot held", zap.Int("rank", in.Request), zap.String("gpu", slot.GPU))
+	log := a.Log.With(zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slots[0].Index))
+	log.Info("slot held", zap.Int("host", in.Request), zap.Int("slots", n), zap.String("gpu", slots[0].GPU))
 	t := time.NewTicker(heartbeatInterval(ctx))
 	defer t.Stop()
 	for {
@@ -160,11 +178,13 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 			log.Info("slot released")
 			return nil
 		case <-activity.GetWorkerStopChannel(ctx):
-			// Let the rank's epoch stop with its gang and checkpoint first:
+			// Let the ranks' epoch stop with its gang and checkpoint first:
 			// a lease lost now would cancel the gang mid-checkpoint.
-			a.slots.waitEpoch(ctx, slot.Index, a.leaveTimeout()+time.Second)
+			for _, s := range slots {
+				a.slots.waitEpoch(ctx, s.Index, a.leaveTimeout()+time.Second)
+			}
 			log.Info("slot given up: the worker is stopping")
-			return a.preempted(slot.Index)
+			return a.preempted(slots)
 		case <-t.C:
 			activity.RecordHeartbeat(ctx, placement)
 		}

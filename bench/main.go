@@ -5,6 +5,7 @@
 //	bench train        native trainer vs PyTorch: accuracy, 1-rank and 2-rank throughput
 //	bench checkpoint   1 GiB checkpoint save and load vs dd
 //	bench s3           1 GiB checkpoint save and restore on MinIO vs the AWS CLI
+//	bench scale        one run on a simulated fleet of GPU hosts: Temporal's cost per epoch
 //
 // Run `bench <table> -h` for its flags. The peers come from Debian's packages
 // (make deps-bench installs them).
@@ -23,6 +24,7 @@ var tables = map[string]func(args []string) error{
 	"train":      benchTrain,
 	"checkpoint": benchCheckpoint,
 	"s3":         benchS3,
+	"scale":      benchScale,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"train-rank":     trainRank,
@@ -30,7 +32,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3 [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {

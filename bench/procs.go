@@ -12,8 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/durabletrain/durabletrain/trainer/exectrainer"
 )
 
 //go:embed peers
@@ -70,13 +73,14 @@ func selfRanks(ctx context.Context, world int, args func(rank int, peers string)
 	return cmds, nil
 }
 
-// masterPort is a free loopback port for torch.distributed's rendezvous.
+// masterPort is a free port for torch.distributed's rendezvous, drawn as the
+// exec trainer draws it: outside the ephemeral range.
 func masterPort() (string, error) {
-	addrs, err := freeAddrs(1)
-	if err != nil {
-		return "", err
+	port := exectrainer.RendezvousPort("127.0.0.1")
+	if port == 0 {
+		return "", errors.New("no free port for MASTER_PORT")
 	}
-	return addrs[0][strings.LastIndex(addrs[0], ":")+1:], nil
+	return strconv.Itoa(port), nil
 }
 
 // runRanks starts one command per rank and collects the JSON lines they print;

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	"gocloud.dev/blob"
@@ -56,10 +57,26 @@ type Ref struct {
 func (c *Checkpoint) Ref() Ref { return Ref{URL: c.s.url, Run: c.Manifest.Run, ID: c.Manifest.ID} }
 
 // IDs lists the checkpoint folders of a run, committed or not, oldest first.
+// A listing that trips over an object a concurrent writer renamed or
+// removed under it (a local directory's temporary files) is made again.
 func (s *Store) IDs(ctx context.Context, run string) ([]string, error) {
 	if err := checkRun(run); err != nil {
 		return nil, err
 	}
+	for attempt := 1; ; attempt++ {
+		ids, err := s.ids(ctx, run)
+		if err == nil || gcerrors.Code(err) != gcerrors.NotFound || attempt == 5 {
+			return ids, err
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *Store) ids(ctx context.Context, run string) ([]string, error) {
 	var ids []string
 	it := s.bucket.List(&blob.ListOptions{Prefix: run + "/", Delimiter: "/"})
 	for {

@@ -37,7 +37,11 @@ func Example_embedding() {
 		// bucket, and run one Python interpreter for "exec" runs.
 		Policy: policy.Policy{Exec: []string{"/usr/bin/python3"},
 			StorageRoots: append([]string{"s3://my-bucket?region=us-east-1"}, policy.DefaultStorageRoots...)}}
-	slots := worker.New(c, spec.DefaultTaskQueue, worker.Options{MaxConcurrentActivityExecutionSize: len(agent.Slots)})
+	tuner, err := gpuworker.HoldTuner(agent)
+	if err != nil {
+		panic(err)
+	}
+	slots := worker.New(c, spec.DefaultTaskQueue, worker.Options{Tuner: tuner})
 	ranks := worker.New(c, agent.HostQueue, worker.Options{})
 	gpuworker.RegisterAgent(slots, ranks, agent)
 	// Then w.Start(), slots.Start(), ranks.Start() — or let gpuworker.Run do all of this.

@@ -17,6 +17,13 @@ import (
 // the NVML reader of their load for heartbeats and logs; call its Close when
 // the worker stops. Without GPUs that reader is nil.
 func DiscoverSlots(cpuSlots int, log *zap.Logger) ([]activities.Slot, *GPUs) {
+	return DiscoverSlotsWith(nvml.New(), cpuSlots, log)
+}
+
+// DiscoverSlotsWith is DiscoverSlots through the given NVML library: the
+// real one (nvml.New()), or a fake behind the same interface (go-nvml's
+// mock packages) where there is no GPU.
+func DiscoverSlotsWith(lib nvml.Interface, cpuSlots int, log *zap.Logger) ([]activities.Slot, *GPUs) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -31,20 +38,20 @@ func DiscoverSlots(cpuSlots int, log *zap.Logger) ([]activities.Slot, *GPUs) {
 		}
 		return slots, nil
 	}
-	if ret := nvml.Init(); ret != nvml.SUCCESS {
-		return cpu("NVML: " + nvml.ErrorString(ret))
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return cpu("NVML: " + lib.ErrorString(ret))
 	}
-	count, ret := nvml.DeviceGetCount()
+	count, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS || count == 0 {
-		nvml.Shutdown()
-		return cpu(fmt.Sprintf("NVML found %d GPUs (%s)", count, nvml.ErrorString(ret)))
+		lib.Shutdown()
+		return cpu(fmt.Sprintf("NVML found %d GPUs (%s)", count, lib.ErrorString(ret)))
 	}
-	g := &GPUs{devices: map[int]nvml.Device{}, log: log}
+	g := &GPUs{lib: lib, devices: map[int]nvml.Device{}, log: log}
 	slots := make([]activities.Slot, 0, count)
 	for i := range count {
-		dev, ret := nvml.DeviceGetHandleByIndex(i)
+		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			log.Warn("NVML: skipping a GPU", zap.Int("index", i), zap.String("error", nvml.ErrorString(ret)))
+			log.Warn("NVML: skipping a GPU", zap.Int("index", i), zap.String("error", lib.ErrorString(ret)))
 			continue
 		}
 		name, _ := dev.GetName()
@@ -56,7 +63,7 @@ func DiscoverSlots(cpuSlots int, log *zap.Logger) ([]activities.Slot, *GPUs) {
 		log.Info("GPU slot", zap.Int("index", i), zap.String("name", name), zap.String("uuid", uuid), zap.Uint64("memory_bytes", mem.Total))
 	}
 	if len(slots) == 0 {
-		nvml.Shutdown()
+		lib.Shutdown()
 		return cpu("NVML could not open any GPU")
 	}
 	return slots, g
@@ -65,6 +72,7 @@ func DiscoverSlots(cpuSlots int, log *zap.Logger) ([]activities.Slot, *GPUs) {
 // GPUs reads the utilisation and memory of the GPUs behind a worker's slots
 // through NVML. It implements activities.DeviceStats.
 type GPUs struct {
+	lib     nvml.Interface
 	mu      sync.Mutex
 	devices map[int]nvml.Device // by slot index
 	closed  bool
@@ -111,6 +119,6 @@ func (g *GPUs) Close() {
 	defer g.mu.Unlock()
 	if !g.closed {
 		g.closed = true
-		nvml.Shutdown()
+		g.lib.Shutdown()
 	}
 }

@@ -87,9 +87,9 @@ func RegisterWorkflows(w worker.Registry, p policy.Policy) {
 }
 
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of
-// the shared GPU task queue (give it MaxConcurrentActivityExecutionSize = the
-// number of slots, so it asks for gang slots only while one is free), and the
-// rank activities on the worker of the agent's own host queue.
+// the shared GPU task queue (give it worker.Options.Tuner = HoldTuner(agent),
+// so it asks for holds only while a slot is free), and the rank activities
+// on the worker of the agent's own host queue.
 func RegisterAgent(slots, ranks worker.Registry, agent *activities.Agent) {
 	slots.RegisterActivityWithOptions(agent.HoldSlot, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
 	ranks.RegisterActivityWithOptions(agent.RunEpoch, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
@@ -177,10 +177,6 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		if gpus != nil {
 			agent.Devices = gpus
 		}
-		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace,
-			MaxConcurrentActivityExecutionSize: len(agent.Slots)}) // poll for a gang slot only while one is free
-		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
-		RegisterAgent(slots, ranks, agent)
 		if cfg.Metrics != nil {
 			h := cfg.Metrics.WithTags(map[string]string{"worker": cfg.Identity})
 			agent.SlotsChanged = slotGauges(h)
@@ -189,6 +185,13 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 				go sampleGPUs(ctx, h, agent, sampleEvery)
 			}
 		}
+		tuner, err := HoldTuner(agent)
+		if err != nil {
+			return err
+		}
+		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, Tuner: tuner})
+		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
+		RegisterAgent(slots, ranks, agent)
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),
 			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)), zap.Strings("trainers", backends.Names()))

@@ -94,8 +94,14 @@ func TestForgedGrantCannotJoinAGang(t *testing.T) {
 		sentToAttacker++
 		var in map[string]json.RawMessage
 		json.Unmarshal(a.Input.Payloads[0].Data, &in)
-		if _, ok := in["secret"]; ok || in["public_keys"] == nil {
-			t.Fatalf("the forged rank's RunEpoch input carries %s", a.Input.Payloads[0].Data)
+		var hosts []spec.Placement
+		json.Unmarshal(in["hosts"], &hosts)
+		keys := len(hosts) > 0
+		for _, h := range hosts {
+			keys = keys && len(h.PublicKey) > 0
+		}
+		if _, ok := in["secret"]; ok || !keys {
+			t.Fatalf("the forged rank's RunEpoch input carries %s; want no secret, only its hosts' public keys", a.Input.Payloads[0].Data)
 		}
 	}
 	if sentToAttacker == 0 {

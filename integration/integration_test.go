@@ -407,7 +407,7 @@ func TestBadSpecIsRefusedAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = run.Get(context.Background(), nil)
-	if err == nil || !strings.Contains(err.Error(), "scaling.workers is -2; want 1 to 1024 ranks") {
+	if err == nil || !strings.Contains(err.Error(), "scaling.workers is -2; want 1 to 8192 ranks") {
 		t.Fatalf("got %v", err)
 	}
 	desc, _ := c.DescribeWorkflowExecution(context.Background(), "it-bad-1", "")

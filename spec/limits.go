@@ -42,6 +42,7 @@ var accepted = map[string]string{
 	"scaling.workers":           fmt.Sprintf("1 to %d ranks", MaxWorkers),
 	"scaling.min_workers":       "1 to scaling.workers",
 	"scaling.gpus_per_worker":   "1 (one rank per GPU slot)",
+	"scaling.workers_per_host":  fmt.Sprintf("1 to %d ranks per host, dividing scaling.workers and scaling.min_workers", MaxWorkersPerHost),
 	"scaling.task_queue":        "1-200 letters, digits or ._=+@:- (the GPU agents' -task-queue), starting with a letter or digit",
 	"scaling.gang_timeout":      "1s to 168h",
 	"checkpoint.every_epochs":   "1 or more",
@@ -88,10 +89,11 @@ type explicitZeros struct {
 		LR        *float64 `json:"lr"`
 	} `json:"hyper"`
 	Scaling struct {
-		Workers       *int      `json:"workers"`
-		MinWorkers    *int      `json:"min_workers"`
-		GPUsPerWorker *int      `json:"gpus_per_worker"`
-		GangTimeout   *Duration `json:"gang_timeout"`
+		Workers        *int      `json:"workers"`
+		MinWorkers     *int      `json:"min_workers"`
+		GPUsPerWorker  *int      `json:"gpus_per_worker"`
+		WorkersPerHost *int      `json:"workers_per_host"`
+		GangTimeout    *Duration `json:"gang_timeout"`
 	} `json:"scaling"`
 	Checkpoint struct {
 		EveryEpochs *int `json:"every_epochs"`
@@ -118,6 +120,7 @@ func refuseExplicitZeros(data []byte) error {
 		{"scaling.workers", z.Scaling.Workers != nil && *z.Scaling.Workers == 0},
 		{"scaling.min_workers", z.Scaling.MinWorkers != nil && *z.Scaling.MinWorkers == 0},
 		{"scaling.gpus_per_worker", z.Scaling.GPUsPerWorker != nil && *z.Scaling.GPUsPerWorker == 0},
+		{"scaling.workers_per_host", z.Scaling.WorkersPerHost != nil && *z.Scaling.WorkersPerHost == 0},
 		{"scaling.gang_timeout", z.Scaling.GangTimeout != nil && *z.Scaling.GangTimeout == 0},
 		{"checkpoint.every_epochs", z.Checkpoint.EveryEpochs != nil && *z.Checkpoint.EveryEpochs == 0},
 		{"failure.heartbeat_timeout", z.Failure.HeartbeatTimeout != nil && *z.Failure.HeartbeatTimeout == 0},
@@ -194,7 +197,9 @@ func CheckURL(field, raw string) error {
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // execReserved are the variables durabletrain sets for each rank.
-var execReserved = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"}
+var execReserved = []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "NODE_RANK",
+	"ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+	"MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"}
 
 // check refuses an exec section no worker could start: an empty program,
 // NUL bytes, a relative directory, variables durabletrain sets itself, and

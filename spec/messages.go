@@ -44,14 +44,18 @@ type StopResult struct {
 	Latest *CheckpointRef `json:"latest_checkpoint,omitempty"`
 }
 
-// Placement is where one rank of a gang runs, as its slot reports it.
+// Placement is where one host of a gang runs, as its hold reports it: the
+// ranks Rank to Rank+LocalRanks()-1, one per slot, on one worker process.
 type Placement struct {
-	Rank       int    `json:"rank"`
+	Rank       int    `json:"rank"`          // the host's first rank
 	Worker     string `json:"worker"`        // the worker's identity
 	HostQueue  string `json:"host_queue"`    // a task queue only that worker polls
 	Collective string `json:"collective"`    // its collective listener address
-	Slot       int    `json:"slot"`          // slot index on that worker
-	GPU        string `json:"gpu,omitempty"` // name and UUID; empty for a CPU slot
+	Slot       int    `json:"slot"`          // slot index on that worker (of the first rank)
+	GPU        string `json:"gpu,omitempty"` // name and UUID of the first rank's GPU; empty for a CPU slot
+	// Slots are the slot indices of the host's ranks, by local rank, when it
+	// has more than one (scaling.workers_per_host); else Slot alone.
+	Slots []int `json:"slots,omitempty"`
 	// PublicKey is the X25519 key the slot's rank authenticates with in the
 	// collective; its private half never leaves the worker.
 	PublicKey []byte `json:"public_key,omitempty"`
@@ -61,12 +65,25 @@ type Placement struct {
 	Grant []byte `json:"grant,omitempty"`
 }
 
-// HoldSlotInput asks a GPU agent for one slot of a gang.
+// LocalRanks is how many ranks the host runs.
+func (p Placement) LocalRanks() int { return max(1, len(p.Slots)) }
+
+// SlotOf is the slot of the host's local rank.
+func (p Placement) SlotOf(local int) int {
+	if len(p.Slots) == 0 {
+		return p.Slot
+	}
+	return p.Slots[local]
+}
+
+// HoldSlotInput asks a GPU agent for one host of a gang: Slots slots on
+// the same worker, all or none.
 type HoldSlotInput struct {
 	WorkflowID string `json:"workflow_id"`
 	RunID      string `json:"run_id"`
 	Generation int    `json:"generation"`
-	Request    int    `json:"request"` // which of the gang's slots this is
+	Request    int    `json:"request"`         // which of the gang's hosts this is
+	Slots      int    `json:"slots,omitempty"` // slots to hold together; 0 is 1
 }
 
 // SlotGranted is the signal a held slot sends its workflow.
@@ -85,12 +102,24 @@ type CheckpointRef struct {
 	Step  int    `json:"step"`
 }
 
-// EpochInput is one rank's work for one epoch.
+// EpochInput is one host's work for one epoch: its ranks train together
+// in one activity. The gang is described by World and Hosts, which hold
+// only the placements a host's ranks talk to (rank 0's host and the ring
+// neighbours), so the input stays small however many hosts there are.
+// Inputs of runs recorded before hosts carry Peers, PublicKeys and Grants
+// for every rank instead, and one rank each.
 type EpochInput struct {
-	Run        string   `json:"run"` // checkpoint run name
-	Generation int      `json:"generation"`
-	Rank       int      `json:"rank"`
-	Peers      []string `json:"peers"` // collective addresses by rank
+	Run        string `json:"run"` // checkpoint run name
+	Generation int    `json:"generation"`
+	Rank       int    `json:"rank"` // the host's first rank
+	// World is the gang's ranks, when Hosts describes the gang.
+	World int `json:"world,omitempty"`
+	// Hosts are the placements of this host, of rank 0's host and of the
+	// hosts before and after it in the ring.
+	Hosts []Placement `json:"hosts,omitempty"`
+	// Host is the index of this host's placement in Hosts.
+	Host  int      `json:"host,omitempty"`
+	Peers []string `json:"peers,omitempty"` // collective addresses by rank
 	// PublicKeys and Grants come from the ranks' placements, by rank: each
 	// rank authenticates its neighbours with them (no secret in history).
 	PublicKeys [][]byte `json:"public_keys,omitempty"`
@@ -111,7 +140,8 @@ type EpochInput struct {
 	// Owner, when set, is the workflow that claims Run in the checkpoint
 	// store: a run name another workflow owns fails the run (checkpoint.Store.Claim).
 	Owner string `json:"owner,omitempty"`
-	// Slot is the index, on the rank's worker, of the slot its gang holds.
+	// Slot is the index, on the rank's worker, of the slot its gang holds
+	// (of the first rank: Hosts[Host].Slots has every local rank's).
 	Slot int `json:"slot"`
 	// BatchSize is the rank's batch: hyper.batch_size, scaled up when the gang
 	// runs with fewer ranks than scaling.workers so the global batch stays.

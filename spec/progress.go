@@ -39,19 +39,23 @@ const (
 // Progress is a run as the progress query shows it; it is also the state
 // that continue-as-new carries and the workflow's result.
 type Progress struct {
-	State       string         `json:"state"`
-	Run         string         `json:"run"`   // checkpoint run name
-	Epoch       int            `json:"epoch"` // epochs done
-	Epochs      int            `json:"epochs"`
-	Generation  int            `json:"generation"` // gangs formed so far
-	Workers     int            `json:"workers"`    // ranks asked for (scaling.workers)
-	World       int            `json:"world"`      // ranks of the current gang: fewer while degraded (scaling.min_workers)
-	Attempts    int            `json:"attempts"`   // epochs started, failed ones included
-	Gang        []Placement    `json:"gang,omitempty"`
-	Metrics     []EpochMetrics `json:"metrics,omitempty"`
-	Failures    int            `json:"failures"`
-	Preemptions int            `json:"preemptions"`
-	Incidents   []Incident     `json:"incidents,omitempty"` // the newest MaxIncidents (AddIncident)
+	State      string      `json:"state"`
+	Run        string      `json:"run"`   // checkpoint run name
+	Epoch      int         `json:"epoch"` // epochs done
+	Epochs     int         `json:"epochs"`
+	Generation int         `json:"generation"` // gangs formed so far
+	Workers    int         `json:"workers"`    // ranks asked for (scaling.workers)
+	World      int         `json:"world"`      // ranks of the current gang: fewer while degraded (scaling.min_workers)
+	Attempts   int         `json:"attempts"`   // epochs started, failed ones included
+	Gang       []Placement `json:"gang,omitempty"`
+	// Metrics are the newest MaxMetrics epochs' (AddMetrics); every epoch's
+	// are in the run's TensorBoard event files (starter plot draws them).
+	Metrics []EpochMetrics `json:"metrics,omitempty"`
+	// MetricsDropped counts the oldest epochs' metrics let go.
+	MetricsDropped int        `json:"metrics_dropped,omitempty"`
+	Failures       int        `json:"failures"`
+	Preemptions    int        `json:"preemptions"`
+	Incidents      []Incident `json:"incidents,omitempty"` // the newest MaxIncidents (AddIncident)
 	// IncidentsDropped counts the oldest incidents let go to keep the list bounded.
 	IncidentsDropped int            `json:"incidents_dropped,omitempty"`
 	Latest           *CheckpointRef `json:"latest_checkpoint,omitempty"`
@@ -91,6 +95,18 @@ func (p *Progress) AddIncident(inc Incident) {
 	if over := len(p.Incidents) - MaxIncidents; over > 0 {
 		p.Incidents = append(p.Incidents[:0:0], p.Incidents[over:]...)
 		p.IncidentsDropped += over
+	}
+}
+
+// MaxMetrics bounds Progress.Metrics, for the same reason as MaxIncidents.
+const MaxMetrics = 200
+
+// AddMetrics records an epoch's metrics; past MaxMetrics the oldest go.
+func (p *Progress) AddMetrics(m EpochMetrics) {
+	p.Metrics = append(p.Metrics, m)
+	if over := len(p.Metrics) - MaxMetrics; over > 0 {
+		p.Metrics = append(p.Metrics[:0:0], p.Metrics[over:]...)
+		p.MetricsDropped += over
 	}
 }
 

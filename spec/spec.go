@@ -80,11 +80,19 @@ type Scaling struct {
 	// not every slot can be had within the gang timeout, keeping the global
 	// batch (batch_size × workers); it grows back at an epoch boundary once
 	// slots are free. Default: workers (no elasticity).
-	MinWorkers    int      `json:"min_workers,omitempty"`
-	GPUsPerWorker int      `json:"gpus_per_worker,omitempty"` // slots per rank; default 1
-	TaskQueue     string   `json:"task_queue,omitempty"`      // the GPU agents' queue; default "durabletrain-gpu"
-	GangTimeout   Duration `json:"gang_timeout,omitempty"`    // to reserve every slot at once; default 2m
+	MinWorkers    int `json:"min_workers,omitempty"`
+	GPUsPerWorker int `json:"gpus_per_worker,omitempty"` // slots per rank; default 1
+	// WorkersPerHost packs this many ranks onto each host (torchrun's
+	// nproc_per_node): a gang is workers / workers_per_host hosts, each
+	// reserved whole on one worker process and driven by one activity per
+	// epoch, so Temporal's traffic grows with hosts, not ranks. Default 1.
+	WorkersPerHost int      `json:"workers_per_host,omitempty"`
+	TaskQueue      string   `json:"task_queue,omitempty"`   // the GPU agents' queue; default "durabletrain-gpu"
+	GangTimeout    Duration `json:"gang_timeout,omitempty"` // to reserve every slot at once; default 2m
 }
+
+// Hosts is how many hosts a full gang takes.
+func (s Scaling) Hosts() int { return s.Workers / max(1, s.WorkersPerHost) }
 
 type Checkpoint struct {
 	URL         string `json:"url,omitempty"`          // gocloud.dev/blob URL; default DefaultCheckpointURL
@@ -115,7 +123,16 @@ const (
 	DefaultDatasetURL    = "file:///usr/share/datasets/fashion-mnist" // where Debian's dataset-fashion-mnist installs it
 	DefaultDatasetFormat = "idx"
 	DefaultCheckpointURL = "file:///var/lib/durabletrain/checkpoints?create_dir=1"
-	MaxWorkers           = 1024
+	MaxWorkers           = 8192
+	// MaxWorkersPerHost bounds scaling.workers_per_host (hosts have 8 GPUs, a
+	// few 16; CPU hosts may run more ranks).
+	MaxWorkersPerHost = 64
+	// MaxHosts bounds the hosts of a gang: each holds a HoldSlot and a
+	// RunEpoch activity, and Temporal fails a workflow past 2,000 pending
+	// activities (limit.numPendingActivities.error); and the workflow task
+	// that takes a gang's grants must stay within the SDK's one-second
+	// deadlock detector (measured up to 512 hosts).
+	MaxHosts = 512
 )
 
 // Parse decodes a spec strictly: a field it does not know, a value of the
@@ -178,6 +195,9 @@ func (t Training) WithDefaults() Training {
 	}
 	if s.GPUsPerWorker == 0 {
 		s.GPUsPerWorker = 1
+	}
+	if s.WorkersPerHost == 0 {
+		s.WorkersPerHost = 1
 	}
 	if s.TaskQueue == "" {
 		s.TaskQueue = DefaultTaskQueue
@@ -280,6 +300,14 @@ func (t Training) Validate() error {
 		return fmt.Errorf("spec: scaling.min_workers is %d; want 1 to scaling.workers (%d)", s.MinWorkers, s.Workers)
 	case s.GPUsPerWorker != 1:
 		return bad("scaling.gpus_per_worker", s.GPUsPerWorker)
+	case s.WorkersPerHost < 1 || s.WorkersPerHost > MaxWorkersPerHost:
+		return bad("scaling.workers_per_host", s.WorkersPerHost)
+	case s.Workers%s.WorkersPerHost != 0:
+		return fmt.Errorf("spec: scaling.workers is %d; want a multiple of scaling.workers_per_host (%d): every host runs the same number of ranks", s.Workers, s.WorkersPerHost)
+	case s.MinWorkers%s.WorkersPerHost != 0:
+		return fmt.Errorf("spec: scaling.min_workers is %d; want a multiple of scaling.workers_per_host (%d): a gang shrinks by whole hosts", s.MinWorkers, s.WorkersPerHost)
+	case s.Hosts() > MaxHosts:
+		return fmt.Errorf("spec: scaling.workers / scaling.workers_per_host is %d hosts; want at most %d (2 pending activities each, under Temporal's 2,000, and one workflow task to take their grants): pack more ranks per host", s.Hosts(), MaxHosts)
 	case !taskQueuePattern.MatchString(s.TaskQueue) || strings.HasPrefix(s.TaskQueue, "/_sys/"):
 		return bad("scaling.task_queue", q(s.TaskQueue))
 	case s.GangTimeout < Duration(time.Second) || s.GangTimeout > Duration(7*24*time.Hour):

@@ -38,7 +38,7 @@ func TestValidateNamesFieldValueAndWhatIsAccepted(t *testing.T) {
 		edit func(*Training)
 		want string
 	}{
-		{func(s *Training) { s.Scaling.Workers = -1 }, "scaling.workers is -1; want 1 to 1024 ranks"},
+		{func(s *Training) { s.Scaling.Workers = -1 }, "scaling.workers is -1; want 1 to 8192 ranks"},
 		{func(s *Training) { s.Hyper.Optimizer = "lbfgs" }, `hyper.optimizer is "lbfgs"; want "adam" or "sgd"`},
 		{func(s *Training) { s.Hyper.LR = 12 }, "hyper.lr is 12; want a number in (0, 10)"},
 		{func(s *Training) { s.Model.Hidden = []int{64, 0} }, "model.hidden[1] is 0"},

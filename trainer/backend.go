@@ -32,7 +32,13 @@ type Rank struct {
 	Run        string // the run's checkpoint name
 	Generation int    // the gang's generation: a new one every time the gang is re-formed
 	Rank       int
-	Peers      []string // every rank's collective address, by rank
+	// Peers has every rank's collective address, by rank; len(Peers) is the
+	// gang's world size. Only rank 0's and those of the rank's own host and
+	// its ring neighbours' are known: the others are "".
+	Peers []string
+	// Local is where the rank sits among the gang's hosts (torchrun's
+	// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE).
+	Local spec.LocalPlace
 	// BatchSize is this rank's batch: hyper.batch_size, scaled up while an
 	// elastic gang runs with fewer ranks than scaling.workers.
 	BatchSize int

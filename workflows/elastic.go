@@ -24,7 +24,7 @@ type probe struct {
 // missing slots or, once the probe holds them all, makes the next gang: the
 // current ranks and the probe's, which restore from the checkpoint just taken.
 func (r *run) growGang(ctx workflow.Context) {
-	g, workers := r.gang, r.spec.Scaling.Workers
+	g, workers := r.gang, r.spec.Scaling.Hosts()
 	if g == nil || len(g.placements) >= workers || !r.elastic {
 		return
 	}
@@ -38,6 +38,7 @@ func (r *run) growGang(ctx workflow.Context) {
 		if !r.grants.ReceiveAsync(&s) {
 			break
 		}
+		r.signals++
 		if s.Generation == pr.generation {
 			pr.placements[s.Request] = s.Placement
 		}
@@ -49,7 +50,7 @@ func (r *run) growGang(ctx workflow.Context) {
 		placements: append([]spec.Placement{}, g.placements...), holds: append([]workflow.Future{}, g.holds...)}
 	for i, req := range pr.requests {
 		pl := pr.placements[req]
-		pl.Rank = len(grown.placements)
+		pl.Rank = len(grown.placements) * max(1, r.spec.Scaling.WorkersPerHost)
 		grown.placements = append(grown.placements, pl)
 		grown.holds = append(grown.holds, pr.holds[i])
 	}
@@ -59,12 +60,12 @@ func (r *run) growGang(ctx workflow.Context) {
 		workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&grown.secret)
 	}
 	r.p.AddIncident(spec.Incident{Generation: grown.generation, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
-		Detail: fmt.Sprintf("grew from %d to %d ranks", len(g.placements), len(grown.placements))})
+		Detail: fmt.Sprintf("grew from %d to %d ranks", g.world(r.spec), grown.world(r.spec))})
 	r.gang, r.probe = grown, nil
-	r.p.Gang, r.p.World = grown.placements, len(grown.placements)
+	r.p.Gang, r.p.World = grown.placements, grown.world(r.spec)
 }
 
-// startProbe (re)starts the probe for ranks have..workers-1 as a new generation.
+// startProbe (re)starts the probe for hosts have..workers-1 as a new generation.
 func (r *run) startProbe(ctx workflow.Context, have, workers int) {
 	if r.probe != nil {
 		r.probe.release()

@@ -1,7 +1,6 @@
 package workflows
 
 import (
-	"fmt"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -10,39 +9,39 @@ import (
 	"github.com/durabletrain/durabletrain/spec"
 )
 
-// runEpoch runs one RunEpoch per rank on the rank's own worker, in parallel.
-// The first failure of a rank, or the loss of a slot's lease, cancels the
-// rest; what the ranks had already reported still counts (mergeEpoch).
+// runEpoch runs one RunEpoch per host on the host's own worker, in
+// parallel. The first failure of a host, or the loss of a hold's lease,
+// cancels the rest; what the hosts had already reported still counts
+// (mergeEpoch).
 func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	g := r.gang
 	epochCtx, cancel := workflow.WithCancel(ctx)
 	defer cancel()
-	peers := make([]string, len(g.placements))
-	var keys, grants [][]byte
-	for i, pl := range g.placements {
-		peers[i] = pl.Collective
-		if r.rankKeys {
-			keys, grants = append(keys, pl.PublicKey), append(grants, pl.Grant)
-		}
-	}
-	world := len(g.placements)
+	world := g.world(r.spec)
 	checkpoint := checkpointAfter(r.spec, epoch, r.p.Epochs, world)
 	batch := rankBatch(r.spec, world)
 	resume := r.p.Attempts > 0
 	r.p.Attempts++
 	futures := make([]workflow.Future, len(g.placements))
-	for rank, pl := range g.placements {
+	for host, pl := range g.placements {
 		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
 			TaskQueue:           pl.HostQueue,
 			StartToCloseTimeout: 7 * 24 * time.Hour,
 			HeartbeatTimeout:    time.Duration(r.spec.Failure.HeartbeatTimeout),
 			RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
 		})
-		futures[rank] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, spec.EpochInput{
-			Run: r.p.Run, Generation: g.generation, Rank: rank, Peers: peers, PublicKeys: keys, Grants: grants, Secret: g.secret, Owner: r.owner,
+		hosts, self := spec.RingHosts(g.placements, host)
+		in := spec.EpochInput{
+			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch,
-		})
+		}
+		if !r.rankKeys { // the shared secret authenticates: no keys in placements
+			for i := range in.Hosts {
+				in.Hosts[i].PublicKey, in.Hosts[i].Grant = nil, nil
+			}
+		}
+		futures[host] = workflow.ExecuteActivity(actx, spec.ActivityRunEpoch, in)
 	}
 	ranks := make([]rankEnd, len(futures))
 	settled := make([]bool, len(futures))
@@ -51,7 +50,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	var first error
 	sel := workflow.NewSelector(ctx)
 	for rank, f := range futures {
-		ranks[rank].where = fmt.Sprintf("rank %d on %s", rank, g.placements[rank].Worker)
+		ranks[rank].where = where(g.placements[rank], r.spec)
 		sel.AddFuture(f, func(f workflow.Future) {
 			done++
 			settled[rank] = true
@@ -64,7 +63,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 		sel.AddFuture(h, func(f workflow.Future) {
 			err := f.Get(ctx, nil)
 			if first == nil {
-				first = &rankError{what: fmt.Sprintf("lost the slot of rank %d on %s", i, g.placements[i].Worker), err: leaseErr(err)}
+				first = &rankError{what: "lost the slot of " + where(g.placements[i], r.spec), err: leaseErr(err)}
 			}
 			leftWith = append(leftWith, checkpointIn(err))
 		})
@@ -86,7 +85,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 
 // record counts a finished epoch and tells the run's search, if it is a trial.
 func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
-	r.p.Metrics = append(r.p.Metrics, res.Metrics)
+	r.p.AddMetrics(res.Metrics)
 	// The ranks train the epoch their state is at: after a failure that is the
 	// latest checkpoint's, which may be behind the epochs counted so far.
 	r.p.Epoch = res.Metrics.Epoch + 1

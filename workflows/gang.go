@@ -12,10 +12,11 @@ import (
 	"github.com/durabletrain/durabletrain/telemetry/metricname"
 )
 
-// gang is a reserved set of slots, one per rank, held by HoldSlot activities.
+// gang is a reserved set of hosts, each a set of slots on one worker (one
+// per rank, scaling.workers_per_host of them) held by one HoldSlot activity.
 type gang struct {
 	generation int
-	placements []spec.Placement
+	placements []spec.Placement // one per host, by host; Rank is the host's first rank
 	holds      []workflow.Future
 	release    workflow.CancelFunc
 	secret     []byte // runs before per-rank keys only (run.rankKeys)
@@ -36,8 +37,8 @@ func (r *run) formGang(ctx workflow.Context) error {
 			r.waiting(ctx, "")
 			workflow.GetMetricsHandler(ctx).Timer(metricname.GangFormationLatency).Record(workflow.Now(ctx).Sub(start))
 			r.gang = g
-			r.p.Gang, r.p.World = g.placements, len(g.placements)
-			if n := len(g.placements); n < r.spec.Scaling.Workers {
+			r.p.Gang, r.p.World = g.placements, g.world(r.spec)
+			if n := g.world(r.spec); n < r.spec.Scaling.Workers {
 				r.p.AddIncident(spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentResized,
 					Detail: fmt.Sprintf("only %d of %d slots within scaling.gang_timeout: going on with %d ranks (scaling.min_workers %d), global batch kept", n, r.spec.Scaling.Workers, n, r.spec.Scaling.MinWorkers)})
 			}
@@ -69,9 +70,17 @@ func (r *run) formGang(ctx workflow.Context) error {
 	}
 }
 
-// holdSlots starts one HoldSlot per request, each cancellable on its own;
-// cancelling the returned release cancels them all.
+// holdSlots starts one HoldSlot per request (a host: workers_per_host
+// slots), each cancellable on its own; cancelling the returned release
+// cancels them all.
 func (r *run) holdSlots(ctx workflow.Context, gen int, requests []int) ([]workflow.Future, []workflow.CancelFunc, workflow.CancelFunc) {
+	holds, cancels, release, _ := r.holdSlotsAgain(ctx, gen, requests)
+	return holds, cancels, release
+}
+
+// holdSlotsAgain is holdSlots that can also start request i's hold again
+// (again), under the same release.
+func (r *run) holdSlotsAgain(ctx workflow.Context, gen int, requests []int) ([]workflow.Future, []workflow.CancelFunc, workflow.CancelFunc, func(i int)) {
 	holdCtx, release := workflow.WithCancel(ctx)
 	holdCtx = workflow.WithActivityOptions(holdCtx, workflow.ActivityOptions{
 		TaskQueue:              r.spec.Scaling.TaskQueue,
@@ -83,28 +92,32 @@ func (r *run) holdSlots(ctx workflow.Context, gen int, requests []int) ([]workfl
 	info := workflow.GetInfo(ctx)
 	holds := make([]workflow.Future, len(requests))
 	cancels := make([]workflow.CancelFunc, len(requests))
-	for i, req := range requests {
+	start := func(i int) {
 		c, cancel := holdCtx, workflow.CancelFunc(func() {})
 		if r.elastic {
 			c, cancel = workflow.WithCancel(holdCtx)
 		}
 		cancels[i] = cancel
 		holds[i] = workflow.ExecuteActivity(c, spec.ActivityHoldSlot, spec.HoldSlotInput{
-			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: req})
+			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: requests[i], Slots: slotsPerHold(r.spec)})
 	}
-	return holds, cancels, release
+	for i := range requests {
+		start(i)
+	}
+	return holds, cancels, release, start
 }
 
-// reserve starts one HoldSlot per rank and waits until each has signalled its
-// placement, one of them fails, the gang timeout passes, or a stop arrives.
-// At the timeout a gang of at least scaling.min_workers ranks is taken.
+// reserve starts one HoldSlot per host and waits until each has signalled
+// its placement, one of them fails, the gang timeout passes, or a stop
+// arrives. At the timeout a gang of at least scaling.min_workers ranks is
+// taken.
 func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
-	workers := r.spec.Scaling.Workers
+	workers, perHost := r.spec.Scaling.Hosts(), max(1, r.spec.Scaling.WorkersPerHost)
 	requests := make([]int, workers)
 	for i := range requests {
 		requests[i] = i
 	}
-	holds, cancels, release := r.holdSlots(ctx, gen, requests)
+	holds, cancels, release, again := r.holdSlotsAgain(ctx, gen, requests)
 	var secret []byte
 	if !r.rankKeys {
 		workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
@@ -113,6 +126,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	placements := make([]spec.Placement, workers)
 	granted := make([]bool, workers)
 	ended := make([]bool, workers) // a hold that ended before it was granted: no slot came
+	asked := make([]int, workers)  // holds asked for again after a worker had too few slots
+	var goneErr error              // why the last ungranted hold ended
+	const maxAsks = 8
 	timedOut := false
 	var holdErr error
 	timerCtx, cancelTimer := workflow.WithCancel(ctx)
@@ -121,8 +137,12 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	count, gone := 0, 0
 	deadline := workflow.Now(ctx).Add(time.Duration(r.spec.Scaling.GangTimeout)).UTC().Format(time.TimeOnly)
 	say := func() {
-		r.waiting(ctx, fmt.Sprintf("gang %d: %d of %d slots granted on task queue %q; waiting until %s (scaling.gang_timeout %v)",
-			gen, count, workers, r.spec.Scaling.TaskQueue, deadline, r.spec.Scaling.GangTimeout))
+		what := "slots"
+		if perHost > 1 {
+			what = fmt.Sprintf("hosts of %d slots", perHost)
+		}
+		r.waiting(ctx, fmt.Sprintf("gang %d: %d of %d %s granted on task queue %q; waiting until %s (scaling.gang_timeout %v)",
+			gen, count, workers, what, r.spec.Scaling.TaskQueue, deadline, r.spec.Scaling.GangTimeout))
 	}
 	say()
 	for count < workers && count+gone < workers && !timedOut && holdErr == nil && !r.p.Stopping {
@@ -130,6 +150,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
 			var s spec.SlotGranted
 			c.Receive(ctx, &s)
+			r.signals++
 			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] || ended[s.Request] {
 				return // a slot of an older gang, or a duplicate
 			}
@@ -147,10 +168,18 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			sel.AddFuture(h, func(f workflow.Future) {
 				err := f.Get(ctx, nil)
 				ended[i] = true
-				if granted[i] {
-					holdErr = fmt.Errorf("slot %d ended before the gang formed: %v", i, err)
-				} else {
+				switch {
+				case granted[i]:
+					holdErr = fmt.Errorf("the slot of %s ended before the gang formed: %v", where(placements[i], r.spec), leaseErr(err))
+				case r.hostHolds && errorType(err) == spec.ErrNoSlot && asked[i] < maxAsks:
+					// A worker took the hold with too few slots free (it
+					// polled before another hold filled it): ask again.
+					asked[i]++
+					again(i)
+					ended[i] = false
+				default:
 					gone++
+					goneErr = err
 				}
 			})
 		}
@@ -164,9 +193,16 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		release()
 		return nil, holdErr
 	}
-	if count < workers && count < r.spec.Scaling.MinWorkers {
+	if count < workers && count*perHost < r.spec.Scaling.MinWorkers {
 		release()
-		return nil, fmt.Errorf("only %d of %d slots on task queue %q within scaling.gang_timeout %v", count, workers, r.spec.Scaling.TaskQueue, r.spec.Scaling.GangTimeout)
+		why := ""
+		if goneErr != nil {
+			why = fmt.Sprintf("; %d asked for ended without a slot, the last because: %s", gone, shortError(goneErr))
+		}
+		if perHost > 1 {
+			return nil, fmt.Errorf("only %d of %d hosts of %d slots on task queue %q within scaling.gang_timeout %v%s", count, workers, perHost, r.spec.Scaling.TaskQueue, r.spec.Scaling.GangTimeout, why)
+		}
+		return nil, fmt.Errorf("only %d of %d slots on task queue %q within scaling.gang_timeout %v%s", count, workers, r.spec.Scaling.TaskQueue, r.spec.Scaling.GangTimeout, why)
 	}
 	// The whole gang, or at least min_workers of it: the ungranted holds go.
 	g := &gang{generation: gen, release: release, secret: secret}
@@ -179,9 +215,23 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		}
 	}
 	for i := range g.placements {
-		g.placements[i].Rank = i
+		g.placements[i].Rank = i * perHost
 	}
 	return g, nil
+}
+
+// world is the gang's ranks.
+func (g *gang) world(s spec.Training) int {
+	return len(g.placements) * max(1, s.Scaling.WorkersPerHost)
+}
+
+// slotsPerHold is what each HoldSlot asks for: 0 (one slot, as runs before
+// hosts asked) or scaling.workers_per_host.
+func slotsPerHold(s spec.Training) int {
+	if s.Scaling.WorkersPerHost > 1 {
+		return s.Scaling.WorkersPerHost
+	}
+	return 0
 }
 
 // waiting says what the run waits for (empty: nothing), in the progress

@@ -53,23 +53,35 @@ func rankBatch(s spec.Training, world int) int {
 	return (s.Hyper.BatchSize*s.Scaling.Workers + world - 1) / world
 }
 
-// continueAsNew says whether a run continues as new now, at an epoch boundary.
-func continueAsNew(p *spec.Progress, historyLength int, suggested bool) bool {
-	return p.Epoch < p.Epochs && !p.Stopping && (historyLength >= ContinueAsNewAfterEvents || suggested)
+// ContinueAsNewAfterSignals bounds the signals one run receives (Temporal
+// fails a workflow past 10,000: history.maximumSignalsPerExecution); each
+// gang formation brings one per host.
+const ContinueAsNewAfterSignals = 5000
+
+// continueAsNew says whether a run continues as new now, at an epoch
+// boundary, having received signals signals.
+func continueAsNew(p *spec.Progress, historyLength, signals int, suggested bool) bool {
+	return p.Epoch < p.Epochs && !p.Stopping && (historyLength >= ContinueAsNewAfterEvents || signals >= ContinueAsNewAfterSignals || suggested)
 }
 
 // Failure kinds errorKind tells apart: the two application error types the
 // activities use, and everything else.
 const kindInfrastructure = "infrastructure"
 
-// errorKind tells user errors and preemptions from infrastructure failures.
-func errorKind(err error) string {
+// errorType is an application error's type, or "".
+func errorType(err error) string {
 	var app *temporal.ApplicationError
 	if errors.As(err, &app) {
-		switch app.Type() {
-		case spec.ErrUser, spec.ErrPreempted, spec.ErrForgedGrant:
-			return app.Type()
-		}
+		return app.Type()
+	}
+	return ""
+}
+
+// errorKind tells user errors and preemptions from infrastructure failures.
+func errorKind(err error) string {
+	switch t := errorType(err); t {
+	case spec.ErrUser, spec.ErrPreempted, spec.ErrForgedGrant:
+		return t
 	}
 	return kindInfrastructure
 }
@@ -217,6 +229,15 @@ func shortError(err error) string {
 	return err.Error()
 }
 
+// where names a host's ranks and worker in messages: "rank 3 on worker-a",
+// or "ranks 8-15 on host-b" for a host of several.
+func where(pl spec.Placement, s spec.Training) string {
+	if n := max(1, s.Scaling.WorkersPerHost); n > 1 {
+		return fmt.Sprintf("ranks %d-%d on %s", pl.Rank, pl.Rank+n-1, pl.Worker)
+	}
+	return fmt.Sprintf("rank %d on %s", pl.Rank, pl.Worker)
+}
+
 // leaseErr is why a slot's lease ended.
 func leaseErr(err error) error {
 	if err == nil {
@@ -245,9 +266,13 @@ func details(p *spec.Progress) string {
 		fmt.Fprintf(&b, " · test accuracy %.4f · train loss %.4f · %.0f samples/s", m.TestAccuracy, m.TrainLoss, m.SamplesPerSecond)
 	}
 	if len(p.Gang) > 0 {
-		workers := make([]string, len(p.Gang))
-		for i, pl := range p.Gang {
-			workers[i] = pl.Worker
+		const shown = 8
+		var workers []string
+		for _, pl := range p.Gang[:min(len(p.Gang), shown)] {
+			workers = append(workers, pl.Worker)
+		}
+		if len(p.Gang) > shown {
+			workers = append(workers, fmt.Sprintf("and %d more hosts", len(p.Gang)-shown))
 		}
 		fmt.Fprintf(&b, " · gang %d on %s", p.Generation, strings.Join(workers, ", "))
 	}

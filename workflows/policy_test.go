@@ -72,16 +72,18 @@ func TestContinueAsNew(t *testing.T) {
 		name      string
 		p         spec.Progress
 		length    int
+		signals   int
 		suggested bool
 		want      bool
 	}{
-		{"short history", spec.Progress{Epoch: 1, Epochs: 5}, 100, false, false},
-		{"long history", spec.Progress{Epoch: 1, Epochs: 5}, ContinueAsNewAfterEvents, false, true},
-		{"server suggests", spec.Progress{Epoch: 1, Epochs: 5}, 100, true, true},
-		{"last epoch done", spec.Progress{Epoch: 5, Epochs: 5}, ContinueAsNewAfterEvents, true, false},
-		{"stopping", spec.Progress{Epoch: 1, Epochs: 5, Stopping: true}, ContinueAsNewAfterEvents, true, false},
+		{"short history", spec.Progress{Epoch: 1, Epochs: 5}, 100, 10, false, false},
+		{"long history", spec.Progress{Epoch: 1, Epochs: 5}, ContinueAsNewAfterEvents, 10, false, true},
+		{"many signals", spec.Progress{Epoch: 1, Epochs: 5}, 100, ContinueAsNewAfterSignals, false, true},
+		{"server suggests", spec.Progress{Epoch: 1, Epochs: 5}, 100, 10, true, true},
+		{"last epoch done", spec.Progress{Epoch: 5, Epochs: 5}, ContinueAsNewAfterEvents, ContinueAsNewAfterSignals, true, false},
+		{"stopping", spec.Progress{Epoch: 1, Epochs: 5, Stopping: true}, ContinueAsNewAfterEvents, 10, true, false},
 	} {
-		if got := continueAsNew(&c.p, c.length, c.suggested); got != c.want {
+		if got := continueAsNew(&c.p, c.length, c.signals, c.suggested); got != c.want {
 			t.Errorf("%s: continueAsNew = %v; want %v", c.name, got, c.want)
 		}
 	}

@@ -63,6 +63,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// Ranks authenticate with keys of their own slots (no secret in history);
 	// runs recorded before that drew a shared secret in a SideEffect.
 	r.rankKeys = workflow.GetVersion(ctx, "rank-keys", workflow.DefaultVersion, 1) >= 1
+	// A hold refused for want of free slots (a host's, several at once) is
+	// asked for again; runs recorded before hosts counted it as no slot.
+	r.hostHolds = workflow.GetVersion(ctx, "host-holds", workflow.DefaultVersion, 1) >= 1
 	p, err = r.train(ctx)
 	r.ended = true
 	// Answer the stop updates before the run closes.
@@ -83,8 +86,13 @@ type run struct {
 	elastic bool
 	// rankKeys: ranks authenticate with their slots' keys, not a gang secret.
 	rankKeys bool
+	// hostHolds: a hold refused with ErrNoSlot is started again.
+	hostHolds bool
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
+	// signals counts the signals this execution has received (Temporal
+	// bounds them per execution).
+	signals int
 }
 
 // handle sets up the query, signal and update handlers of a run.
@@ -97,6 +105,7 @@ func (r *run) handle(ctx workflow.Context) error {
 	workflow.Go(ctx, func(ctx workflow.Context) {
 		signals := workflow.GetSignalChannel(ctx, spec.SignalStop)
 		for signals.Receive(ctx, nil) {
+			r.signals++
 			r.requestStop()
 		}
 	})
@@ -105,6 +114,7 @@ func (r *run) handle(ctx workflow.Context) error {
 		signals := workflow.GetSignalChannel(ctx, spec.SignalCheckpointSkipped)
 		var c spec.CheckpointsSkipped
 		for signals.Receive(ctx, &c) {
+			r.signals++
 			for _, s := range c.Skipped {
 				r.skipped(c.Generation, c.Epoch, s)
 			}
@@ -188,7 +198,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		}
 		r.growGang(ctx)
 		info := workflow.GetInfo(ctx)
-		if continueAsNew(r.p, info.GetCurrentHistoryLength(), info.GetContinueAsNewSuggested()) {
+		if continueAsNew(r.p, info.GetCurrentHistoryLength(), r.signals, info.GetContinueAsNewSuggested()) {
 			r.releaseGang()
 			next, err := encodeInput(r.spec, r.p)
 			if err != nil {

@@ -22,14 +22,17 @@ import (
 // harness runs TrainingWorkflow on the SDK's test environment with fake GPU
 // agents: HoldSlot blocks until released, and grants arrive as signals.
 type harness struct {
-	t    *testing.T
-	env  *testsuite.TestWorkflowEnvironment
-	mu   sync.Mutex
-	runs []spec.EpochInput // RunEpoch calls, in order
+	t     *testing.T
+	env   *testsuite.TestWorkflowEnvironment
+	mu    sync.Mutex
+	runs  []spec.EpochInput    // RunEpoch calls, in order
+	holds []spec.HoldSlotInput // HoldSlot calls, in order
 	// epoch decides each RunEpoch call's outcome; nil means success.
 	epoch func(in spec.EpochInput) error
 	// hold is what a HoldSlot does; nil holds the slot until released.
 	hold func(ctx context.Context, in spec.HoldSlotInput) error
+	// noSlot: the HoldSlot calls refused at once for want of free slots.
+	noSlot func(in spec.HoldSlotInput, asked int) bool
 	// restoredEpoch: the epoch a rank's state is at (default: the one asked for).
 	restoredEpoch func(in spec.EpochInput) int
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
@@ -49,11 +52,25 @@ func newHarness(t *testing.T) *harness {
 	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.HoldSlotInput) error {
 		h.mu.Lock()
 		grant := h.grants[in.Generation]
+		asked := 0
+		for _, x := range h.holds {
+			if x.Generation == in.Generation && x.Request == in.Request {
+				asked++
+			}
+		}
+		h.holds = append(h.holds, in)
 		h.mu.Unlock()
+		if h.noSlot != nil && h.noSlot(in, asked) {
+			return temporal.NewApplicationError("no free slots on host-x", spec.ErrNoSlot)
+		}
 		if in.Request < grant { // this fake agent has a slot for it: tell the workflow where
-			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: spec.Placement{
+			pl := spec.Placement{
 				Worker: fmt.Sprintf("host-%d", (in.Request+in.Generation)%3), HostQueue: fmt.Sprintf("q-%d-%d", in.Generation, in.Request),
-				Collective: fmt.Sprintf("10.0.0.%d:7070", in.Request), PublicKey: fakePublicKey(in.Generation, in.Request)}})
+				Collective: fmt.Sprintf("10.0.%d.%d:7070", in.Request/256, in.Request%256), PublicKey: fakePublicKey(in.Generation, in.Request)}
+			for i := range in.Slots {
+				pl.Slots = append(pl.Slots, i)
+			}
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: pl})
 		}
 		if h.hold != nil {
 			return h.hold(ctx, in)
@@ -98,10 +115,20 @@ func newHarness(t *testing.T) *harness {
 }
 
 // inputs is a copy of the RunEpoch inputs so far (cancelled fakes may still be finishing).
+// inputs are the RunEpoch calls' inputs, one per rank as the agent
+// expands a host's (spec.EpochInput.RankInputs).
 func (h *harness) inputs() []spec.EpochInput {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]spec.EpochInput(nil), h.runs...)
+	var ranks []spec.EpochInput
+	for _, in := range h.runs {
+		ins, _, err := in.RankInputs()
+		if err != nil {
+			h.t.Fatalf("epoch input %+v does not expand: %v", in, err)
+		}
+		ranks = append(ranks, ins...)
+	}
+	return ranks
 }
 
 // grant makes the fake agents grant `slots` of generation gen's slot requests.
@@ -171,7 +198,7 @@ func TestHappyPath(t *testing.T) {
 func TestBadSpecFailsAtOnceNamingTheField(t *testing.T) {
 	for spec, want := range map[string]string{
 		`{"scaling": {"workers": 2, "gang_timeout": "1ms"}}`: "scaling.gang_timeout is 1ms; want 1s to 168h",
-		`{"scaling": {"workers": 0}}`:                        "scaling.workers is 0; want 1 to 1024 ranks (leave it out, or null, for the default)",
+		`{"scaling": {"workers": 0}}`:                        "scaling.workers is 0; want 1 to 8192 ranks (leave it out, or null, for the default)",
 		`{"model": {"hiden": [3]}}`:                          `unknown field "hiden"`,
 		`[1, 2]`:                                             "want an object {...}, got a list (line 1, column 1)",
 		`null`:                                               "the input is null",
@@ -541,4 +568,93 @@ func TestContinueAsNewCarriesTheState(t *testing.T) {
 // fakePublicKey stands for the key of a hold: what matters is that it reaches the ranks.
 func fakePublicKey(generation, request int) []byte {
 	return []byte(fmt.Sprintf("key-of-generation-%d-request-%d", generation, request))
+}
+
+// TestHostsAreTheUnitOfScheduling: with scaling.workers_per_host a gang is
+// a set of hosts: one HoldSlot per host for all its slots, one RunEpoch per
+// host and epoch, and each input names only the hosts its ranks talk to,
+// so Temporal's traffic and payloads grow with hosts, not ranks.
+func TestHostsAreTheUnitOfScheduling(t *testing.T) {
+	for _, c := range []struct{ ranks, perHost int }{{16, 8}, {4096, 8}} {
+		if c.ranks > 1024 && raceEnabled {
+			t.Logf("%d ranks: skipped under the race detector (the workflow task would pass the SDK's deadlock detector)", c.ranks)
+			continue
+		}
+		h := newHarness(t)
+		hosts := c.ranks / c.perHost
+		h.grant(1, hosts, time.Second)
+		p, err := h.start(fmt.Sprintf(`{"name": "hosts", "hyper": {"epochs": 2}, "scaling": {"workers": %d, "workers_per_host": %d}}`, c.ranks, c.perHost))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.State != spec.StateCompleted || p.Epoch != 2 {
+			t.Fatalf("%d ranks: state %s after %d epochs; want completed after 2", c.ranks, p.State, p.Epoch)
+		}
+		if len(h.holds) != hosts || len(h.runs) != 2*hosts {
+			t.Fatalf("%d ranks: %d HoldSlot and %d RunEpoch calls; want %d and %d", c.ranks, len(h.holds), len(h.runs), hosts, 2*hosts)
+		}
+		for _, in := range h.holds {
+			if in.Slots != c.perHost {
+				t.Fatalf("a hold asked for %d slots; want %d", in.Slots, c.perHost)
+			}
+		}
+		biggest := 0
+		for _, in := range h.runs {
+			b, _ := json.Marshal(in)
+			biggest = max(biggest, len(b))
+			if len(in.Hosts) > 4 || in.World != c.ranks || in.Rank%c.perHost != 0 {
+				t.Fatalf("host input: world %d, first rank %d, %d placements; want %d, a multiple of %d, at most 4", in.World, in.Rank, len(in.Hosts), c.ranks, c.perHost)
+			}
+		}
+		if biggest > 8<<10 {
+			t.Errorf("%d ranks: the largest RunEpoch input is %d bytes; want it not to grow with the gang (under 8 KiB)", c.ranks, biggest)
+		}
+		// Every rank, expanded, knows rank 0 and its ring neighbours, and where it sits.
+		seen := map[int]bool{}
+		for _, in := range h.runs[:hosts] {
+			ins, places, err := in.RankInputs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for l, r := range ins {
+				left, right := (r.Rank+c.ranks-1)%c.ranks, (r.Rank+1)%c.ranks
+				if r.Peers[0] == "" || r.Peers[left] == "" || r.Peers[right] == "" || len(r.Peers) != c.ranks {
+					t.Fatalf("rank %d does not know rank 0 or its neighbours %d and %d", r.Rank, left, right)
+				}
+				want := spec.LocalPlace{LocalRank: l, LocalWorld: c.perHost, GroupRank: r.Rank / c.perHost, GroupWorld: hosts}
+				if places[l] != want || r.Slot != l {
+					t.Fatalf("rank %d: place %+v slot %d; want %+v slot %d", r.Rank, places[l], r.Slot, want, l)
+				}
+				seen[r.Rank] = true
+			}
+		}
+		if len(seen) != c.ranks {
+			t.Fatalf("the first epoch ran %d distinct ranks; want %d", len(seen), c.ranks)
+		}
+		b, _ := json.Marshal(p)
+		t.Logf("%d ranks on %d hosts: largest RunEpoch input %d bytes, progress %d bytes", c.ranks, hosts, biggest, len(b))
+	}
+}
+
+// TestHoldRefusedForWantOfSlotsIsAskedForAgain: a worker that took a host's
+// hold with too few slots free refuses it (ErrNoSlot); the workflow asks for
+// that host again at once instead of giving up on the gang.
+func TestHoldRefusedForWantOfSlotsIsAskedForAgain(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, time.Second)
+	refused := 0
+	h.noSlot = func(in spec.HoldSlotInput, asked int) bool {
+		if in.Request == 1 && asked < 3 {
+			refused++
+			return true
+		}
+		return false
+	}
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 8, "workers_per_host": 4}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 1 || refused != 3 || len(h.holds) != 5 {
+		t.Fatalf("state %s after %d gangs, %d refusals, %d holds; want completed with the first gang, 3 refusals, 5 holds", p.State, p.Generation, refused, len(h.holds))
+	}
 }

@@ -150,6 +150,7 @@ func train(cmd string, args []string) {
 	id := fs.String("id", "", "workflow ID (default: train-<time>); for resume, the run to resume")
 	wait := fs.Bool("wait", false, "draw the progress until the run ends")
 	workers := fs.Int("workers", 0, "scaling.workers")
+	perHost := fs.Int("workers-per-host", 0, "scaling.workers_per_host: ranks per host (one hold and one activity per host and epoch)")
 	epochs := fs.Int("epochs", 0, "hyper.epochs")
 	lr := fs.Float64("lr", 0, "hyper.lr")
 	batch := fs.Int("batch", 0, "hyper.batch_size")
@@ -196,6 +197,7 @@ func train(cmd string, args []string) {
 		}
 	}
 	set(&s.Scaling.Workers, *workers)
+	set(&s.Scaling.WorkersPerHost, *perHost)
 	set(&s.Hyper.Epochs, *epochs)
 	set(&s.Hyper.BatchSize, *batch)
 	if *lr != 0 {

@@ -65,7 +65,12 @@ func Training() []Case {
 		{"every_epochs 0", `{"checkpoint": {"every_epochs": 0}}`, "checkpoint.every_epochs is 0"},
 		// Ranges
 		{"epochs 1e6", `{"hyper": {"epochs": 1000000}}`, "hyper.epochs is 1000000; want 1 to 100000"},
-		{"5000 workers", `{"scaling": {"workers": 5000}}`, "scaling.workers is 5000; want 1 to 1024 ranks"},
+		{"9000 workers", `{"scaling": {"workers": 9000}}`, "scaling.workers is 9000; want 1 to 8192 ranks"},
+		{"5000 hosts", `{"scaling": {"workers": 5000}}`, "is 5000 hosts; want at most 512"},
+		{"workers not a multiple of workers_per_host", `{"scaling": {"workers": 12, "workers_per_host": 8}}`, "scaling.workers is 12; want a multiple of scaling.workers_per_host (8)"},
+		{"min_workers not whole hosts", `{"scaling": {"workers": 16, "min_workers": 4, "workers_per_host": 8}}`, "scaling.min_workers is 4; want a multiple of scaling.workers_per_host (8)"},
+		{"workers_per_host 0", `{"scaling": {"workers_per_host": 0}}`, "scaling.workers_per_host is 0"},
+		{"workers_per_host 65", `{"scaling": {"workers": 65, "workers_per_host": 65}}`, "scaling.workers_per_host is 65; want 1 to 64"},
 		{"min above workers", `{"scaling": {"workers": 2, "min_workers": 3}}`, "scaling.min_workers is 3; want 1 to scaling.workers (2)"},
 		{"lr 100", `{"hyper": {"lr": 100}}`, "hyper.lr is 100; want a number in (0, 10)"},
 		{"momentum 1", `{"hyper": {"optimizer": "sgd", "momentum": 1}}`, "hyper.momentum is 1; want a number in [0, 1)"},

@@ -1,8 +1,11 @@
 """durabletrain's side of a rank process (standard library only).
 
-The worker starts your script once per rank of a gang, with RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT and CUDA_VISIBLE_DEVICES set, so
-torch.distributed.init_process_group works unchanged, and drives it one epoch
+The worker starts your script once per rank of a gang, with torchrun's
+environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_RESTART_COUNT, MASTER_ADDR, MASTER_PORT) and CUDA_VISIBLE_DEVICES
+set to the rank's own GPU, so torch.distributed.init_process_group works
+unchanged, and drives it one epoch
 at a time over a local control socket:
 
     import durabletrain as dt

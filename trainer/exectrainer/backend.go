@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -28,7 +32,7 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 	masterHost, _, _ := net.SplitHostPort(r.Peers[0])
 	port := []float32{0}
 	if r.Rank == 0 {
-		port[0] = float32(freePort(masterHost))
+		port[0] = float32(RendezvousPort(masterHost))
 	}
 	if err := r.Comm.Broadcast(ctx, port, 0); err != nil {
 		return nil, fmt.Errorf("the gang broke while agreeing on MASTER_PORT: %w", err)
@@ -40,8 +44,14 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 	if log != nil {
 		log = log.Named("exec")
 	}
+	local := r.Local
+	if local.LocalWorld == 0 { // a caller that does not say: one rank per host, as the addresses tell
+		local = spec.LocalPlace{LocalRank: LocalRank(r.Peers, r.Rank), LocalWorld: 1, GroupRank: r.Rank, GroupWorld: len(r.Peers)}
+	}
 	t, err := New(Config{Command: x.Command, Dir: x.Dir, Env: x.Env, Rank: r.Rank, World: len(r.Peers),
-		LocalRank: LocalRank(r.Peers, r.Rank), MasterAddr: masterHost, MasterPort: int(port[0]), Devices: r.Device,
+		LocalRank: local.LocalRank, LocalWorld: local.LocalWorld, GroupRank: local.GroupRank, GroupWorld: local.GroupWorld,
+		RunID: r.Run, Restarts: max(0, r.Generation-1),
+		MasterAddr: masterHost, MasterPort: int(port[0]), Devices: r.Device,
 		Epochs: r.Spec.Hyper.Epochs, Scratch: filepath.Join(r.Scratch, "rank"), PythonPath: r.PythonPath,
 		Log: log, Saves: r.Rank == 0, Environ: r.Environ})
 	if err != nil {
@@ -50,8 +60,23 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 	return t, nil
 }
 
-// freePort is a port free now on host (or on any address), or 0.
-func freePort(host string) int {
+// RendezvousPort is a port free now on every address of this host, for
+// torch.distributed's rendezvous, or 0. A port the kernel hands out for
+// listening on ":0" comes from the ephemeral range, where any outgoing
+// connection on the host may take it as its local port before the program
+// binds it ("Address already in use"). So the port is drawn at random from
+// just below the ephemeral range, which no connection takes unasked, and
+// only where the range leaves no room does it fall back to the kernel's pick.
+func RendezvousPort(host string) int {
+	if lo, ok := ephemeralLow(); ok && lo > rendezvousBand+1024 {
+		for range 64 {
+			port := lo - 1 - rand.IntN(rendezvousBand)
+			if ln, err := net.Listen("tcp", ":"+strconv.Itoa(port)); err == nil {
+				ln.Close()
+				return port
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		if ln, err = net.Listen("tcp", ":0"); err != nil {
@@ -60,6 +85,23 @@ func freePort(host string) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// rendezvousBand is how many ports below the ephemeral range RendezvousPort draws from.
+const rendezvousBand = 8192
+
+// ephemeralLow is the first port of Linux's ephemeral range, if it can be read.
+func ephemeralLow() (int, bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, false
+	}
+	lo, err := strconv.Atoi(f[0])
+	return lo, err == nil
 }
 
 // LocalRank is torchrun's LOCAL_RANK: the ranks of the gang on the same host

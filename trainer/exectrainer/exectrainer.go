@@ -1,6 +1,7 @@
 // Package exectrainer owns the exec backend: each rank is the user's own
 // training program (for example `python3 train.py --lr 0.001`), started once
 // per gang with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_*, TORCHELASTIC_*,
 // MASTER_ADDR, MASTER_PORT) and CUDA_VISIBLE_DEVICES from the rank's slot, so
 // torch.distributed works unchanged, and driven one epoch at a time over a
 // local control socket by the Python module in python/durabletrain. The
@@ -45,6 +46,11 @@ type Config struct {
 	Rank       int
 	World      int
 	LocalRank  int
+	LocalWorld int    // ranks on this host (LOCAL_WORLD_SIZE)
+	GroupRank  int    // this host's index in the gang (GROUP_RANK, NODE_RANK)
+	GroupWorld int    // hosts in the gang (GROUP_WORLD_SIZE)
+	RunID      string // TORCHELASTIC_RUN_ID: the run's name
+	Restarts   int    // TORCHELASTIC_RESTART_COUNT: gangs formed before this one
 	MasterAddr string // rank 0's host
 	MasterPort int    // a free port there, the same for every rank
 	Devices    string // CUDA_VISIBLE_DEVICES; "" leaves it unset
@@ -203,6 +209,9 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	}
 	env := append(append([]string{}, base...),
 		"RANK="+strconv.Itoa(t.cfg.Rank), "WORLD_SIZE="+strconv.Itoa(t.cfg.World), "LOCAL_RANK="+strconv.Itoa(t.cfg.LocalRank),
+		"LOCAL_WORLD_SIZE="+strconv.Itoa(max(1, t.cfg.LocalWorld)), "GROUP_RANK="+strconv.Itoa(t.cfg.GroupRank), "NODE_RANK="+strconv.Itoa(t.cfg.GroupRank),
+		"GROUP_WORLD_SIZE="+strconv.Itoa(max(1, t.cfg.GroupWorld)), "ROLE_NAME=default", "ROLE_RANK="+strconv.Itoa(t.cfg.Rank),
+		"ROLE_WORLD_SIZE="+strconv.Itoa(t.cfg.World), "TORCHELASTIC_RUN_ID="+t.cfg.RunID, "TORCHELASTIC_RESTART_COUNT="+strconv.Itoa(t.cfg.Restarts),
 		"MASTER_ADDR="+t.cfg.MasterAddr, "MASTER_PORT="+strconv.Itoa(t.cfg.MasterPort),
 		"DURABLETRAIN_CONTROL="+sock, "DURABLETRAIN_EPOCHS="+strconv.Itoa(t.cfg.Epochs),
 		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "PYTHONUNBUFFERED=1")

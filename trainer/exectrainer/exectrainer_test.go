@@ -179,3 +179,51 @@ func TestConformance(t *testing.T) {
 		return tr
 	}, trainertest.Options{EpochGranular: true})
 }
+
+// A rank's program gets torchrun's whole environment: where it sits on its
+// host and among the hosts, the run and its restarts, and its GPU.
+func TestProgramGetsTorchrunsEnvironment(t *testing.T) {
+	vars := []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
+		"ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+	var line []string
+	for _, v := range vars {
+		line = append(line, v+"=${"+v+"}")
+	}
+	tr, err := New(Config{Command: []string{"/bin/sh", "-c", `echo "` + strings.Join(line, " ") + `" >&2; exit 3`},
+		Rank: 43, World: 512, LocalRank: 3, LocalWorld: 8, GroupRank: 5, GroupWorld: 64, RunID: "run-a", Restarts: 2,
+		MasterAddr: "10.0.0.1", MasterPort: 29500, Devices: "GPU-3", Epochs: 1, Scratch: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	err = tr.Init(context.Background())
+	want := "RANK=43 WORLD_SIZE=512 LOCAL_RANK=3 LOCAL_WORLD_SIZE=8 GROUP_RANK=5 NODE_RANK=5 GROUP_WORLD_SIZE=64 ROLE_NAME=default ROLE_RANK=43 ROLE_WORLD_SIZE=512 TORCHELASTIC_RUN_ID=run-a TORCHELASTIC_RESTART_COUNT=2 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 CUDA_VISIBLE_DEVICES=GPU-3"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the program's environment, as it printed it: %v; want %s", err, want)
+	}
+}
+
+// A rendezvous port is drawn below the ephemeral range, where no outgoing
+// connection takes it before the program binds it, and is free when drawn.
+func TestRendezvousPortIsOutsideTheEphemeralRange(t *testing.T) {
+	lo, ok := ephemeralLow()
+	if !ok {
+		t.Skip("no /proc/sys/net/ipv4/ip_local_port_range here")
+	}
+	seen := map[int]bool{}
+	for range 20 {
+		port := RendezvousPort("127.0.0.1")
+		if lo > rendezvousBand+1024 && (port >= lo || port < lo-rendezvousBand) {
+			t.Fatalf("port %d is not in [%d, %d)", port, lo-rendezvousBand, lo)
+		}
+		ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+		if err != nil {
+			t.Fatalf("port %d was handed out but cannot be bound: %v", port, err)
+		}
+		ln.Close()
+		seen[port] = true
+	}
+	if len(seen) < 10 {
+		t.Errorf("20 draws gave only %d distinct ports; concurrent runs would collide", len(seen))
+	}
+}

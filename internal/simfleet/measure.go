@@ -1,0 +1,222 @@
+package simfleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	commonpb "go.temporal.io/api/common/v1"
+	enumspb "go.temporal.io/api/enums/v1"
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/client"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// Temporal's server defaults (v1.32 dynamic config) that a run lives within.
+const (
+	LimitPendingActivities = 2000     // limit.numPendingActivities.error
+	LimitSignals           = 10000    // history.maximumSignalsPerExecution
+	LimitPayloadBytes      = 2 << 20  // limit.blobSize.error
+	LimitHistoryEvents     = 51200    // limit.historyCount.error
+	LimitHistoryBytes      = 50 << 20 // limit.historySize.error
+)
+
+// Report is what a run's histories (every execution of a continue-as-new
+// chain) say about its cost to Temporal.
+type Report struct {
+	Executions int
+	Epochs     int
+	// GangSeconds: per gang formed, from its first HoldSlot scheduled to the
+	// first RunEpoch scheduled on it.
+	GangSeconds []float64
+	// OverheadSeconds: per epoch, Temporal's part of its wall time (last
+	// RunEpoch completed of the epoch before to its own last): the wall
+	// time less the longest a host's RunEpoch ran on its worker.
+	OverheadSeconds []float64
+	// AgentSeconds: per epoch, what the agent did beside the trainer (the
+	// longest RunEpoch less the longest trainer time: joining the gang,
+	// the leave vote, evaluation, events, checkpoints).
+	AgentSeconds    []float64
+	EpochEvents     int // events from the first RunEpoch on, over all executions
+	MaxPayloadBytes int
+	PeakPending     int // activities pending at once, at most
+	// Per execution, at most:
+	MaxSignals, MaxEvents, MaxHistoryBytes int
+}
+
+// EventsPerEpoch is the history events an epoch costs.
+func (r Report) EventsPerEpoch() float64 { return float64(r.EpochEvents) / float64(max(1, r.Epochs)) }
+
+// Binding says which of Temporal's limits the run came closest to, and how close.
+func (r Report) Binding() (string, float64) {
+	limits := []struct {
+		name string
+		used float64
+	}{
+		{"pending activities", float64(r.PeakPending) / LimitPendingActivities},
+		{"signals per execution", float64(r.MaxSignals) / LimitSignals},
+		{"payload size", float64(r.MaxPayloadBytes) / LimitPayloadBytes},
+		{"history events", float64(r.MaxEvents) / LimitHistoryEvents},
+		{"history size", float64(r.MaxHistoryBytes) / LimitHistoryBytes},
+	}
+	best := limits[0]
+	for _, l := range limits[1:] {
+		if l.used > best.used {
+			best = l
+		}
+	}
+	return best.name, best.used
+}
+
+// Quantile is the q-quantile of xs (nearest rank), 0 if empty.
+func Quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[max(0, min(len(s)-1, i))]
+}
+
+// Measure reads the histories of workflow id's run chain, from its first
+// execution, once the run has closed.
+func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Report, error) {
+	var rep Report
+	type epochMark struct {
+		lastDone time.Time
+		trainer  float64 // the longest a host's trainer took
+		activity float64 // the longest a host's RunEpoch ran
+	}
+	epochs := map[int]*epochMark{}
+	runEpochs := map[int64]bool{}    // the RunEpoch scheduled events
+	started := map[int64]time.Time{} // RunEpoch scheduled event -> when a worker started it
+	var gangStart time.Time
+	var prevDone time.Time
+	pending := 0
+	runID := firstRunID
+	for runID != "" {
+		rep.Executions++
+		next := ""
+		events, signals, bytes := 0, 0, 0
+		seenEpoch := false
+		it := c.GetWorkflowHistory(ctx, id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		for it.HasNext() {
+			e, err := it.Next()
+			if err != nil {
+				return rep, err
+			}
+			events++
+			bytes += proto.Size(e)
+			t := e.GetEventTime().AsTime()
+			for _, p := range payloadsOf(e) {
+				rep.MaxPayloadBytes = max(rep.MaxPayloadBytes, proto.Size(p))
+			}
+			if seenEpoch {
+				rep.EpochEvents++
+			}
+			switch e.GetEventType() {
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+				pending++
+				rep.PeakPending = max(rep.PeakPending, pending)
+				a := e.GetActivityTaskScheduledEventAttributes()
+				switch a.GetActivityType().GetName() {
+				case spec.ActivityHoldSlot:
+					if gangStart.IsZero() {
+						gangStart = t
+					}
+				case spec.ActivityRunEpoch:
+					if !seenEpoch {
+						seenEpoch = true
+						rep.EpochEvents++
+					}
+					if !gangStart.IsZero() {
+						rep.GangSeconds = append(rep.GangSeconds, t.Sub(gangStart).Seconds())
+						gangStart = time.Time{}
+					}
+					runEpochs[e.GetEventId()] = true
+					if prevDone.IsZero() {
+						prevDone = t
+					}
+				}
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+				started[e.GetActivityTaskStartedEventAttributes().GetScheduledEventId()] = t
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+				pending--
+				a := e.GetActivityTaskCompletedEventAttributes()
+				if !runEpochs[a.GetScheduledEventId()] {
+					continue
+				}
+				var res spec.EpochResult
+				if ps := a.GetResult().GetPayloads(); len(ps) > 0 {
+					json.Unmarshal(ps[0].GetData(), &res)
+				}
+				ep := res.Metrics.Epoch // the epoch the host trained (after a failure, its checkpoint's)
+				m := epochs[ep]
+				if m == nil {
+					m = &epochMark{}
+					epochs[ep] = m
+				}
+				m.lastDone = t
+				m.trainer = max(m.trainer, res.Metrics.Seconds)
+				if st, ok := started[a.GetScheduledEventId()]; ok {
+					m.activity = max(m.activity, t.Sub(st).Seconds())
+				}
+			case enumspb.EVENT_TYPE_ACTIVITY_TASK_FAILED, enumspb.EVENT_TYPE_ACTIVITY_TASK_CANCELED, enumspb.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+				pending--
+			case enumspb.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+				signals++
+			case enumspb.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+				next = e.GetWorkflowExecutionContinuedAsNewEventAttributes().GetNewExecutionRunId()
+			}
+		}
+		pending = 0 // a new execution starts with none (its holds are its own)
+		rep.MaxSignals = max(rep.MaxSignals, signals)
+		rep.MaxEvents = max(rep.MaxEvents, events)
+		rep.MaxHistoryBytes = max(rep.MaxHistoryBytes, bytes)
+		runID = next
+	}
+	keys := make([]int, 0, len(epochs))
+	for k := range epochs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		m := epochs[k]
+		rep.OverheadSeconds = append(rep.OverheadSeconds, m.lastDone.Sub(prevDone).Seconds()-m.activity)
+		rep.AgentSeconds = append(rep.AgentSeconds, m.activity-m.trainer)
+		prevDone = m.lastDone
+	}
+	rep.Epochs = len(keys)
+	if rep.Epochs == 0 {
+		return rep, fmt.Errorf("workflow %s: no epoch completed", id)
+	}
+	return rep, nil
+}
+
+// payloadsOf are the payloads an event carries: inputs, results, signal
+// arguments, markers, memos.
+func payloadsOf(e *historypb.HistoryEvent) []*commonpb.Payloads {
+	var out []*commonpb.Payloads
+	add := func(p *commonpb.Payloads) {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	add(e.GetWorkflowExecutionStartedEventAttributes().GetInput())
+	add(e.GetWorkflowExecutionCompletedEventAttributes().GetResult())
+	add(e.GetWorkflowExecutionContinuedAsNewEventAttributes().GetInput())
+	add(e.GetActivityTaskScheduledEventAttributes().GetInput())
+	add(e.GetActivityTaskCompletedEventAttributes().GetResult())
+	add(e.GetActivityTaskFailedEventAttributes().GetFailure().GetApplicationFailureInfo().GetDetails())
+	add(e.GetWorkflowExecutionSignaledEventAttributes().GetInput())
+	for _, p := range e.GetMarkerRecordedEventAttributes().GetDetails() {
+		add(p)
+	}
+	return out
+}
