@@ -16,7 +16,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/durabletrain/durabletrain/trainer/exectrainer"
+	"github.com/durabletrain/durabletrain/internal/netport"
 )
 
 //go:embed peers
@@ -38,19 +38,20 @@ func peerDir() (string, error) {
 	return dir, nil
 }
 
-// freeAddrs reserves n loopback addresses for rank listeners.
+// freeAddrs picks n loopback addresses for rank listeners, distinct and
+// outside the ephemeral range (see netport.Free).
 func freeAddrs(n int) ([]string, error) {
-	addrs := make([]string, n)
-	lns := make([]net.Listener, n)
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
+	addrs := make([]string, 0, n)
+	seen := map[int]bool{}
+	for len(addrs) < n {
+		port := netport.Free("127.0.0.1")
+		if port == 0 {
+			return nil, errors.New("no free loopback port for a rank")
 		}
-		lns[i], addrs[i] = ln, ln.Addr().String()
-	}
-	for _, ln := range lns {
-		ln.Close()
+		if !seen[port] {
+			seen[port] = true
+			addrs = append(addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		}
 	}
 	return addrs, nil
 }
@@ -76,7 +77,7 @@ func selfRanks(ctx context.Context, world int, args func(rank int, peers string)
 // masterPort is a free port for torch.distributed's rendezvous, drawn as the
 // exec trainer draws it: outside the ephemeral range.
 func masterPort() (string, error) {
-	port := exectrainer.RendezvousPort("127.0.0.1")
+	port := netport.Free("127.0.0.1")
 	if port == 0 {
 		return "", errors.New("no free port for MASTER_PORT")
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/durabletrain/durabletrain/internal/netport"
+
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -235,12 +237,11 @@ func TestWorkerWaitsForTemporal(t *testing.T) {
 		t.Skip("starts worker processes")
 	}
 	// A port nothing listens on yet; later a forwarder to the server.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	port := netport.Free("127.0.0.1")
+	if port == 0 {
+		t.Fatal("no free port")
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	queue := "it-wait"
 	w := startWorkerWith(t, "worker-late", "both", queue, append(append([]string{}, testPolicy...), "-metrics-listen", "127.0.0.1:0", "-address", addr))
 	metrics := waitLine(t, w, regexp.MustCompile(`serving /metrics.*"address":"([0-9.:]+)"`), 30*time.Second)[1]

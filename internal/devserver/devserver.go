@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/durabletrain/durabletrain/internal/netport"
+
 	uiserver "github.com/temporalio/ui-server/v2/server"
 	uiconfig "github.com/temporalio/ui-server/v2/server/config"
 	uioptions "github.com/temporalio/ui-server/v2/server/server_options"
@@ -208,11 +210,18 @@ func portFree(ip string, port int, flag, what string) error {
 	return ln.Close()
 }
 
-// portPicker hands out free ports, holding each until release so that two
-// picks never return the same one.
+// portPicker hands out free ports outside the ephemeral range (see
+// netport.Free), holding each until release so that two picks never return
+// the same one.
 type portPicker struct{ held []net.Listener }
 
 func (p *portPicker) pick() int {
+	for range 64 {
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(netport.Free("127.0.0.1")))); err == nil {
+			p.held = append(p.held, ln)
+			return ln.Addr().(*net.TCPAddr).Port
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)

@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +18,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/durabletrain/durabletrain/internal/netport"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"gocloud.dev/blob"
@@ -141,13 +142,12 @@ func (s *Server) Stop() {
 	}
 }
 
+// freePort is a port for the server, outside the ephemeral range (see netport.Free).
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	if port := netport.Free("127.0.0.1"); port != 0 {
+		return port, nil
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free loopback port for MinIO")
 }
 
 func randomHex(n int) string {

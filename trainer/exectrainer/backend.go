@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
+	"github.com/durabletrain/durabletrain/internal/netport"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 )
@@ -61,48 +58,9 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 }
 
 // RendezvousPort is a port free now on every address of this host, for
-// torch.distributed's rendezvous, or 0. A port the kernel hands out for
-// listening on ":0" comes from the ephemeral range, where any outgoing
-// connection on the host may take it as its local port before the program
-// binds it ("Address already in use"). So the port is drawn at random from
-// just below the ephemeral range, which no connection takes unasked, and
-// only where the range leaves no room does it fall back to the kernel's pick.
-func RendezvousPort(host string) int {
-	if lo, ok := ephemeralLow(); ok && lo > rendezvousBand+1024 {
-		for range 64 {
-			port := lo - 1 - rand.IntN(rendezvousBand)
-			if ln, err := net.Listen("tcp", ":"+strconv.Itoa(port)); err == nil {
-				ln.Close()
-				return port
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		if ln, err = net.Listen("tcp", ":0"); err != nil {
-			return 0
-		}
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// rendezvousBand is how many ports below the ephemeral range RendezvousPort draws from.
-const rendezvousBand = 8192
-
-// ephemeralLow is the first port of Linux's ephemeral range, if it can be read.
-func ephemeralLow() (int, bool) {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0, false
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return 0, false
-	}
-	lo, err := strconv.Atoi(f[0])
-	return lo, err == nil
-}
+// torch.distributed's rendezvous, drawn outside the ephemeral range (see
+// netport.Free), or 0.
+func RendezvousPort(host string) int { return netport.Free(host) }
 
 // LocalRank is torchrun's LOCAL_RANK: the ranks of the gang on the same host
 // as rank, before it.
