@@ -72,6 +72,7 @@ type Agent struct {
 	scratch  string // this process's directory for ranks' scratch directories
 	slots    slotTable
 	replicas replicaTable
+	hosts    hostTable
 	data     dataCache
 }
 

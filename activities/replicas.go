@@ -31,11 +31,18 @@ func keyOf(ctx context.Context, generation, rank int) replicaKey {
 	return replicaKey{activity.GetInfo(ctx).WorkflowExecution.ID, generation, rank}
 }
 
+// gangMember is a rank's membership in its gang's collective: a Group of
+// the flat ring, or its view of a Host when the gang reduces hierarchically.
+type gangMember interface {
+	trainer.Reducer
+	Close() error
+}
+
 // replica is one rank's warm state: its gang membership, its trainer, its store.
 type replica struct {
 	slot    int    // the slot index it runs on
 	scratch string // the rank's own directory, removed with the replica
-	group   *collective.Group
+	group   gangMember
 	metrics *rankMetrics
 	events  *epochEvents // rank 0's TensorBoard events of the epoch in progress
 	tr      trainer.Trainer
@@ -170,7 +177,11 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	}
 	jctx, span := tracer.Start(jctx, "gang.join", trace.WithAttributes(attribute.String("run", in.Run), attribute.Int("rank", in.Rank),
 		attribute.Int("generation", in.Generation), attribute.Int("world", len(in.Peers))))
-	rep.group, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts)
+	if in.Spec.Scaling.Hierarchical() && place.LocalWorld > 1 {
+		rep.group, err = a.joinHost(jctx, key, in, place, gang, opts)
+	} else {
+		rep.group, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts)
+	}
 	endSpan(span, err)
 	if err != nil {
 		rep.close()
@@ -198,6 +209,77 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	}
 	a.replicas.put(key, rep)
 	return rep, report, nil
+}
+
+// hostKey names the local ranks of one host of one gang generation.
+type hostKey struct {
+	workflowID string
+	generation int
+	first      int // the host's first rank
+}
+
+// hostTable holds the hosts (collective.Host) this worker's local ranks
+// reduce through; a host leaves the table when it fails or all its ranks close.
+type hostTable struct {
+	mu sync.Mutex
+	m  map[hostKey]*collective.Host
+}
+
+// view is local rank l's view of the host k, from the host its siblings
+// joined, or from a new one when there is none yet or the old one failed
+// or already gave this rank its view (a rank joining the gang again).
+func (t *hostTable) view(k hostKey, l, n, world int) (*collective.Host, *collective.HostRank, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h := t.m[k]; h != nil {
+		if v, ok := h.Claim(l); ok {
+			return h, v, nil
+		}
+	}
+	h, err := collective.NewHost(k.first, n, world)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, _ := h.Claim(l)
+	if t.m == nil {
+		t.m = map[hostKey]*collective.Host{}
+	}
+	t.m[k] = h
+	go func() {
+		<-h.Done()
+		t.mu.Lock()
+		if t.m[k] == h {
+			delete(t.m, k)
+		}
+		t.mu.Unlock()
+	}()
+	return h, v, nil
+}
+
+// joinHost makes the rank a member of its gang through its host: the ranks
+// of the host sum in memory, and the host joins the ring of hosts (named
+// by each host's first rank's address and key) once for all of them.
+func (a *Agent) joinHost(ctx context.Context, key replicaKey, in spec.EpochInput, place spec.LocalPlace, gang collective.Gang, opts collective.Options) (gangMember, error) {
+	n, world := place.LocalWorld, len(in.Peers)
+	h, v, err := a.hosts.view(hostKey{key.workflowID, key.generation, in.Rank - place.LocalRank}, place.LocalRank, n, world)
+	if err != nil {
+		return nil, err
+	}
+	ring := collective.Gang{Run: gang.Run + "/hosts", Generation: gang.Generation, Peers: make([]string, world/n)}
+	if gang.PublicKeys != nil {
+		ring.PublicKeys = make([][]byte, world/n)
+	}
+	for i := range ring.Peers {
+		ring.Peers[i] = in.Peers[i*n]
+		if ring.PublicKeys != nil {
+			ring.PublicKeys[i] = gang.PublicKeys[i*n]
+		}
+	}
+	if err := h.Join(ctx, a.Listener, ring, opts); err != nil {
+		v.Close()
+		return nil, err
+	}
+	return v, nil
 }
 
 // gangRun names a workflow's gang in the collective's handshake, which

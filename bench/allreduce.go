@@ -71,6 +71,7 @@ func benchAllReduce(args []string) error {
 	sizesFlag := fs.String("sizes", "4K,64K,1M,16M,64M,256M", "buffer sizes in bytes (K, M, G suffixes)")
 	peers := fs.Bool("peers", true, "also measure gloo and OpenMPI")
 	repeat := fs.Int("repeat", 3, "runs of each implementation, interleaved; the table shows medians")
+	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
 	fs.Parse(args)
 	var sizes []int
 	for _, s := range strings.Split(*sizesFlag, ",") {
@@ -92,6 +93,17 @@ func benchAllReduce(args []string) error {
 		}
 	}
 	ctx := context.Background()
+	if *perHost > 1 {
+		var worlds []int
+		for _, rs := range strings.Split(*ranksFlag, ",") {
+			world, err := strconv.Atoi(rs)
+			if err != nil || world < 2 {
+				return fmt.Errorf("-ranks: %q; want world sizes of 2 or more", rs)
+			}
+			worlds = append(worlds, world)
+		}
+		return benchHostsAllReduce(ctx, dir, mpiBin, worlds, *perHost, sizes, *peers, *repeat)
+	}
 	fmt.Printf("# all-reduce of float32 sums, ranks as processes on loopback TCP; time = slowest rank's mean per operation\n")
 	fmt.Printf("# median of %d interleaved runs per implementation\n", *repeat)
 	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); gloo via torch %s, OpenMPI with --mca btl tcp,self\n\n", torchVersion())

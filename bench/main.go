@@ -27,6 +27,7 @@ var tables = map[string]func(args []string) error{
 	"scale":      benchScale,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
+	"allreduce-host": allReduceHost,
 	"train-rank":     trainRank,
 }
 

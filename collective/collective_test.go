@@ -424,3 +424,57 @@ func TestTransportsAgreeBitForBit(t *testing.T) {
 		}
 	}
 }
+
+// TransportSameIP uses shared memory only between neighbours whose listeners
+// share an IP address: simulated hosts on 127.0.0.x talk TCP to each other.
+func TestTransportSameIPKeepsHostsApart(t *testing.T) {
+	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.2"}
+	lns := make([]*Listener, len(ips))
+	peers := make([]string, len(ips))
+	for i, ip := range ips {
+		ln, err := Listen(ip+":0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		lns[i], peers[i] = ln, ln.Addr()
+	}
+	groups := make([]*Group, len(ips))
+	errs := make([]error, len(ips))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range ips {
+		wg.Go(func() {
+			groups[i], errs[i] = Join(ctx, lns[i], Gang{Run: "same-ip", Generation: 1, Peers: peers}, i,
+				Options{Secret: testSecret, Transport: TransportSameIP, ChunkBytes: 64 << 10})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	}()
+	// Ring 0 -> 1 -> 2 -> 0: only 1 -> 2 stays on one address.
+	for r, want := range [][2]string{{"tcp", "tcp"}, {"shm", "tcp"}, {"tcp", "shm"}} {
+		if send, recv := groups[r].Transports(); send != want[0] || recv != want[1] {
+			t.Errorf("rank %d sends over %s and receives over %s; want %s and %s", r, send, recv, want[0], want[1])
+		}
+	}
+	bufs := [][]float32{make([]float32, 100_000), make([]float32, 100_000), make([]float32, 100_000)}
+	if err := errors.Join(each(groups, func(r int, g *Group) error {
+		for i := range bufs[r] {
+			bufs[r][i] = float32(r + 1)
+		}
+		return g.AllReduce(ctx, bufs[r])
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if bufs[0][99_999] != 6 || bufs[2][0] != 6 {
+		t.Fatalf("sums %v, %v; want 6", bufs[0][99_999], bufs[2][0])
+	}
+}

@@ -60,7 +60,7 @@ type Options struct {
 	// SpinMaxBytes is the largest operation that spins. Default 256 KiB.
 	SpinMaxBytes int
 	// Transport is TransportAuto (shared memory with neighbours on the same
-	// host, TCP otherwise) or TransportTCP.
+	// host, TCP otherwise), TransportTCP or TransportSameIP.
 	Transport string
 	// Logger receives one line per connection refused and per group failure. Default: none.
 	Logger *zap.Logger
@@ -174,8 +174,8 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		return nil, fmt.Errorf("collective: options.Secret has %d bytes; want at least %d (or an options.Identity)", len(opts.Secret), minSecretLen)
 	case world > 1 && ln == nil:
 		return nil, errors.New("collective: a Listener is required for more than one rank")
-	case opts.Transport != TransportAuto && opts.Transport != TransportTCP:
-		return nil, fmt.Errorf("collective: options.Transport %q; want %q (automatic) or %q", opts.Transport, TransportAuto, TransportTCP)
+	case opts.Transport != TransportAuto && opts.Transport != TransportTCP && opts.Transport != TransportSameIP:
+		return nil, fmt.Errorf("collective: options.Transport %q; want %q (automatic), %q or %q", opts.Transport, TransportAuto, TransportTCP, TransportSameIP)
 	}
 	g := &Group{
 		gang: gang, rank: rank, world: world,

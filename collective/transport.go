@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"time"
 	"unsafe"
@@ -33,7 +34,7 @@ func (g *Group) negotiateShm() error {
 	var path string
 	var token []byte
 	offer := binary.BigEndian.AppendUint16(nil, 0)
-	if g.opts.Transport != TransportTCP {
+	if g.shmWith(g.left) {
 		var err error
 		if offered, path, token, err = createShmRing(shmSlots, slotBytes); err == nil {
 			defer os.Remove(path)
@@ -62,7 +63,7 @@ func (g *Group) negotiateShm() error {
 		peerPath := string(rest[:l])
 		slots := int(binary.BigEndian.Uint32(rest[l:]))
 		size := int(binary.BigEndian.Uint32(rest[l+4:]))
-		if size == g.opts.ChunkBytes && slots > 0 && slots <= 64 && g.opts.Transport != TransportTCP {
+		if size == g.opts.ChunkBytes && slots > 0 && slots <= 64 && g.shmWith(g.right) {
 			if ring, err := openShmRing(peerPath, slots, size, rest[l+8:]); err == nil {
 				g.sendRing = ring
 				answer[0] = 1
@@ -92,7 +93,24 @@ func (g *Group) negotiateShm() error {
 const (
 	TransportAuto = ""    // shared memory with neighbours on the same host, TCP otherwise
 	TransportTCP  = "tcp" // every byte over TCP
+	// TransportSameIP: shared memory only with neighbours whose listener has
+	// this rank's IP address, TCP otherwise: for processes that share a
+	// machine but stand for different hosts (simulated hosts on 127.0.0.x).
+	TransportSameIP = "same-ip"
 )
+
+// shmWith says whether this rank may use shared memory with neighbour peer.
+func (g *Group) shmWith(peer int) bool {
+	switch g.opts.Transport {
+	case TransportTCP:
+		return false
+	case TransportSameIP:
+		mine, _, err1 := net.SplitHostPort(g.gang.Peers[g.rank])
+		theirs, _, err2 := net.SplitHostPort(g.gang.Peers[peer])
+		return err1 == nil && err2 == nil && mine == theirs
+	}
+	return true
+}
 
 func asFloats(b []byte) []float32 {
 	if len(b) == 0 {

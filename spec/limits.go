@@ -43,6 +43,7 @@ var accepted = map[string]string{
 	"scaling.min_workers":       "1 to scaling.workers",
 	"scaling.gpus_per_worker":   "1 (one rank per GPU slot)",
 	"scaling.workers_per_host":  fmt.Sprintf("1 to %d ranks per host, dividing scaling.workers and scaling.min_workers", MaxWorkersPerHost),
+	"scaling.all_reduce":        `"hierarchical" (within each host, then a ring of hosts; the default) or "ring" (one ring of every rank)`,
 	"scaling.task_queue":        "1-200 letters, digits or ._=+@:- (the GPU agents' -task-queue), starting with a letter or digit",
 	"scaling.gang_timeout":      "1s to 168h",
 	"checkpoint.every_epochs":   "1 or more",

@@ -86,9 +86,28 @@ type Scaling struct {
 	// nproc_per_node): a gang is workers / workers_per_host hosts, each
 	// reserved whole on one worker process and driven by one activity per
 	// epoch, so Temporal's traffic grows with hosts, not ranks. Default 1.
-	WorkersPerHost int      `json:"workers_per_host,omitempty"`
-	TaskQueue      string   `json:"task_queue,omitempty"`   // the GPU agents' queue; default "durabletrain-gpu"
-	GangTimeout    Duration `json:"gang_timeout,omitempty"` // to reserve every slot at once; default 2m
+	WorkersPerHost int `json:"workers_per_host,omitempty"`
+	// AllReduce is how a gang of hosts of several ranks sums gradients:
+	// "hierarchical" (the default) sums within each host in memory, then
+	// around a ring of hosts, then copies within the host; "ring" is one ring
+	// of every rank, whose sums do not depend on how ranks are packed onto
+	// hosts (a run moved between layouts stays bit-identical). Hosts of one
+	// rank always use the ring.
+	AllReduce   string   `json:"all_reduce,omitempty"`
+	TaskQueue   string   `json:"task_queue,omitempty"`   // the GPU agents' queue; default "durabletrain-gpu"
+	GangTimeout Duration `json:"gang_timeout,omitempty"` // to reserve every slot at once; default 2m
+}
+
+// The ways a gang sums (scaling.all_reduce).
+const (
+	AllReduceHierarchical = "hierarchical"
+	AllReduceRing         = "ring"
+)
+
+// Hierarchical says whether the gang's hosts sum locally first: hosts of
+// more than one rank, unless the spec asks for one flat ring.
+func (s Scaling) Hierarchical() bool {
+	return s.WorkersPerHost > 1 && s.AllReduce != AllReduceRing
 }
 
 // Hosts is how many hosts a full gang takes.
@@ -199,6 +218,9 @@ func (t Training) WithDefaults() Training {
 	if s.WorkersPerHost == 0 {
 		s.WorkersPerHost = 1
 	}
+	if s.AllReduce == "" {
+		s.AllReduce = AllReduceHierarchical
+	}
 	if s.TaskQueue == "" {
 		s.TaskQueue = DefaultTaskQueue
 	}
@@ -302,6 +324,8 @@ func (t Training) Validate() error {
 		return bad("scaling.gpus_per_worker", s.GPUsPerWorker)
 	case s.WorkersPerHost < 1 || s.WorkersPerHost > MaxWorkersPerHost:
 		return bad("scaling.workers_per_host", s.WorkersPerHost)
+	case s.AllReduce != AllReduceHierarchical && s.AllReduce != AllReduceRing:
+		return bad("scaling.all_reduce", q(s.AllReduce))
 	case s.Workers%s.WorkersPerHost != 0:
 		return fmt.Errorf("spec: scaling.workers is %d; want a multiple of scaling.workers_per_host (%d): every host runs the same number of ranks", s.Workers, s.WorkersPerHost)
 	case s.MinWorkers%s.WorkersPerHost != 0:

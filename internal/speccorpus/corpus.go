@@ -71,6 +71,7 @@ func Training() []Case {
 		{"min_workers not whole hosts", `{"scaling": {"workers": 16, "min_workers": 4, "workers_per_host": 8}}`, "scaling.min_workers is 4; want a multiple of scaling.workers_per_host (8)"},
 		{"workers_per_host 0", `{"scaling": {"workers_per_host": 0}}`, "scaling.workers_per_host is 0"},
 		{"workers_per_host 65", `{"scaling": {"workers": 65, "workers_per_host": 65}}`, "scaling.workers_per_host is 65; want 1 to 64"},
+		{"all_reduce unknown", `{"scaling": {"workers": 8, "workers_per_host": 4, "all_reduce": "tree"}}`, `scaling.all_reduce is "tree"; want "hierarchical"`},
 		{"min above workers", `{"scaling": {"workers": 2, "min_workers": 3}}`, "scaling.min_workers is 3; want 1 to scaling.workers (2)"},
 		{"lr 100", `{"hyper": {"lr": 100}}`, "hyper.lr is 100; want a number in (0, 10)"},
 		{"momentum 1", `{"hyper": {"optimizer": "sgd", "momentum": 1}}`, "hyper.momentum is 1; want a number in [0, 1)"},
