@@ -190,3 +190,12 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 		}
 	}
 }
+
+// SlotUsage is how many of the worker's slots gangs hold, and how many of
+// those are running an epoch now.
+func (a *Agent) SlotUsage() (held, training int) {
+	a.init()
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	return len(a.slots.busy), len(a.slots.epochs)
+}

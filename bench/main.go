@@ -25,6 +25,7 @@ var tables = map[string]func(args []string) error{
 	"checkpoint": benchCheckpoint,
 	"s3":         benchS3,
 	"scale":      benchScale,
+	"contention": benchContention,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"allreduce-host": allReduceHost,
@@ -33,7 +34,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {

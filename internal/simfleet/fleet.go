@@ -9,7 +9,9 @@
 //     nvml.Interface the real library implements, found by
 //     gpuworker.DiscoverSlotsWith as real ones are;
 //   - the trainer is simulated: an epoch takes a set time and all-reduces a
-//     small buffer for real over the collective (TCP between all ranks).
+//     small buffer for real over the collective: hierarchically by default
+//     (a host's ranks in memory, TCP around the ring of hosts), or over one
+//     TCP ring of every rank when the run's spec asks for "ring".
 //
 // Many hosts share one process, one Temporal client and two cores, so the
 // figures bound what a real fleet's control plane costs from above.
@@ -52,6 +54,7 @@ type Options struct {
 
 // Fleet is a running simulated fleet.
 type Fleet struct {
+	agents    []*activities.Agent
 	workers   []worker.Worker
 	listeners []*collective.Listener
 	gpus      []*gpuworker.GPUs
@@ -108,6 +111,7 @@ func Start(c client.Client, o Options) (*Fleet, error) {
 		agent := &activities.Agent{Identity: id, HostQueue: o.TaskQueue + "@" + id, Listener: ln, Slots: slots[:o.GPUsPerHost], Devices: gpus,
 			Backends: backends, Transport: collective.TransportTCP, Log: o.Log.With(zap.String("worker", id)),
 			Policy: policy.Policy{StorageRoots: roots}}
+		f.agents = append(f.agents, agent)
 		tuner, err := gpuworker.HoldTuner(agent)
 		if err != nil {
 			f.Stop()
@@ -125,6 +129,16 @@ func Start(c client.Client, o Options) (*Fleet, error) {
 		}
 	}
 	return f, nil
+}
+
+// Usage is how many of the fleet's slots gangs hold, how many of those run
+// an epoch now, and how many slots it has.
+func (f *Fleet) Usage() (held, training, total int) {
+	for _, a := range f.agents {
+		h, t := a.SlotUsage()
+		held, training, total = held+h, training+t, total+len(a.Slots)
+	}
+	return held, training, total
 }
 
 // Stop stops every host.

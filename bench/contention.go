@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+	"go.uber.org/zap"
+
+	"github.com/durabletrain/durabletrain/connect"
+	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/simfleet"
+	"github.com/durabletrain/durabletrain/policy"
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// benchContention is `bench contention`: many runs at once competing for
+// the slots of a simulated fleet (package simfleet says what is simulated).
+// Every run must complete; the table gives how long runs waited for their
+// first gang (longest against mean: starvation shows as a long tail), and
+// how busy the slots were while some run waited (held by a gang, and
+// running an epoch: a partial gang holding slots it cannot use shows as
+// the gap between the two).
+func benchContention(args []string) error {
+	fs := flag.NewFlagSet("contention", flag.ContinueOnError)
+	runs := fs.Int("runs", 100, "runs started at once")
+	ranks := fs.Int("ranks", 8, "ranks per run")
+	slots := fs.Int("slots", 256, "slots of the fleet")
+	perHost := fs.Int("gpus-per-host", 8, "GPUs (slots) per simulated host, 1 to 8")
+	runPerHost := fs.Int("workers-per-host", 1, "each run's scaling.workers_per_host (1: a run's ranks may land on any hosts' free slots)")
+	epochs := fs.Int("epochs", 3, "epochs per run")
+	epochTime := fs.Duration("epoch-time", 2*time.Second, "what one simulated epoch takes on the trainer")
+	gangTimeout := fs.Duration("gang-timeout", time.Minute, "each run's scaling.gang_timeout")
+	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *perHost < 1 || *perHost > 8 || *slots%*perHost != 0 || *runs < 1 || *ranks < 1 || *ranks%*runPerHost != 0 {
+		return fmt.Errorf("-slots %d -gpus-per-host %d -ranks %d -workers-per-host %d: want whole hosts of 1 to 8 GPUs and runs of whole hosts", *slots, *perHost, *ranks, *runPerHost)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	srv, err := startServer(ctx)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	c, err := connect.Options{Address: srv.addr, Namespace: "default"}.Dial(zap.NewNop())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
+	queue, controlQueue := "contention-gpu-"+stamp, "contention-control-"+stamp
+	control := worker.New(c, controlQueue, worker.Options{})
+	gpuworker.RegisterWorkflows(control, policy.Policy{})
+	if err := control.Start(); err != nil {
+		return err
+	}
+	defer control.Stop()
+	ckpt, err := os.MkdirTemp("", "durabletrain-contention-checkpoints-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(ckpt)
+	fleet, err := simfleet.Start(c, simfleet.Options{Hosts: *slots / *perHost, GPUsPerHost: *perHost, TaskQueue: queue, EpochTime: *epochTime,
+		StorageRoot: "file://" + ckpt + "/"})
+	if err != nil {
+		return err
+	}
+	defer fleet.Stop()
+
+	type sample struct {
+		at              time.Time
+		held, training  int
+		total, finished int
+	}
+	var mu sync.Mutex
+	var samples []sample
+	finished := 0
+	sampling := make(chan struct{})
+	go func() {
+		defer close(sampling)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				held, training, total := fleet.Usage()
+				mu.Lock()
+				samples = append(samples, sample{now, held, training, total, finished})
+				done := finished == *runs
+				mu.Unlock()
+				if done {
+					return
+				}
+			}
+		}
+	}()
+	fmt.Fprintf(os.Stderr, "bench contention: %d runs of %d ranks on %d slots (%d hosts of %d)\n", *runs, *ranks, *slots, *slots / *perHost, *perHost)
+	s := spec.Training{Trainer: simfleet.Backend, Dataset: spec.Dataset{URL: "mem://"},
+		Hyper:      spec.Hyper{Epochs: *epochs},
+		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: *runPerHost, TaskQueue: queue, GangTimeout: spec.Duration(*gangTimeout)},
+		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: 1},
+		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second)}}
+	input, _ := json.Marshal(s)
+	start := time.Now()
+	ids := make([]string, *runs)
+	errs := make([]error, *runs)
+	var wg sync.WaitGroup
+	for i := range *runs {
+		ids[i] = fmt.Sprintf("contention-%s-%03d", stamp, i)
+		wg.Go(func() {
+			errs[i] = func() error {
+				run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: ids[i], TaskQueue: controlQueue}, spec.WorkflowTraining, json.RawMessage(input))
+				if err != nil {
+					return err
+				}
+				var p *spec.Progress
+				err = run.Get(ctx, &p)
+				mu.Lock()
+				finished++
+				mu.Unlock()
+				if err != nil {
+					return err
+				}
+				if p.State != spec.StateCompleted || p.Epoch != *epochs {
+					return fmt.Errorf("ended %s at epoch %d of %d", p.State, p.Epoch, *epochs)
+				}
+				return nil
+			}()
+		})
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	<-sampling
+	completed := 0
+	for i, err := range errs {
+		if err == nil {
+			completed++
+		} else {
+			fmt.Fprintf(os.Stderr, "bench contention: run %s: %v\n", ids[i], err)
+		}
+	}
+	// Each run's wait: from its start to its first epoch, from its history.
+	waits := make([]float64, *runs)
+	intervals := make([][2]time.Time, *runs)
+	for i, id := range ids {
+		from, to, err := firstEpochWait(context.Background(), c, id)
+		if err != nil {
+			return fmt.Errorf("reading %s's history: %w", id, err)
+		}
+		waits[i], intervals[i] = to.Sub(from).Seconds(), [2]time.Time{from, to}
+	}
+	var heldWhileWaiting, trainingWhileWaiting, n float64
+	for _, s := range samples {
+		waiting := false
+		for _, iv := range intervals {
+			waiting = waiting || (!s.at.Before(iv[0]) && s.at.Before(iv[1]))
+		}
+		if waiting && s.total > 0 {
+			heldWhileWaiting += float64(s.held) / float64(s.total)
+			trainingWhileWaiting += float64(s.training) / float64(s.total)
+			n++
+		}
+	}
+	mean := 0.0
+	for _, w := range waits {
+		mean += w / float64(len(waits))
+	}
+	slices.Sort(waits)
+	pct := func(x float64) string {
+		if n == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f%%", 100*x/n)
+	}
+	table([]string{"runs", "ranks/run", "slots", "completed", "wall s", "wait mean s", "wait p50 s", "wait max s", "max/mean", "slots held while runs wait", "slots training while runs wait"},
+		[][]string{{strconv.Itoa(*runs), strconv.Itoa(*ranks), strconv.Itoa(*slots), fmt.Sprintf("%d/%d", completed, *runs), f2(wall.Seconds()),
+			f2(mean), f2(simfleet.Quantile(waits, 0.5)), f2(waits[len(waits)-1]), f2(waits[len(waits)-1] / max(mean, 1e-9)),
+			pct(heldWhileWaiting), pct(trainingWhileWaiting)}})
+	fmt.Printf("contention runs=%d ranks=%d slots=%d completed=%d wait_mean_s=%.2f wait_max_s=%.2f held_while_waiting=%s training_while_waiting=%s\n",
+		*runs, *ranks, *slots, completed, mean, waits[len(waits)-1], pct(heldWhileWaiting), pct(trainingWhileWaiting))
+	if completed != *runs {
+		return errors.New("not every run completed")
+	}
+	return nil
+}
+
+// firstEpochWait is when the run started and when its first epoch was
+// scheduled: how long it waited for its first gang.
+func firstEpochWait(ctx context.Context, c client.Client, id string) (from, to time.Time, err error) {
+	it := c.GetWorkflowHistory(ctx, id, "", false, 0)
+	for it.HasNext() {
+		e, err := it.Next()
+		if err != nil {
+			return from, to, err
+		}
+		if e.GetWorkflowExecutionStartedEventAttributes() != nil && from.IsZero() {
+			from = e.GetEventTime().AsTime()
+		}
+		if a := e.GetActivityTaskScheduledEventAttributes(); a != nil && a.GetActivityType().GetName() == spec.ActivityRunEpoch {
+			return from, e.GetEventTime().AsTime(), nil
+		}
+	}
+	return from, from, errors.New("no epoch was scheduled")
+}
