@@ -13,13 +13,8 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/worker"
-	"go.uber.org/zap"
 
-	"github.com/durabletrain/durabletrain/connect"
-	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
-	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -49,35 +44,12 @@ func benchContention(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	srv, err := startServer(ctx)
+	sim, err := startSimBench(ctx, "contention", "", simfleet.Options{Hosts: *slots / *perHost, GPUsPerHost: *perHost, EpochTime: *epochTime})
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	c, err := connect.Options{Address: srv.addr, Namespace: "default"}.Dial(zap.NewNop())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
-	queue, controlQueue := "contention-gpu-"+stamp, "contention-control-"+stamp
-	control := worker.New(c, controlQueue, worker.Options{})
-	gpuworker.RegisterWorkflows(control, policy.Policy{})
-	if err := control.Start(); err != nil {
-		return err
-	}
-	defer control.Stop()
-	ckpt, err := os.MkdirTemp("", "durabletrain-contention-checkpoints-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(ckpt)
-	fleet, err := simfleet.Start(c, simfleet.Options{Hosts: *slots / *perHost, GPUsPerHost: *perHost, TaskQueue: queue, EpochTime: *epochTime,
-		StorageRoot: "file://" + ckpt + "/"})
-	if err != nil {
-		return err
-	}
-	defer fleet.Stop()
+	defer sim.close()
+	c, queue, controlQueue, ckpt, fleet, stamp := sim.c, sim.queue, sim.control, sim.ckpt, sim.fleet, sim.stamp
 
 	type sample struct {
 		at              time.Time

@@ -47,40 +47,13 @@ func benchScale(args []string) error {
 	hosts := *ranks / *perHost
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	addr, srv := *address, (*serverProc)(nil)
-	if addr == "" {
-		var err error
-		if srv, err = startServer(ctx); err != nil {
-			return err
-		}
-		defer srv.stop()
-		addr = srv.addr
-	}
-	c, err := connect.Options{Address: addr, Namespace: "default"}.Dial(zap.NewNop())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
-	queue := "scale-gpu-" + stamp
-	control := worker.New(c, "scale-control-"+stamp, worker.Options{})
-	gpuworker.RegisterWorkflows(control, policy.Policy{})
-	if err := control.Start(); err != nil {
-		return err
-	}
-	defer control.Stop()
-	ckpt, err := os.MkdirTemp("", "durabletrain-scale-checkpoints-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(ckpt)
 	start := time.Now()
-	fleet, err := simfleet.Start(c, simfleet.Options{Hosts: hosts, GPUsPerHost: *perHost, TaskQueue: queue, EpochTime: *epochTime,
-		StorageRoot: "file://" + ckpt + "/"})
+	sim, err := startSimBench(ctx, "scale", *address, simfleet.Options{Hosts: hosts, GPUsPerHost: *perHost, EpochTime: *epochTime})
 	if err != nil {
 		return err
 	}
-	defer fleet.Stop()
+	defer sim.close()
+	c, srv, queue, ckpt, fleet, stamp := sim.c, sim.srv, sim.queue, sim.ckpt, sim.fleet, sim.stamp
 	fmt.Fprintf(os.Stderr, "bench scale: %d simulated hosts of %d GPUs up in %v\n", hosts, *perHost, time.Since(start).Round(time.Millisecond))
 
 	wph := *perHost
@@ -94,7 +67,7 @@ func benchScale(args []string) error {
 		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second)}}
 	input, _ := json.Marshal(s)
 	cpu0 := srv.cpuSeconds()
-	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "scale-" + stamp, TaskQueue: "scale-control-" + stamp},
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "scale-" + stamp, TaskQueue: sim.control},
 		spec.WorkflowTraining, json.RawMessage(input))
 	if err != nil {
 		return err
@@ -161,6 +134,65 @@ func benchScale(args []string) error {
 }
 
 func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
+
+// simBench is what the fleet benchmarks run on: a dev server of their own
+// (unless given an address), a worker of the control queue, and a
+// simulated fleet on a GPU queue of its own, with checkpoints in a
+// temporary folder.
+type simBench struct {
+	srv            *serverProc // nil on a server given by address
+	c              client.Client
+	stamp          string
+	queue, control string
+	ckpt           string
+	fleet          *simfleet.Fleet
+	closers        []func()
+}
+
+func startSimBench(ctx context.Context, name, address string, o simfleet.Options) (b *simBench, err error) {
+	b = &simBench{stamp: strconv.FormatInt(time.Now().UnixNano(), 36)}
+	defer func() {
+		if err != nil {
+			b.close()
+		}
+	}()
+	if address == "" {
+		if b.srv, err = startServer(ctx); err != nil {
+			return nil, err
+		}
+		b.closers = append(b.closers, b.srv.stop)
+		address = b.srv.addr
+	}
+	if b.c, err = (connect.Options{Address: address, Namespace: "default"}).Dial(zap.NewNop()); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, b.c.Close)
+	b.queue, b.control = name+"-gpu-"+b.stamp, name+"-control-"+b.stamp
+	control := worker.New(b.c, b.control, worker.Options{})
+	gpuworker.RegisterWorkflows(control, policy.Policy{})
+	if err := control.Start(); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, control.Stop)
+	if b.ckpt, err = os.MkdirTemp("", "durabletrain-"+name+"-checkpoints-"); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, func() { os.RemoveAll(b.ckpt) })
+	o.TaskQueue, o.StorageRoot = b.queue, "file://"+b.ckpt+"/"
+	if b.fleet, err = simfleet.Start(b.c, o); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, b.fleet.Stop)
+	return b, nil
+}
+
+// close takes everything down, in the reverse order.
+func (b *simBench) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+	b.closers = nil
+}
 
 // serverProc is a dev server in a child process (cmd/devserver, built here).
 type serverProc struct {
