@@ -189,8 +189,11 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, Tuner: tuner})
-		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace})
+		// Activities only: a worker with no workflows would still long-poll
+		// for workflow tasks on both queues (the SDK starts the pollers
+		// regardless), four idle polls per host on the server.
+		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, Tuner: tuner, DisableWorkflowWorker: true})
+		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, DisableWorkflowWorker: true})
 		RegisterAgent(slots, ranks, agent)
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),

@@ -117,8 +117,8 @@ func Start(c client.Client, o Options) (*Fleet, error) {
 			f.Stop()
 			return nil, err
 		}
-		holds := worker.New(c, o.TaskQueue, worker.Options{Identity: id, Tuner: tuner, MaxConcurrentActivityTaskPollers: 1})
-		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: id, MaxConcurrentActivityTaskPollers: 1})
+		holds := worker.New(c, o.TaskQueue, worker.Options{Identity: id, Tuner: tuner, MaxConcurrentActivityTaskPollers: 1, DisableWorkflowWorker: true})
+		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: id, MaxConcurrentActivityTaskPollers: 1, DisableWorkflowWorker: true})
 		gpuworker.RegisterAgent(holds, ranks, agent)
 		for _, w := range []worker.Worker{holds, ranks} {
 			if err := w.Start(); err != nil {
