@@ -235,7 +235,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		}
 		return nil, firstErr
 	}
-	if err := g.negotiateShm(); err != nil {
+	if err := g.negotiateShm(ctx); err != nil {
 		g.leftConn.Close()
 		g.rightConn.Close()
 		return nil, fmt.Errorf("collective: rank %d: %w", rank, err)

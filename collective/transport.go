@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -22,12 +23,32 @@ const (
 // neighbour (who sends us data) and answers its right neighbour's offer. Each
 // side falls back to TCP on any failure; offers and answers are small enough
 // never to block on socket buffers, so all ranks can do this at once.
-func (g *Group) negotiateShm() error {
+//
+// A neighbour sends its offer only once its own other link is up, which
+// waits on its other neighbour, and so on around the ring: a slow rank
+// anywhere delays every offer. So the wait is bounded by the join's own
+// deadline (ctx), when it has a later one than handshakeTimeout.
+func (g *Group) negotiateShm(ctx context.Context) (err error) {
 	deadline := time.Now().Add(handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.After(deadline) {
+		deadline = d
+	}
 	g.leftConn.SetDeadline(deadline)
 	g.rightConn.SetDeadline(deadline)
 	defer g.leftConn.SetDeadline(time.Time{})
 	defer g.rightConn.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { // cancelled: wake the reads below
+		g.leftConn.SetDeadline(time.Now())
+		g.rightConn.SetDeadline(time.Now())
+	})
+	defer func() {
+		// Runs before the deadlines are cleared. If the cancellation's
+		// func has run (or is running), it may yet set a past deadline:
+		// the links are not to be trusted, so the join fails.
+		if !stop() && err == nil {
+			err = fmt.Errorf("negotiating the transport: %w", context.Cause(ctx))
+		}
+	}()
 
 	slotBytes := g.opts.ChunkBytes
 	var offered *shmRing
