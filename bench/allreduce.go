@@ -242,12 +242,7 @@ func runGlooAllReduce(ctx context.Context, dir string, world int, sizes []int) (
 }
 
 func runMPIAllReduce(ctx context.Context, bin string, world int, sizes []int) (map[int]float64, error) {
-	args := []string{"--allow-run-as-root", "--oversubscribe", "-np", fmt.Sprint(world),
-		"--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo", bin}
-	cmd := exec.CommandContext(ctx, "mpirun", append(args, sizeSpecs(sizes)...)...)
-	cmd.Env = append(os.Environ(), "OMPI_MCA_plm_rsh_agent=")
-	lines, err := runRanks(ctx, []*exec.Cmd{cmd}, nil)
-	return perOp(lines), err
+	return runMPIAllReduceOver(ctx, bin, world, sizes, "tcp,self")
 }
 
 func torchVersion() string {

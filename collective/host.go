@@ -35,7 +35,6 @@ type Host struct {
 	mu       sync.Mutex
 	claimed  []bool
 	bufs     [][]float32
-	root     int // broadcast root of the operation in progress
 	arrived  int
 	release  chan struct{} // closed when the current barrier completes
 	failed   chan struct{} // closed on failure, or once a view closed
