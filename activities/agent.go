@@ -73,6 +73,7 @@ type Agent struct {
 	slots    slotTable
 	replicas replicaTable
 	hosts    hostTable
+	holds    holdTable
 	data     dataCache
 }
 

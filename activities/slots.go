@@ -131,9 +131,13 @@ func (t *slotTable) waitEpoch(ctx context.Context, i int, limit time.Duration) {
 // HoldSlot reserves free slots for one host of a gang (in.Slots of them,
 // on this worker, all or none), tells the workflow where they are, and
 // holds them, heartbeating, until the workflow releases them (by
-// cancelling) or the worker shuts down (a preemption).
+// cancelling) or the worker shuts down (a preemption). A run that continued
+// as new takes over its predecessor's hold instead (in.Handover, handover.go).
 func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	a.init()
+	if in.Handover != nil {
+		return a.takeOver(ctx, in)
+	}
 	n := max(1, in.Slots)
 	if n > spec.MaxWorkersPerHost {
 		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("a hold of %d slots; want at most %d", n, spec.MaxWorkersPerHost), spec.ErrUser, nil)
@@ -142,14 +146,9 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	if !ok {
 		return temporal.NewApplicationError(fmt.Sprintf("no %d free slots on %s", n, a.Identity), spec.ErrNoSlot)
 	}
-	defer func() {
-		for _, s := range slots {
-			a.replicas.dropOn(in.WorkflowID, s.Index)
-			a.slots.free(s.Index)
-		}
-	}()
 	key, err := newSlotKey(in.WorkflowID)
 	if err != nil {
+		a.freeSlots(in.WorkflowID, slots)
 		return err
 	}
 	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slots[0].Index, GPU: slots[0].GPU,
@@ -163,18 +162,47 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	if a.PoolKey != nil {
 		placement.Grant = grantMAC(a.PoolKey, in.WorkflowID, placement.Collective, placement.PublicKey)
 	}
+	h, handed := a.holds.add(holdKey{in.WorkflowID, in.Generation, in.Request}, in.RunID, slots, placement)
+	return a.keep(ctx, h, handed, in)
+}
+
+// keep tells the run in.RunID that it holds h, then holds it for that run
+// until the run releases it, continues as new (then the next run may take
+// it over: handover.go) or the worker stops.
+// handed closes when the hold passes on to that run's successor.
+func (a *Agent) keep(ctx context.Context, h *hold, handed <-chan struct{}, in spec.HoldSlotInput) error {
+	slots, placement := h.slots, h.placement
+	kept := false
+	defer func() {
+		if !kept && a.holds.remove(h, in.RunID) {
+			a.freeSlots(in.WorkflowID, slots)
+		}
+	}()
 	if err := activity.GetClient(ctx).SignalWorkflow(ctx, in.WorkflowID, in.RunID, spec.SignalSlotGranted,
 		spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: placement}); err != nil {
 		return fmt.Errorf("telling workflow %s about slot %d: %w", in.WorkflowID, slots[0].Index, err)
 	}
 	log := a.Log.With(zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slots[0].Index))
-	log.Info("slot held", zap.Int("host", in.Request), zap.Int("slots", n), zap.String("gpu", slots[0].GPU))
+	if in.Handover != nil {
+		log.Info("slot taken over from the run before", zap.Int("host", in.Request), zap.Int("slots", len(slots)), zap.String("previous_run", in.Handover.PreviousRunID))
+	} else {
+		log.Info("slot held", zap.Int("host", in.Request), zap.Int("slots", len(slots)), zap.String("gpu", slots[0].GPU))
+	}
 	t := time.NewTicker(heartbeatInterval(ctx))
 	defer t.Stop()
 	for {
 		select {
+		case <-handed:
+			kept = true // the run continued as new and its successor holds the slots now
+			return nil
 		case <-ctx.Done():
-			// Released by the workflow (the gang ended): the expected end of a hold.
+			// Released by the workflow (the gang ended): the expected end of
+			// a hold; or the run continued as new, and its successor may
+			// take the slots over with the gang's warm replicas.
+			if a.awaitHandover(activity.GetClient(ctx), activity.GetWorkerStopChannel(ctx), handed, h, in, log) {
+				kept = true
+				return nil
+			}
 			log.Info("slot released")
 			return nil
 		case <-activity.GetWorkerStopChannel(ctx):
@@ -188,6 +216,14 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 		case <-t.C:
 			activity.RecordHeartbeat(ctx, placement)
 		}
+	}
+}
+
+// freeSlots drops the workflow's replicas on the slots and frees them.
+func (a *Agent) freeSlots(workflowID string, slots []Slot) {
+	for _, s := range slots {
+		a.replicas.dropOn(workflowID, s.Index)
+		a.slots.free(s.Index)
 	}
 }
 

@@ -38,8 +38,12 @@ func benchScale(args []string) error {
 	perRank := fs.Bool("per-rank", false, "the design before hosts: one hold and one RunEpoch per rank (scaling.workers_per_host 1)")
 	address := fs.String("address", "", "a Temporal server to use instead of starting one (its CPU time is then not measured)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	suggestCAN := fs.Int("suggest-continue-as-new", 0, "history length at which the server tells the run to continue as new (0: Temporal's 4096); lower to cross the boundary often")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *suggestCAN > 0 && *address != "" {
+		return errors.New("-suggest-continue-as-new configures the bench's own server: not with -address")
 	}
 	if *perHost < 1 || *perHost > 8 || *ranks < *perHost || *ranks%*perHost != 0 {
 		return fmt.Errorf("-ranks %d -gpus-per-host %d: want 1 to 8 GPUs per host and whole hosts", *ranks, *perHost)
@@ -48,7 +52,8 @@ func benchScale(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	start := time.Now()
-	sim, err := startSimBench(ctx, "scale", *address, simfleet.Options{Hosts: hosts, GPUsPerHost: *perHost, EpochTime: *epochTime})
+	sim, err := startSimBench(ctx, "scale", *address, simfleet.Options{Hosts: hosts, GPUsPerHost: *perHost, EpochTime: *epochTime},
+		"-suggest-continue-as-new", strconv.Itoa(*suggestCAN))
 	if err != nil {
 		return err
 	}
@@ -109,8 +114,13 @@ func benchScale(args []string) error {
 		runErr = err
 	}
 	limit, used := rep.Binding()
-	fmt.Fprintf(os.Stderr, "bench scale: %d executions, %d gangs formed, %d epochs measured, at most %d signals and %d events in one execution\n",
-		rep.Executions, len(rep.GangSeconds), rep.Epochs, rep.MaxSignals, rep.MaxEvents)
+	fmt.Fprintf(os.Stderr, "bench scale: %d executions, %d gangs formed, %d taken over at continue-as-new, %d epochs measured, at most %d signals and %d events in one execution; %d trainers built, %d checkpoint restores\n",
+		rep.Executions, len(rep.GangSeconds), len(rep.HandoverSeconds), rep.Epochs, rep.MaxSignals, rep.MaxEvents, fleet.Ranks.Load(), fleet.Restores.Load())
+	if boundary, others := rep.Overheads(); len(boundary) > 0 {
+		fmt.Fprintf(os.Stderr, "bench scale: Temporal overhead of the first epoch after continue-as-new p50 %.3f s (max %.3f, %d epochs), of the others p50 %.3f s (max %.3f, %d epochs); handover p50 %.3f s (max %.3f)\n",
+			simfleet.Quantile(boundary, 0.5), simfleet.Quantile(boundary, 1), len(boundary), simfleet.Quantile(others, 0.5), simfleet.Quantile(others, 1), len(others),
+			simfleet.Quantile(rep.HandoverSeconds, 0.5), simfleet.Quantile(rep.HandoverSeconds, 1))
+	}
 	design := "hosts"
 	if *perRank {
 		design = "per-rank"
@@ -149,7 +159,7 @@ type simBench struct {
 	closers        []func()
 }
 
-func startSimBench(ctx context.Context, name, address string, o simfleet.Options) (b *simBench, err error) {
+func startSimBench(ctx context.Context, name, address string, o simfleet.Options, serverArgs ...string) (b *simBench, err error) {
 	b = &simBench{stamp: strconv.FormatInt(time.Now().UnixNano(), 36)}
 	defer func() {
 		if err != nil {
@@ -157,7 +167,7 @@ func startSimBench(ctx context.Context, name, address string, o simfleet.Options
 		}
 	}()
 	if address == "" {
-		if b.srv, err = startServer(ctx); err != nil {
+		if b.srv, err = startServer(ctx, serverArgs...); err != nil {
 			return nil, err
 		}
 		b.closers = append(b.closers, b.srv.stop)
@@ -201,7 +211,7 @@ type serverProc struct {
 	dir  string
 }
 
-func startServer(ctx context.Context) (*serverProc, error) {
+func startServer(ctx context.Context, args ...string) (*serverProc, error) {
 	dir, err := os.MkdirTemp("", "durabletrain-scale-")
 	if err != nil {
 		return nil, err
@@ -216,7 +226,7 @@ func startServer(ctx context.Context) (*serverProc, error) {
 		return nil, err
 	}
 	_, port, _ := strings.Cut(addrs[0], ":")
-	cmd := exec.Command(bin, "-db", "", "-port", port, "-ui-port", "0")
+	cmd := exec.Command(bin, append([]string{"-db", "", "-port", port, "-ui-port", "0"}, args...)...)
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -86,7 +86,13 @@ func startWorker(t testing.TB, name, role, queue string, env ...string) *workerP
 // startWorkerWith starts a worker with extra flags (testPolicy, or a policy of the test's own).
 func startWorkerWith(t testing.TB, name, role, queue string, flags []string, env ...string) *workerProc {
 	t.Helper()
-	cmd := exec.Command(workerBin, append([]string{"-address", server.Addr(), "-role", role, "-slots", "1", "-identity", name,
+	return startWorkerAt(t, server.Addr(), name, role, queue, flags, env...)
+}
+
+// startWorkerAt is startWorkerWith against the server at address.
+func startWorkerAt(t testing.TB, address, name, role, queue string, flags []string, env ...string) *workerProc {
+	t.Helper()
+	cmd := exec.Command(workerBin, append([]string{"-address", address, "-role", role, "-slots", "1", "-identity", name,
 		"-control-queue", queue + "-control", "-task-queue", queue, "-grace", "2s"}, flags...)...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, _ := cmd.StderrPipe()

@@ -84,6 +84,17 @@ type HoldSlotInput struct {
 	Generation int    `json:"generation"`
 	Request    int    `json:"request"`         // which of the gang's hosts this is
 	Slots      int    `json:"slots,omitempty"` // slots to hold together; 0 is 1
+	// Handover, set by a run that continued as new, asks the host's worker
+	// (on its host queue) for the hold the previous run of the workflow
+	// kept for this generation and request, instead of for new slots: the
+	// gang, its collective and its warm replicas cross the boundary.
+	Handover *Handover `json:"handover,omitempty"`
+}
+
+// Handover names the run whose hold the asking run takes over. The worker
+// hands it over only to the run that one continued as, as its history says.
+type Handover struct {
+	PreviousRunID string `json:"previous_run_id"`
 }
 
 // SlotGranted is the signal a held slot sends its workflow.

@@ -47,11 +47,13 @@ func (r *run) growGang(ctx workflow.Context) {
 		return
 	}
 	grown := &gang{generation: pr.generation, secret: nil,
-		placements: append([]spec.Placement{}, g.placements...), holds: append([]workflow.Future{}, g.holds...)}
+		placements: append([]spec.Placement{}, g.placements...), holds: append([]workflow.Future{}, g.holds...),
+		holdIDs: append([]holdID{}, g.holdIDs...)}
 	for i, req := range pr.requests {
 		pl := pr.placements[req]
 		pl.Rank = len(grown.placements) * max(1, r.spec.Scaling.WorkersPerHost)
 		grown.placements = append(grown.placements, pl)
+		grown.holdIDs = append(grown.holdIDs, holdID{pr.generation, req})
 		grown.holds = append(grown.holds, pr.holds[i])
 	}
 	oldRelease, probeRelease := g.release, pr.release

@@ -17,6 +17,7 @@ import (
 type gang struct {
 	generation int
 	placements []spec.Placement // one per host, by host; Rank is the host's first rank
+	holdIDs    []holdID         // what each host's hold was asked as, by host
 	holds      []workflow.Future
 	release    workflow.CancelFunc
 	secret     []byte // runs before per-rank keys only (run.rankKeys)
@@ -171,9 +172,10 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 				switch {
 				case granted[i]:
 					holdErr = fmt.Errorf("the slot of %s ended before the gang formed: %v", where(placements[i], r.spec), leaseErr(err))
-				case r.hostHolds && errorType(err) == spec.ErrNoSlot && asked[i] < maxAsks:
+				case asked[i] < maxAsks && (r.hostHolds && errorType(err) == spec.ErrNoSlot || r.askAgain && askAgainAfter(err)):
 					// A worker took the hold with too few slots free (it
-					// polled before another hold filled it): ask again.
+					// polled before another hold filled it), or took it and
+					// lost it (its heartbeat timed out): ask again.
 					asked[i]++
 					again(i)
 					ended[i] = false
@@ -209,6 +211,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range workers {
 		if granted[i] {
 			g.placements = append(g.placements, placements[i])
+			g.holdIDs = append(g.holdIDs, holdID{gen, i})
 			g.holds = append(g.holds, holds[i])
 		} else {
 			cancels[i]()

@@ -13,6 +13,25 @@ import (
 // continue-as-new, beside the spec's own fields.
 const continuedKey = "continued"
 
+// continuedGangKey carries the gang a run kept through continue-as-new
+// (keptGang): its hosts' holds wait for the next run to take them over.
+const continuedGangKey = "continued_gang"
+
+// keptGang is the gang a run continued as new with: its generation and
+// what each of its hosts was held as (Progress.Gang has their placements,
+// in the same order).
+type keptGang struct {
+	Generation int      `json:"generation"`
+	Holds      []holdID `json:"holds"`
+}
+
+// holdID names a host's hold as the agent knows it: the generation it was
+// asked for (a grown gang's first hosts keep their older one) and the request.
+type holdID struct {
+	Generation int `json:"generation"`
+	Request    int `json:"request"`
+}
+
 // inputBytes is the JSON a run or a search was started with, taken as raw
 // bytes: the SDK's own decoding would fail malformed JSON with an error that
 // names no field and is not typed as the user's.
@@ -35,27 +54,38 @@ func inputBytes(v converter.RawValue) ([]byte, error) {
 // continues another. Only a run that continue-as-new started (continued:
 // the server says so, in its start event) may carry state: a caller cannot
 // claim epochs done or lift the epoch limit.
-func decodeInput(raw json.RawMessage, continued bool) (spec.Training, *spec.Progress, error) {
+func decodeInput(raw json.RawMessage, continued bool) (spec.Training, *spec.Progress, *keptGang, error) {
 	var fields map[string]json.RawMessage
-	if json.Unmarshal(raw, &fields) != nil || fields[continuedKey] == nil {
+	if json.Unmarshal(raw, &fields) != nil || fields[continuedKey] == nil && fields[continuedGangKey] == nil {
 		s, err := spec.Parse(raw) // it explains what is wrong with the input
-		return s, nil, err
+		return s, nil, nil, err
 	}
 	if !continued {
-		return spec.Training{}, nil, fmt.Errorf("%s: the state continue-as-new carries; a start may not supply it", continuedKey)
+		return spec.Training{}, nil, nil, fmt.Errorf("%s: the state continue-as-new carries; a start may not supply it", continuedKey)
 	}
 	var p *spec.Progress
 	if err := json.Unmarshal(fields[continuedKey], &p); err != nil || p == nil {
-		return spec.Training{}, nil, fmt.Errorf("%s: the carried state does not decode: %v", continuedKey, err)
+		return spec.Training{}, nil, nil, fmt.Errorf("%s: the carried state does not decode: %v", continuedKey, err)
+	}
+	var kept *keptGang
+	if fields[continuedGangKey] != nil {
+		// A gang that does not add up is not taken over: the run forms a new one.
+		if json.Unmarshal(fields[continuedGangKey], &kept) != nil || kept == nil || len(kept.Holds) != len(p.Gang) || len(p.Gang) == 0 {
+			kept, p.Gang, p.World = nil, nil, 0
+		}
+	} else {
+		p.Gang, p.World = nil, 0
 	}
 	delete(fields, continuedKey)
+	delete(fields, continuedGangKey)
 	raw, _ = json.Marshal(fields)
 	s, err := spec.Parse(raw)
-	return s, p, err
+	return s, p, kept, err
 }
 
-// encodeInput is the input of the run that continues this one.
-func encodeInput(s spec.Training, p *spec.Progress) (json.RawMessage, error) {
+// encodeInput is the input of the run that continues this one; kept, if
+// set, is the gang whose holds the next run takes over.
+func encodeInput(s spec.Training, p *spec.Progress, kept *keptGang) (json.RawMessage, error) {
 	b, err := json.Marshal(s)
 	if err != nil {
 		return nil, err
@@ -63,5 +93,8 @@ func encodeInput(s spec.Training, p *spec.Progress) (json.RawMessage, error) {
 	var fields map[string]json.RawMessage
 	json.Unmarshal(b, &fields)
 	fields[continuedKey], _ = json.Marshal(p)
+	if kept != nil {
+		fields[continuedGangKey], _ = json.Marshal(kept)
+	}
 	return json.Marshal(fields)
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/durabletrain/durabletrain/spec"
@@ -62,6 +63,23 @@ const ContinueAsNewAfterSignals = 5000
 // boundary, having received signals signals.
 func continueAsNew(p *spec.Progress, historyLength, signals int, suggested bool) bool {
 	return p.Epoch < p.Epochs && !p.Stopping && (historyLength >= ContinueAsNewAfterEvents || signals >= ContinueAsNewAfterSignals || suggested)
+}
+
+// askAgainAfter says whether a hold that ended before its grant is worth
+// asking for again: yes if a worker took it and lost it (its heartbeat
+// timed out, it could not tell the run, it stopped, it had too few slots);
+// no if no worker took it within the gang timeout, it was cancelled, or
+// the request itself is wrong.
+func askAgainAfter(err error) bool {
+	var timeout *temporal.TimeoutError
+	if errors.As(err, &timeout) && timeout.TimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START {
+		return false
+	}
+	var cancelled *temporal.CanceledError
+	if err == nil || errors.As(err, &cancelled) {
+		return false
+	}
+	return errorType(err) != spec.ErrUser
 }
 
 // Failure kinds errorKind tells apart: the two application error types the

@@ -2,10 +2,12 @@ package workflows
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/durabletrain/durabletrain/spec"
@@ -273,5 +275,26 @@ func TestStopCriterionAndBestTrial(t *testing.T) {
 	}
 	if searchState(trials) != spec.TuneFailedTrials || searchState(trials[2:]) != spec.TuneCompleted {
 		t.Error("searchState")
+	}
+}
+
+func TestAskAgainAfter(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"heartbeat timed out", temporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_HEARTBEAT, nil), true},
+		{"signal failed", errors.New("telling workflow w about slot 0: unavailable"), true},
+		{"worker stopping", temporal.NewApplicationError("worker w is shutting down", spec.ErrPreempted), true},
+		{"no slot", temporal.NewApplicationError("no 8 free slots", spec.ErrNoSlot), true},
+		{"no worker took it in time", fmt.Errorf("activity error: %w", temporal.NewTimeoutError(enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START, nil)), false},
+		{"cancelled", temporal.NewCanceledError(), false},
+		{"bad request", temporal.NewNonRetryableApplicationError("a hold of 99 slots", spec.ErrUser, nil), false},
+		{"nil", nil, false},
+	} {
+		if got := askAgainAfter(c.err); got != c.want {
+			t.Errorf("%s: askAgainAfter = %v; want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -30,8 +30,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	raw, err := inputBytes(input)
 	var s spec.Training
 	var p *spec.Progress
+	var kept *keptGang
 	if err == nil {
-		s, p, err = decodeInput(raw, info.ContinuedExecutionRunID != "")
+		s, p, kept, err = decodeInput(raw, info.ContinuedExecutionRunID != "")
 	}
 	if err == nil {
 		s = s.WithDefaults()
@@ -66,6 +67,15 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// A hold refused for want of free slots (a host's, several at once) is
 	// asked for again; runs recorded before hosts counted it as no slot.
 	r.hostHolds = workflow.GetVersion(ctx, "host-holds", workflow.DefaultVersion, 1) >= 1
+	// The gang crosses continue-as-new (handover.go); runs recorded before
+	// released it there and formed a new one.
+	r.keepGang = workflow.GetVersion(ctx, "keep-gang", workflow.DefaultVersion, 1) >= 1
+	// A hold that ends before its grant for any cause but the gang timeout
+	// is asked for again; runs recorded before asked again only for ErrNoSlot.
+	r.askAgain = workflow.GetVersion(ctx, "ask-again", workflow.DefaultVersion, 1) >= 1
+	if kept != nil && r.keepGang {
+		r.takeOverGang(ctx, *kept)
+	}
 	p, err = r.train(ctx)
 	r.ended = true
 	// Answer the stop updates before the run closes.
@@ -88,6 +98,10 @@ type run struct {
 	rankKeys bool
 	// hostHolds: a hold refused with ErrNoSlot is started again.
 	hostHolds bool
+	// keepGang: the gang crosses continue-as-new.
+	keepGang bool
+	// askAgain: a hold lost before its grant is started again whatever ended it.
+	askAgain bool
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
 	// signals counts the signals this execution has received (Temporal
@@ -199,8 +213,8 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		r.growGang(ctx)
 		info := workflow.GetInfo(ctx)
 		if continueAsNew(r.p, info.GetCurrentHistoryLength(), r.signals, info.GetContinueAsNewSuggested()) {
-			r.releaseGang()
-			next, err := encodeInput(r.spec, r.p)
+			kept := r.keepForNext()
+			next, err := encodeInput(r.spec, r.p, kept)
 			if err != nil {
 				return nil, err
 			}

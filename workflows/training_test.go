@@ -33,6 +33,8 @@ type harness struct {
 	hold func(ctx context.Context, in spec.HoldSlotInput) error
 	// noSlot: the HoldSlot calls refused at once for want of free slots.
 	noSlot func(in spec.HoldSlotInput, asked int) bool
+	// lost: the HoldSlot calls that end with this error before their grant.
+	lost func(in spec.HoldSlotInput, asked int) error
 	// restoredEpoch: the epoch a rank's state is at (default: the one asked for).
 	restoredEpoch func(in spec.EpochInput) int
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
@@ -62,6 +64,11 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Unlock()
 		if h.noSlot != nil && h.noSlot(in, asked) {
 			return temporal.NewApplicationError("no free slots on host-x", spec.ErrNoSlot)
+		}
+		if h.lost != nil {
+			if err := h.lost(in, asked); err != nil {
+				return err
+			}
 		}
 		if in.Request < grant { // this fake agent has a slot for it: tell the workflow where
 			pl := spec.Placement{
@@ -556,12 +563,29 @@ func TestContinueAsNewCarriesTheState(t *testing.T) {
 	if err := converterDecode(can, &next); err != nil {
 		t.Fatal(err)
 	}
-	s, p, err := decodeInput(next, true)
+	s, p, kept, err := decodeInput(next, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Name != "long" || p == nil || p.Epoch != 1 || len(p.Metrics) != 1 || p.Latest == nil || p.Run != "long" {
 		t.Fatalf("carried spec %+v, state %+v", s, p)
+	}
+	// The gang crosses with the run: its hold was not cancelled, and the
+	// next run learns what to take over.
+	if kept == nil || kept.Generation != 1 || len(kept.Holds) != 1 || kept.Holds[0] != (holdID{1, 0}) || len(p.Gang) != 1 || p.World != 1 {
+		t.Fatalf("kept gang %+v, placements %+v, world %d; want generation 1's one host", kept, p.Gang, p.World)
+	}
+	// A gang that does not add up is formed anew, not taken over.
+	var fields map[string]json.RawMessage
+	json.Unmarshal(next, &fields)
+	fields[continuedGangKey] = json.RawMessage(`{"generation": 1, "holds": []}`)
+	bad, _ := json.Marshal(fields)
+	if _, p, kept, err := decodeInput(bad, true); err != nil || kept != nil || p.Gang != nil || p.World != 0 {
+		t.Fatalf("a kept gang with no holds: kept %+v, gang %+v, err %v; want none kept", kept, p.Gang, err)
+	}
+	// A start may not claim a gang.
+	if _, _, _, err := decodeInput(bad, false); err == nil {
+		t.Fatal("a start carrying a gang was accepted")
 	}
 }
 
@@ -656,5 +680,26 @@ func TestHoldRefusedForWantOfSlotsIsAskedForAgain(t *testing.T) {
 	}
 	if p.State != spec.StateCompleted || p.Generation != 1 || refused != 3 || len(h.holds) != 5 {
 		t.Fatalf("state %s after %d gangs, %d refusals, %d holds; want completed with the first gang, 3 refusals, 5 holds", p.State, p.Generation, refused, len(h.holds))
+	}
+}
+
+// TestHoldLostBeforeItsGrantIsAskedForAgain: a worker that took a hold and
+// lost it before its grant (it could not signal, it stopped) costs the gang
+// nothing: the hold is asked for again; one the request itself dooms is not.
+func TestHoldLostBeforeItsGrantIsAskedForAgain(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 4, time.Second)
+	h.lost = func(in spec.HoldSlotInput, asked int) error {
+		if in.Request == 2 && asked < 2 {
+			return errors.New("telling workflow about slot 0: connection reset")
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 4}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 1 || len(h.holds) != 6 {
+		t.Fatalf("state %s after %d gangs and %d holds; want completed with the first gang and 6 holds", p.State, p.Generation, len(h.holds))
 	}
 }

@@ -48,6 +48,11 @@ type Options struct {
 	DBFile    string // SQLite file; empty keeps everything in memory
 	Log       *zap.Logger
 	Ephemeral bool // pick free ports (tests)
+	// SuggestContinueAsNewAfter is the history length at which the server
+	// tells workflows to continue as new (limit.historyCount.suggestContinueAsNew;
+	// 0 keeps Temporal's 4,096). Tests and benches lower it to cross
+	// continue-as-new boundaries often.
+	SuggestContinueAsNewAfter int
 }
 
 // Server is a running dev server.
@@ -168,6 +173,9 @@ func Start(o Options) (*Server, error) {
 
 	dyn := dynamicconfig.StaticClient{
 		dynamicconfig.MakeKey("frontend.enableUpdateWorkflowExecution"): true,
+	}
+	if o.SuggestContinueAsNewAfter > 0 {
+		dyn[dynamicconfig.HistoryCountSuggestContinueAsNew.Key()] = o.SuggestContinueAsNewAfter
 	}
 	ports.release()
 	srv, err := temporal.NewServer(

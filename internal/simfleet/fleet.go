@@ -60,6 +60,9 @@ type Fleet struct {
 	gpus      []*gpuworker.GPUs
 	// Epochs counts the simulated epochs the ranks trained.
 	Epochs atomic.Int64
+	// Ranks counts the trainers the agents built (a rank joining a gang),
+	// Restores the checkpoints they restored.
+	Ranks, Restores atomic.Int64
 }
 
 // fakeDGX is a DGX A100 as NVML reports it, with the readings heartbeats use.
@@ -92,6 +95,7 @@ func Start(c client.Client, o Options) (*Fleet, error) {
 	f := &Fleet{}
 	backends := trainer.NewBackends()
 	backends.Register(Backend, trainer.BackendFunc(func(_ context.Context, r trainer.Rank) (trainer.Trainer, error) {
+		f.Ranks.Add(1)
 		return &countingTrainer{simTrainer: simTrainer{comm: r.Comm, epochTime: o.EpochTime, weights: make([]float32, o.ReduceFloats)}, fleet: f}, nil
 	}))
 	for h := range o.Hosts {
@@ -154,10 +158,15 @@ func (f *Fleet) Stop() {
 	}
 }
 
-// countingTrainer counts the fleet's trained epochs.
+// countingTrainer counts the fleet's trained epochs and restores.
 type countingTrainer struct {
 	simTrainer
 	fleet *Fleet
+}
+
+func (t *countingTrainer) Restore(ctx context.Context, from trainer.StateReader) error {
+	t.fleet.Restores.Add(1)
+	return t.simTrainer.Restore(ctx, from)
 }
 
 func (t *countingTrainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochOptions) (trainer.EpochMetrics, error) {

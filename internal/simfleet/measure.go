@@ -34,6 +34,9 @@ type Report struct {
 	// GangSeconds: per gang formed, from its first HoldSlot scheduled to the
 	// first RunEpoch scheduled on it.
 	GangSeconds []float64
+	// HandoverSeconds: per continue-as-new whose next run took the gang
+	// over, from its first HoldSlot (a handover) to its first RunEpoch.
+	HandoverSeconds []float64
 	// OverheadSeconds: per epoch, Temporal's part of its wall time (last
 	// RunEpoch completed of the epoch before to its own last): the wall
 	// time less the longest a host's RunEpoch ran on its worker.
@@ -41,7 +44,10 @@ type Report struct {
 	// AgentSeconds: per epoch, what the agent did beside the trainer (the
 	// longest RunEpoch less the longest trainer time: joining the gang,
 	// the leave vote, evaluation, events, checkpoints).
-	AgentSeconds    []float64
+	AgentSeconds []float64
+	// Boundary: per epoch, whether it is the first of an execution that
+	// continue-as-new started (its overhead includes the crossing).
+	Boundary        []bool
 	EpochEvents     int // events from the first RunEpoch on, over all executions
 	MaxPayloadBytes int
 	PeakPending     int // activities pending at once, at most
@@ -92,11 +98,12 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 		lastDone time.Time
 		trainer  float64 // the longest a host's trainer took
 		activity float64 // the longest a host's RunEpoch ran
+		boundary bool    // the first epoch after a continue-as-new
 	}
 	epochs := map[int]*epochMark{}
 	runEpochs := map[int64]bool{}    // the RunEpoch scheduled events
 	started := map[int64]time.Time{} // RunEpoch scheduled event -> when a worker started it
-	var gangStart time.Time
+	var gangStart, handoverStart time.Time
 	var prevDone time.Time
 	pending := 0
 	runID := firstRunID
@@ -105,6 +112,7 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 		next := ""
 		events, signals, bytes := 0, 0, 0
 		seenEpoch := false
+		boundary := rep.Executions > 1 // until this execution's first epoch is done
 		it := c.GetWorkflowHistory(ctx, id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 		for it.HasNext() {
 			e, err := it.Next()
@@ -127,7 +135,14 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 				a := e.GetActivityTaskScheduledEventAttributes()
 				switch a.GetActivityType().GetName() {
 				case spec.ActivityHoldSlot:
-					if gangStart.IsZero() {
+					var in spec.HoldSlotInput
+					if ps := a.GetInput().GetPayloads(); len(ps) > 0 {
+						json.Unmarshal(ps[0].GetData(), &in)
+					}
+					switch {
+					case in.Handover != nil && handoverStart.IsZero():
+						handoverStart = t
+					case in.Handover == nil && gangStart.IsZero():
 						gangStart = t
 					}
 				case spec.ActivityRunEpoch:
@@ -138,7 +153,10 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 					if !gangStart.IsZero() {
 						rep.GangSeconds = append(rep.GangSeconds, t.Sub(gangStart).Seconds())
 						gangStart = time.Time{}
+					} else if !handoverStart.IsZero() {
+						rep.HandoverSeconds = append(rep.HandoverSeconds, t.Sub(handoverStart).Seconds())
 					}
+					handoverStart = time.Time{}
 					runEpochs[e.GetEventId()] = true
 					if prevDone.IsZero() {
 						prevDone = t
@@ -163,6 +181,8 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 					epochs[ep] = m
 				}
 				m.lastDone = t
+				m.boundary = m.boundary || boundary
+				boundary = false
 				m.trainer = max(m.trainer, res.Metrics.Seconds)
 				if st, ok := started[a.GetScheduledEventId()]; ok {
 					m.activity = max(m.activity, t.Sub(st).Seconds())
@@ -190,6 +210,7 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 		m := epochs[k]
 		rep.OverheadSeconds = append(rep.OverheadSeconds, m.lastDone.Sub(prevDone).Seconds()-m.activity)
 		rep.AgentSeconds = append(rep.AgentSeconds, m.activity-m.trainer)
+		rep.Boundary = append(rep.Boundary, m.boundary)
 		prevDone = m.lastDone
 	}
 	rep.Epochs = len(keys)
@@ -197,6 +218,19 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 		return rep, fmt.Errorf("workflow %s: no epoch completed", id)
 	}
 	return rep, nil
+}
+
+// Overheads are the epochs' overheads split into those of the first epoch
+// after each continue-as-new and the rest.
+func (r Report) Overheads() (boundary, others []float64) {
+	for i, x := range r.OverheadSeconds {
+		if i < len(r.Boundary) && r.Boundary[i] {
+			boundary = append(boundary, x)
+		} else {
+			others = append(others, x)
+		}
+	}
+	return boundary, others
 }
 
 // payloadsOf are the payloads an event carries: inputs, results, signal
