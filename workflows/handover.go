@@ -35,7 +35,11 @@ func (r *run) keepForNext() *keptGang {
 		r.probe.release()
 		r.probe = nil
 	}
-	return &keptGang{Generation: r.gang.generation, Holds: r.gang.holdIDs}
+	kept := &keptGang{Generation: r.gang.generation}
+	for i, pl := range r.gang.placements {
+		kept.Hosts = append(kept.Hosts, keptHost{Hold: r.gang.holdIDs[i], Queue: pl.HostQueue})
+	}
+	return kept
 }
 
 // takeOverGang, in a run that continued as new with a gang, asks each of
@@ -43,18 +47,19 @@ func (r *run) keepForNext() *keptGang {
 // this run's if all do within handoverTimeout (or the gang timeout, if
 // shorter), and releases what it got otherwise.
 func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
-	placements := r.p.Gang
-	r.p.Gang, r.p.World = nil, 0
+	placements := make([]spec.Placement, len(kept.Hosts))
 	info := workflow.GetInfo(ctx)
 	wait := min(handoverTimeout, time.Duration(r.spec.Scaling.GangTimeout))
 	holdCtx, release := workflow.WithCancel(ctx)
 	holds := make([]workflow.Future, len(placements))
 	pos := make(map[holdID]int, len(placements))
-	for i, pl := range placements {
-		id := kept.Holds[i]
-		pos[id] = i
+	holdIDs := make([]holdID, len(placements))
+	for i, host := range kept.Hosts {
+		id := host.Hold
+		pos[id], holdIDs[i] = i, id
+		placements[i].HostQueue = host.Queue // until the host grants it again: for messages
 		actx := workflow.WithActivityOptions(holdCtx, workflow.ActivityOptions{
-			TaskQueue:              pl.HostQueue,
+			TaskQueue:              host.Queue,
 			ScheduleToStartTimeout: wait,
 			StartToCloseTimeout:    365 * 24 * time.Hour,
 			HeartbeatTimeout:       time.Duration(r.spec.Failure.HeartbeatTimeout),
@@ -94,7 +99,7 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 			}
 			sel.AddFuture(h, func(f workflow.Future) {
 				if failed == nil {
-					failed = fmt.Errorf("%s: %v", where(placements[i], r.spec), shortError(f.Get(ctx, nil)))
+					failed = fmt.Errorf("host %d (queue %s): %v", i, kept.Hosts[i].Queue, shortError(f.Get(ctx, nil)))
 				}
 			})
 		}
@@ -113,7 +118,7 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 	for i := range placements {
 		placements[i].Rank = i * perHost
 	}
-	r.gang = &gang{generation: kept.Generation, placements: placements, holdIDs: kept.Holds, holds: holds, release: release}
+	r.gang = &gang{generation: kept.Generation, placements: placements, holdIDs: holdIDs, holds: holds, release: release}
 	r.p.Gang, r.p.World = placements, r.gang.world(r.spec)
 	return true
 }

@@ -17,12 +17,18 @@ const continuedKey = "continued"
 // (keptGang): its hosts' holds wait for the next run to take them over.
 const continuedGangKey = "continued_gang"
 
-// keptGang is the gang a run continued as new with: its generation and
-// what each of its hosts was held as (Progress.Gang has their placements,
-// in the same order).
+// keptGang is the gang a run continued as new with: its generation and,
+// by host, what its hold was asked as and the host's own queue (where the
+// next run asks for it). Placements are not carried: the hosts grant them
+// again, so the input stays small however many hosts the gang has.
 type keptGang struct {
-	Generation int      `json:"generation"`
-	Holds      []holdID `json:"holds"`
+	Generation int        `json:"generation"`
+	Hosts      []keptHost `json:"hosts"`
+}
+
+type keptHost struct {
+	Hold  holdID `json:"hold"`
+	Queue string `json:"queue"`
 }
 
 // holdID names a host's hold as the agent knows it: the generation it was
@@ -70,12 +76,11 @@ func decodeInput(raw json.RawMessage, continued bool) (spec.Training, *spec.Prog
 	var kept *keptGang
 	if fields[continuedGangKey] != nil {
 		// A gang that does not add up is not taken over: the run forms a new one.
-		if json.Unmarshal(fields[continuedGangKey], &kept) != nil || kept == nil || len(kept.Holds) != len(p.Gang) || len(p.Gang) == 0 {
-			kept, p.Gang, p.World = nil, nil, 0
+		if json.Unmarshal(fields[continuedGangKey], &kept) != nil || kept == nil || len(kept.Hosts) == 0 {
+			kept = nil
 		}
-	} else {
-		p.Gang, p.World = nil, 0
 	}
+	p.Gang, p.World = nil, 0
 	delete(fields, continuedKey)
 	delete(fields, continuedGangKey)
 	raw, _ = json.Marshal(fields)
@@ -92,7 +97,9 @@ func encodeInput(s spec.Training, p *spec.Progress, kept *keptGang) (json.RawMes
 	}
 	var fields map[string]json.RawMessage
 	json.Unmarshal(b, &fields)
-	fields[continuedKey], _ = json.Marshal(p)
+	carried := *p
+	carried.Gang, carried.World = nil, 0 // the next run's gang is what it takes over
+	fields[continuedKey], _ = json.Marshal(carried)
 	if kept != nil {
 		fields[continuedGangKey], _ = json.Marshal(kept)
 	}

@@ -572,13 +572,13 @@ func TestContinueAsNewCarriesTheState(t *testing.T) {
 	}
 	// The gang crosses with the run: its hold was not cancelled, and the
 	// next run learns what to take over.
-	if kept == nil || kept.Generation != 1 || len(kept.Holds) != 1 || kept.Holds[0] != (holdID{1, 0}) || len(p.Gang) != 1 || p.World != 1 {
-		t.Fatalf("kept gang %+v, placements %+v, world %d; want generation 1's one host", kept, p.Gang, p.World)
+	if kept == nil || kept.Generation != 1 || len(kept.Hosts) != 1 || kept.Hosts[0] != (keptHost{holdID{1, 0}, "q-1-0"}) || p.Gang != nil {
+		t.Fatalf("kept gang %+v, placements %+v; want generation 1's one host, on its queue, and no placements carried", kept, p.Gang)
 	}
 	// A gang that does not add up is formed anew, not taken over.
 	var fields map[string]json.RawMessage
 	json.Unmarshal(next, &fields)
-	fields[continuedGangKey] = json.RawMessage(`{"generation": 1, "holds": []}`)
+	fields[continuedGangKey] = json.RawMessage(`{"generation": 1, "hosts": []}`)
 	bad, _ := json.Marshal(fields)
 	if _, p, kept, err := decodeInput(bad, true); err != nil || kept != nil || p.Gang != nil || p.World != 0 {
 		t.Fatalf("a kept gang with no holds: kept %+v, gang %+v, err %v; want none kept", kept, p.Gang, err)
