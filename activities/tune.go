@@ -5,7 +5,10 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
+	"strings"
 
 	"gocloud.dev/blob"
 
@@ -20,26 +23,29 @@ type Results struct{ Policy policy.Policy }
 // WriteTuneResults writes a search's results table as CSV to
 // <url>/<name>/results.csv and returns where: one row per trial with its
 // config (one column per searched path), status, epochs, last and best
-// metric, and checkpoint.
+// metric, and checkpoint. The rows a big search moved out of its state
+// (WriteTuneRows) are read back from their parts and merged in, by trial.
 func (r Results) WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
-	url, err := r.Policy.Resolve("results_url", in.URL)
+	b, err := r.open(ctx, in.URL, in.Name)
 	if err != nil {
-		return "", userError(err)
-	}
-	if err := spec.CheckName("name", in.Name); err != nil {
-		return "", userError(err)
-	}
-	b, err := blob.OpenBucket(ctx, url)
-	if err != nil {
-		return "", fmt.Errorf("opening %s for the results: %w", in.URL, err)
+		return "", err
 	}
 	defer b.Close()
+	res := *in.Results
+	if len(res.Parts) > 0 {
+		rows, err := readParts(ctx, b, in.Name, res.Parts)
+		if err != nil {
+			return "", err
+		}
+		res.Trials = append(rows, res.Trials...)
+		slices.SortStableFunc(res.Trials, func(a, b spec.TrialStatus) int { return a.Trial - b.Trial })
+	}
 	key := in.Name + "/results.csv"
 	w, err := b.NewWriter(ctx, key, &blob.WriterOptions{ContentType: "text/csv"})
 	if err != nil {
 		return "", err
 	}
-	if err := writeCSV(w, in.Results); err != nil {
+	if err := writeCSV(w, &res); err != nil {
 		w.Close()
 		return "", err
 	}
@@ -47,6 +53,85 @@ func (r Results) WriteTuneResults(ctx context.Context, in spec.WriteTuneResultsI
 		return "", err
 	}
 	return key + " in " + in.URL, nil
+}
+
+// WriteTuneRows writes a part of a big search's finished rows to
+// <url>/<name>/trials/part-NNNNN.jsonl, one JSON row a line, and returns
+// the part's key: the search then forgets the rows, and WriteTuneResults
+// reads them back for the CSV. Writing a part again replaces it.
+func (r Results) WriteTuneRows(ctx context.Context, in spec.WriteTuneRowsInput) (string, error) {
+	if in.Part < 0 {
+		return "", userError(fmt.Errorf("part %d: want 0 or more", in.Part))
+	}
+	b, err := r.open(ctx, in.URL, in.Name)
+	if err != nil {
+		return "", err
+	}
+	defer b.Close()
+	key := fmt.Sprintf("%s/trials/part-%05d.jsonl", in.Name, in.Part)
+	w, err := b.NewWriter(ctx, key, &blob.WriterOptions{ContentType: "application/jsonl"})
+	if err != nil {
+		return "", err
+	}
+	enc := json.NewEncoder(w)
+	for _, row := range in.Rows {
+		if err := enc.Encode(row); err != nil {
+			w.Close()
+			return "", err
+		}
+	}
+	if err := w.Close(); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// open opens the bucket of a search's results, where the policy allows.
+func (r Results) open(ctx context.Context, url, name string) (*blob.Bucket, error) {
+	resolved, err := r.Policy.Resolve("results_url", url)
+	if err != nil {
+		return nil, userError(err)
+	}
+	if err := spec.CheckName("name", name); err != nil {
+		return nil, userError(err)
+	}
+	b, err := blob.OpenBucket(ctx, resolved)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s for the results: %w", url, err)
+	}
+	return b, nil
+}
+
+// maxPartBytes bounds a part read back (a part holds at most a few
+// thousand rows of a few hundred bytes).
+const maxPartBytes = 256 << 20
+
+// readParts reads the rows of a search's parts; a part must be the
+// search's own (under <name>/trials/).
+func readParts(ctx context.Context, b *blob.Bucket, name string, parts []string) ([]spec.TrialStatus, error) {
+	var rows []spec.TrialStatus
+	for _, key := range parts {
+		if !strings.HasPrefix(key, name+"/trials/part-") || strings.Contains(key, "..") {
+			return nil, userError(fmt.Errorf("results part %q: not one of search %s's parts (%s/trials/part-NNNNN.jsonl)", key, name, name))
+		}
+		rd, err := b.NewReader(ctx, key, nil)
+		if err != nil {
+			return nil, fmt.Errorf("reading results part %s: %w", key, err)
+		}
+		dec := json.NewDecoder(io.LimitReader(rd, maxPartBytes))
+		for {
+			var row spec.TrialStatus
+			if err := dec.Decode(&row); err == io.EOF {
+				break
+			} else if err != nil {
+				rd.Close()
+				return nil, fmt.Errorf("results part %s: %w", key, err)
+			}
+			rows = append(rows, row)
+		}
+		rd.Close()
+	}
+	return rows, nil
 }
 
 func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) error {

@@ -84,6 +84,7 @@ func RegisterWorkflows(w worker.Registry, p policy.Policy) {
 	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 	w.RegisterWorkflowWithOptions(workflows.TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
 	w.RegisterActivityWithOptions(activities.Results{Policy: p}.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	w.RegisterActivityWithOptions(activities.Results{Policy: p}.WriteTuneRows, activity.RegisterOptions{Name: spec.ActivityWriteTuneRows})
 }
 
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of

@@ -6,6 +6,7 @@ const (
 	WorkflowTune     = "TuneWorkflow"
 
 	ActivityWriteTuneResults = "WriteTuneResults" // the search's results table as CSV in blob storage
+	ActivityWriteTuneRows    = "WriteTuneRows"    // a part of a big search's finished rows, out of its state
 	SignalTrialReport        = "trial-report"     // a trial (child TrainingWorkflow) -> its search, after every epoch
 	QueryResults             = "results"          // the search's TuneResults
 

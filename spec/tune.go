@@ -40,14 +40,72 @@ type TrialStatus struct {
 
 // TuneResults is the search as the results query shows it, and its result.
 type TuneResults struct {
-	Name       string        `json:"name"`
-	State      string        `json:"state"`
-	Metric     string        `json:"metric"`
-	Mode       string        `json:"mode"`
-	Scheduler  string        `json:"scheduler"`
-	Trials     []TrialStatus `json:"trials"`
-	Best       int           `json:"best"` // index of the best trial by its last value (Ray's scope "last"); -1 if none
-	ResultsCSV string        `json:"results_csv,omitempty"`
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	Metric    string `json:"metric"`
+	Mode      string `json:"mode"`
+	Scheduler string `json:"scheduler"`
+	// Trials are the rows the search keeps, by trial number: every trial's
+	// in a search of up to MaxListedTrials; in a bigger one, the trials
+	// running, those finished whose rows have not moved to Parts yet, and
+	// the next pending ones.
+	Trials []TrialStatus `json:"trials"`
+	// Best is the number of the best trial by its last value (Ray's scope
+	// "last"), or -1 if none; BestTrial is its row.
+	Best       int          `json:"best"`
+	BestTrial  *TrialStatus `json:"best_trial,omitempty"`
+	ResultsCSV string       `json:"results_csv,omitempty"`
+	// Total is the search's trials, Started how many have started.
+	Total   int `json:"total,omitempty"`
+	Started int `json:"started,omitempty"`
+	// Unlisted counts, by status, the trials not in Trials: finished ones
+	// whose rows moved to Parts, and pending ones a cancel left unstarted.
+	Unlisted map[string]int `json:"unlisted,omitempty"`
+	// Parts are the objects, under the results URL, holding the moved rows
+	// as JSON lines; the results CSV has every row.
+	Parts []string `json:"parts,omitempty"`
+}
+
+// MaxListedTrials bounds the rows a search keeps in its state, its query
+// answer and what it carries through continue-as-new: a search of more
+// trials moves its finished rows to blob storage in parts.
+const MaxListedTrials = 500
+
+// Row is trial i's row, if the search lists it.
+func (r *TuneResults) Row(i int) *TrialStatus {
+	j, ok := slices.BinarySearchFunc(r.Trials, i, func(t TrialStatus, i int) int { return t.Trial - i })
+	if !ok {
+		return nil
+	}
+	return &r.Trials[j]
+}
+
+// Counts are the search's trials by status, listed or not.
+func (r *TuneResults) Counts() map[string]int {
+	c := map[string]int{}
+	pending := 0
+	for _, t := range r.Trials {
+		c[t.Status]++
+		if t.Status == TrialPending {
+			pending++
+		}
+	}
+	for st, n := range r.Unlisted {
+		c[st] += n
+	}
+	unstarted := r.Total - r.Started - pending - r.Unlisted[TrialCancelled]
+	if r.Total > 0 && unstarted > 0 {
+		c[TrialPending] += unstarted
+	}
+	return c
+}
+
+// WriteTuneRowsInput is a part of a big search's rows, moved out of its state.
+type WriteTuneRowsInput struct {
+	URL  string        `json:"url"`
+	Name string        `json:"name"`
+	Part int           `json:"part"`
+	Rows []TrialStatus `json:"rows"`
 }
 
 // WriteTuneResultsInput is what the CSV activity writes.

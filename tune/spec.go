@@ -39,7 +39,7 @@ const TrainingIteration = "training_iteration"
 // row per trial) travel as one Temporal payload, capped at 2 MiB.
 const (
 	MaxSpecBytes = 64 << 10
-	MaxTrials    = 2000
+	MaxTrials    = 10000
 )
 
 // ParseSpec reads a search strictly (unknown fields, wrong types and a 0

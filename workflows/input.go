@@ -7,6 +7,7 @@ import (
 	"go.temporal.io/sdk/converter"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/tune"
 )
 
 // continuedKey is the field of the input that carries a run's state through
@@ -102,6 +103,41 @@ func encodeInput(s spec.Training, p *spec.Progress, kept *keptGang) (json.RawMes
 	fields[continuedKey], _ = json.Marshal(carried)
 	if kept != nil {
 		fields[continuedGangKey], _ = json.Marshal(kept)
+	}
+	return json.Marshal(fields)
+}
+
+// decodeTuneInput reads a search's spec strictly, and what it carries if
+// continue-as-new started it (only then may it carry anything).
+func decodeTuneInput(raw json.RawMessage, continued bool) (tune.Spec, *tuneCarried, error) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil || fields[continuedKey] == nil {
+		s, err := tune.ParseSpec(raw)
+		return s, nil, err
+	}
+	if !continued {
+		return tune.Spec{}, nil, fmt.Errorf("%s: the state continue-as-new carries; a start may not supply it", continuedKey)
+	}
+	var c *tuneCarried
+	if err := json.Unmarshal(fields[continuedKey], &c); err != nil || c == nil || c.Results == nil {
+		return tune.Spec{}, nil, fmt.Errorf("%s: the carried state does not decode: %v", continuedKey, err)
+	}
+	delete(fields, continuedKey)
+	raw, _ = json.Marshal(fields)
+	s, err := tune.ParseSpec(raw)
+	return s, c, err
+}
+
+// encodeTuneInput is the input of the search execution that continues
+// this one: its input with what it carries replaced.
+func encodeTuneInput(raw json.RawMessage, c *tuneCarried) (json.RawMessage, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	var err error
+	if fields[continuedKey], err = json.Marshal(c); err != nil {
+		return nil, err
 	}
 	return json.Marshal(fields)
 }

@@ -259,10 +259,10 @@ func TestStopCriterionAndBestTrial(t *testing.T) {
 	}
 	v := func(f float64) *float64 { return &f }
 	trials := []spec.TrialStatus{
-		{Last: v(0.8), Status: spec.TrialCompleted},
-		{Last: v(0.95), Status: spec.TrialFailed}, // a failed trial is never best
-		{Last: v(0.9), Status: spec.TrialEarlyStop},
-		{Status: spec.TrialPending},
+		{Trial: 0, Last: v(0.8), Status: spec.TrialCompleted},
+		{Trial: 1, Last: v(0.95), Status: spec.TrialFailed}, // a failed trial is never best
+		{Trial: 2, Last: v(0.9), Status: spec.TrialEarlyStop},
+		{Trial: 3, Status: spec.TrialPending},
 	}
 	if got := bestTrial(trials, spec.ModeMax); got != 2 {
 		t.Errorf("best by max = %d; want 2", got)
@@ -273,8 +273,22 @@ func TestStopCriterionAndBestTrial(t *testing.T) {
 	if got := bestTrial(nil, spec.ModeMax); got != -1 {
 		t.Errorf("best of none = %d; want -1", got)
 	}
-	if searchState(trials) != spec.TuneFailedTrials || searchState(trials[2:]) != spec.TuneCompleted {
+	if searchState(&spec.TuneResults{Trials: trials}) != spec.TuneFailedTrials || searchState(&spec.TuneResults{Trials: trials[2:]}) != spec.TuneCompleted ||
+		searchState(&spec.TuneResults{Trials: trials[2:], Unlisted: map[string]int{spec.TrialFailed: 1}}) != spec.TuneFailedTrials {
 		t.Error("searchState")
+	}
+	// A big search's best row may have moved out: BestTrial keeps it, and
+	// a better row still listed takes its place.
+	res := &spec.TuneResults{Mode: spec.ModeMax, Trials: []spec.TrialStatus{{Trial: 7, Last: v(0.5), Status: spec.TrialRunning}},
+		BestTrial: &spec.TrialStatus{Trial: 3, Last: v(0.7), Status: spec.TrialCompleted}}
+	bestTrialOf(res)
+	if res.Best != 3 || res.BestTrial.Trial != 3 {
+		t.Errorf("best %d (%+v); want the moved trial 3", res.Best, res.BestTrial)
+	}
+	res.Trials[0].Last = v(0.75)
+	bestTrialOf(res)
+	if res.Best != 7 || res.BestTrial.Trial != 7 {
+		t.Errorf("best %d; want the listed trial 7 once it is better", res.Best)
 	}
 }
 

@@ -3,6 +3,7 @@ package workflows
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
@@ -14,19 +15,41 @@ import (
 	"github.com/durabletrain/durabletrain/tune"
 )
 
-// trialSuffix names a search's trials after it (up to 4 digits: MaxTrials is 2,000).
+// trialSuffix names a search's trials after it (up to 5 digits: MaxTrials is 10,000).
 const trialSuffix = "%s-trial-%03d"
+
+// A search continues as new before its history grows too long (every
+// trial's start, end and reports are events; Temporal caps a history at
+// 51,200). Trials are child workflows, and a parent's close policy applies
+// at continue-as-new: the search stops starting trials, lets the running
+// ones finish (draining), and continues with what it carries (tuneCarried).
+const (
+	TuneContinueAsNewAfterEvents  = 10000
+	TuneContinueAsNewAfterSignals = 5000
+)
+
+// tuneCarried is what a search carries through continue-as-new, beside its spec.
+type tuneCarried struct {
+	Results   *spec.TuneResults `json:"results"`
+	Scheduler json.RawMessage   `json:"scheduler,omitempty"`
+}
 
 // TuneWorkflow runs a hyperparameter search: each trial is a child
 // TrainingWorkflow with its own gang; trials report every epoch; the
 // scheduler (FIFO, ASHA, median stopping) and the stop criteria stop trials
 // early through the trial's stop signal, so they end gracefully and keep
 // their checkpoints. Its input is the JSON of tune.Spec.
+//
+// A search of more than spec.MaxListedTrials trials keeps only that many
+// rows: its finished rows move to blob storage in parts (WriteTuneRows),
+// and the results CSV merges them back.
 func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneResults, error) {
+	info := workflow.GetInfo(ctx)
 	raw, err := inputBytes(input)
 	var s tune.Spec
+	var carried *tuneCarried
 	if err == nil {
-		s, err = tune.ParseSpec(raw)
+		s, carried, err = decodeTuneInput(raw, info.ContinuedExecutionRunID != "")
 	}
 	if err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
@@ -37,37 +60,74 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	}
 	// Trials are named after the search: an ID the server would refuse for
 	// a child would fail every workflow task, so it is refused here.
-	if err := spec.CheckWorkflowID("the search's workflow ID", workflow.GetInfo(ctx).WorkflowExecution.ID, len("-trial-0000")); err != nil {
+	if err := spec.CheckWorkflowID("the search's workflow ID", info.WorkflowExecution.ID, len("-trial-00000")); err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
 	sched, _ := tune.New(s.Scheduler, s.Mode)
-	info := workflow.GetInfo(ctx)
 	// Trials own their checkpoint run names (run-ownership): each is named
 	// after the search and its number, never the train spec's one name.
 	owned := workflow.GetVersion(ctx, "run-ownership", workflow.DefaultVersion, 1) >= 1
+	// Big searches move finished rows out and continue as new; searches
+	// recorded before kept every row and never did.
+	bounded := workflow.GetVersion(ctx, "tune-continue-as-new", workflow.DefaultVersion, 1) >= 1
 	name := s.Name
 	if name == "" && owned {
 		name = runName(info.WorkflowExecution.ID)
 	} else if name == "" {
 		name = legacyRunName(info.WorkflowExecution.ID)
 	}
-	res := &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scheduler: schedulerName(s.Scheduler), Best: -1}
-	byID := map[string]int{}
-	for i, tr := range trials {
-		id := fmt.Sprintf(trialSuffix, info.WorkflowExecution.ID, i)
-		byID[id] = i
-		res.Trials = append(res.Trials, spec.TrialStatus{Trial: i, WorkflowID: id, Config: tr.Config, Status: spec.TrialPending})
+	url := s.ResultsURL
+	if url == "" && len(trials) > 0 {
+		url = trials[0].Spec.WithDefaults().Checkpoint.URL
+	}
+	trialID := func(i int) string { return fmt.Sprintf(trialSuffix, info.WorkflowExecution.ID, i) }
+	pendingRow := func(i int) spec.TrialStatus {
+		return spec.TrialStatus{Trial: i, WorkflowID: trialID(i), Config: trials[i].Config, Status: spec.TrialPending}
+	}
+	var res *spec.TuneResults
+	if carried != nil {
+		res = carried.Results
+		if err := tune.SetState(sched, carried.Scheduler); err != nil {
+			return nil, temporal.NewNonRetryableApplicationError("the carried scheduler state: "+err.Error(), spec.ErrUser, nil)
+		}
+	} else {
+		res = &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scheduler: schedulerName(s.Scheduler), Best: -1}
+		listed := len(trials)
+		if bounded {
+			res.Total = len(trials)
+			listed = min(listed, spec.MaxListedTrials)
+		}
+		for i := range listed {
+			res.Trials = append(res.Trials, pendingRow(i))
+		}
 	}
 	if err := workflow.SetQueryHandler(ctx, spec.QueryResults, func() (*spec.TuneResults, error) { return res, nil }); err != nil {
 		return nil, err
 	}
+	byID := func(id string) (int, bool) {
+		var i int
+		if n, err := fmt.Sscanf(strings.TrimPrefix(id, info.WorkflowExecution.ID), "-trial-%d", &i); err != nil || n != 1 || i < 0 || i >= len(trials) || trialID(i) != id {
+			return 0, false
+		}
+		return i, true
+	}
 	reports := workflow.GetSignalChannel(ctx, spec.SignalTrialReport)
 	children := map[int]workflow.ChildWorkflowFuture{}
 	byCriterion := map[int]bool{} // stopped by a stop criterion, not the scheduler
-	next, done := 0, 0
+	next, done := res.Started, 0
+	signals := 0
+	draining := false
 	sel := workflow.NewSelector(ctx)
+	// list makes sure trial i has a row (rows are listed up to spec.MaxListedTrials ahead).
+	list := func(i int) *spec.TrialStatus {
+		if t := res.Row(i); t != nil {
+			return t
+		}
+		res.Trials = append(res.Trials, pendingRow(i))
+		return &res.Trials[len(res.Trials)-1]
+	}
 	start := func(i int) {
-		t := &res.Trials[i]
+		t := list(i)
 		sp := trials[i].Spec
 		switch {
 		case owned:
@@ -89,26 +149,31 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		f := workflow.ExecuteChildWorkflow(cctx, spec.WorkflowTraining, json.RawMessage(in))
 		children[i] = f
 		t.Status = spec.TrialRunning
+		res.Started = max(res.Started, i+1)
 		sel.AddFuture(f, func(f workflow.Future) {
 			var p *spec.Progress
 			err := f.Get(ctx, &p)
 			done++
-			finish(t, p, err, byCriterion[i], s.Metric, s.Mode)
+			delete(children, i)
+			finish(res.Row(i), p, err, byCriterion[i], s.Metric, s.Mode)
+			delete(byCriterion, i)
+			tune.Forget(sched, i)
 		})
 	}
-	for next < len(trials) && next < s.MaxConcurrentTrials {
+	for next < len(trials) && len(children) < s.MaxConcurrentTrials {
 		start(next)
 		next++
 	}
 	sel.AddReceive(reports, func(c workflow.ReceiveChannel, _ bool) {
 		var r spec.TrialReport
 		c.Receive(ctx, &r)
-		i, ok := byID[r.WorkflowID]
+		signals++
+		i, ok := byID(r.WorkflowID)
 		if !ok {
 			return
 		}
-		t := &res.Trials[i]
-		if t.Status != spec.TrialRunning {
+		t := res.Row(i)
+		if t == nil || t.Status != spec.TrialRunning {
 			return // already stopping or ended: nothing more to decide
 		}
 		v := observe(t, r, s.Metric, s.Mode)
@@ -126,26 +191,49 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			children[i].SignalChildWorkflow(ctx, spec.SignalStop, nil)
 		}
 	})
-	for done < next {
+	for len(children) > 0 {
 		sel.Select(ctx)
-		for ctx.Err() == nil && next < len(trials) && next-done < s.MaxConcurrentTrials {
+		if bounded {
+			moveRows(ctx, res, url)
+			h := workflow.GetInfo(ctx)
+			draining = draining || next < len(trials) && (h.GetCurrentHistoryLength() >= TuneContinueAsNewAfterEvents ||
+				signals >= TuneContinueAsNewAfterSignals || h.GetContinueAsNewSuggested())
+		}
+		for ctx.Err() == nil && !draining && next < len(trials) && len(children) < s.MaxConcurrentTrials {
 			start(next)
 			next++
 		}
 	}
-	res.State = searchState(res.Trials)
+	if ctx.Err() == nil && next < len(trials) {
+		// Drained: the next execution starts the rest.
+		st, err := tune.State(sched)
+		if err != nil {
+			return nil, err
+		}
+		bestTrialOf(res)
+		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st})
+		if err != nil {
+			return nil, err
+		}
+		return nil, workflow.NewContinueAsNewError(ctx, spec.WorkflowTune, next)
+	}
+	res.State = searchState(res)
 	if ctx.Err() != nil {
 		// Cancelled: the running trials have closed; the rest never start.
-		for i := next; i < len(trials); i++ {
-			res.Trials[i].Status = spec.TrialCancelled
+		for i := range res.Trials {
+			if res.Trials[i].Status == spec.TrialPending {
+				res.Trials[i].Status = spec.TrialCancelled
+			}
+		}
+		if unstarted := len(trials) - next - listedFrom(res, next); bounded && unstarted > 0 {
+			if res.Unlisted == nil {
+				res.Unlisted = map[string]int{}
+			}
+			res.Unlisted[spec.TrialCancelled] += unstarted
 		}
 		res.State = spec.TuneCancelled
 	}
-	res.Best = bestTrial(res.Trials, s.Mode)
-	url := s.ResultsURL
-	if url == "" && len(trials) > 0 {
-		url = trials[0].Spec.WithDefaults().Checkpoint.URL
-	}
+	bestTrialOf(res)
 	// The results are written even for a cancelled search, on a context of
 	// their own, bounded by the activity's timeouts.
 	wctx, _ := workflow.NewDisconnectedContext(ctx)
@@ -158,4 +246,51 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		return res, ctx.Err()
 	}
 	return res, nil
+}
+
+// moveRows moves a big search's finished rows out of its state, once there
+// are half of spec.MaxListedTrials of them, to a part in blob storage; if
+// the part cannot be written the rows stay, and it tries again later.
+func moveRows(ctx workflow.Context, res *spec.TuneResults, url string) {
+	if res.Total <= spec.MaxListedTrials {
+		return
+	}
+	var finished, keep []spec.TrialStatus
+	for _, t := range res.Trials {
+		if trialEnded(t.Status) {
+			finished = append(finished, t)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	if len(finished) < spec.MaxListedTrials/2 {
+		return
+	}
+	bestTrialOf(res) // the best row stays, as BestTrial
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 5}})
+	var key string
+	if err := workflow.ExecuteActivity(actx, spec.ActivityWriteTuneRows, spec.WriteTuneRowsInput{URL: url, Name: res.Name, Part: len(res.Parts), Rows: finished}).Get(ctx, &key); err != nil {
+		workflow.GetLogger(ctx).Warn("finished trials' rows not moved out; keeping them for now", "rows", len(finished), "error", err)
+		return
+	}
+	res.Parts = append(res.Parts, key)
+	if res.Unlisted == nil {
+		res.Unlisted = map[string]int{}
+	}
+	for _, t := range finished {
+		res.Unlisted[t.Status]++
+	}
+	res.Trials = keep
+}
+
+// listedFrom counts the listed rows of trials numbered from on.
+func listedFrom(res *spec.TuneResults, from int) int {
+	n := 0
+	for _, t := range res.Trials {
+		if t.Trial >= from {
+			n++
+		}
+	}
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -149,4 +150,93 @@ func TestTuneCancelledClosesItsTrials(t *testing.T) {
 	if running != 0 {
 		t.Fatalf("%d trials still running after the search closed", running)
 	}
+}
+
+// TestTuneContinuesAsNewAndMovesRows: a search of more trials than it
+// lists continues as new whenever the server suggests it (here at every
+// chance: each execution drains the trials it started, then continues),
+// moves its finished rows out in parts, and ends with every trial counted
+// once, the best one found, and the parts handed to the CSV writer.
+func TestTuneContinuesAsNewAndMovesRows(t *testing.T) {
+	const n = spec.MaxListedTrials + 100
+	var mu sync.Mutex
+	running, maxRunning := 0, 0
+	parts := map[string][]spec.TrialStatus{}
+	var written *spec.TuneResults
+	input := json.RawMessage(fmt.Sprintf(`{"train": {"hyper": {"epochs": 2}},
+		"param_space": {"hyper.lr": {"uniform": [0.001, 0.01]}}, "num_samples": %d,
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 40}`, n))
+	executions := 0
+	for ; written == nil && executions < 40; executions++ {
+		var suite testsuite.WorkflowTestSuite
+		env := suite.NewTestWorkflowEnvironment()
+		env.SetTestTimeout(time.Minute)
+		env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+		env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneRowsInput) (string, error) {
+			key := fmt.Sprintf("%s/trials/part-%05d.jsonl", in.Name, in.Part)
+			parts[key] = in.Rows
+			return key, nil
+		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneRows})
+		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+			written = in.Results
+			return "results.csv", nil
+		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "big-search"})
+		env.SetContinueAsNewSuggested(true)
+		if executions > 0 {
+			env.SetContinuedExecutionRunID(fmt.Sprintf("run-%d", executions-1))
+		}
+		env.ExecuteWorkflow(spec.WorkflowTune, input)
+		err := env.GetWorkflowError()
+		var can *workflow.ContinueAsNewError
+		switch {
+		case errors.As(err, &can):
+			if err := converterDecode(can, &input); err != nil {
+				t.Fatal(err)
+			}
+			if len(input) > 1<<20 {
+				t.Fatalf("execution %d carries %d bytes", executions, len(input))
+			}
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if written == nil {
+		t.Fatalf("the search did not end in %d executions", executions)
+	}
+	if executions < 10 || maxRunning > 40 {
+		t.Fatalf("%d executions, %d trials at once; want at least 10 (a drain every 40 trials) and at most 40", executions, maxRunning)
+	}
+	seen := map[int]bool{}
+	var best spec.TrialStatus
+	for _, rows := range append([][]spec.TrialStatus{written.Trials}, mapValues(parts)...) {
+		for _, r := range rows {
+			if seen[r.Trial] || r.Status != spec.TrialCompleted || r.Epochs != 2 {
+				t.Fatalf("trial %d: %s after %d epochs, seen before %v", r.Trial, r.Status, r.Epochs, seen[r.Trial])
+			}
+			seen[r.Trial] = true
+			if best.Last == nil || *r.Last > *best.Last {
+				best = r
+			}
+		}
+	}
+	if len(seen) != n || len(written.Parts) != len(parts) || len(written.Trials) > spec.MaxListedTrials {
+		t.Fatalf("%d trials seen, %d parts (%d written), %d rows listed; want %d, all parts, at most %d", len(seen), len(written.Parts), len(parts), len(written.Trials), n, spec.MaxListedTrials)
+	}
+	if c := written.Counts(); c[spec.TrialCompleted] != n || written.State != spec.TuneCompleted {
+		t.Fatalf("counts %v, state %s; want %d completed", c, written.State, n)
+	}
+	if written.Best != best.Trial || written.BestTrial == nil || written.BestTrial.Trial != best.Trial {
+		t.Fatalf("best %d (%+v); want trial %d", written.Best, written.BestTrial, best.Trial)
+	}
+	t.Logf("%d trials over %d executions, %d parts, %d rows listed at the end; best trial %d", n, executions, len(parts), len(written.Trials), best.Trial)
+}
+
+func mapValues[K comparable, V any](m map[K]V) []V {
+	var out []V
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
 }

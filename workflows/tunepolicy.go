@@ -69,7 +69,8 @@ func stopCriterion(stop map[string]float64, epochs int, m spec.EpochMetrics) str
 	return ""
 }
 
-// bestTrial is the trial with the best last value (Ray's scope "last"), or -1.
+// bestTrial is the number of the trial with the best last value (Ray's
+// scope "last"), or -1; rows are by trial number.
 func bestTrial(trials []spec.TrialStatus, mode string) int {
 	best := -1
 	for i, t := range trials {
@@ -80,12 +81,45 @@ func bestTrial(trials []spec.TrialStatus, mode string) int {
 			best = i
 		}
 	}
-	return best
+	if best < 0 {
+		return -1
+	}
+	return trials[best].Trial
+}
+
+// bestTrialOf sets the search's best trial from its rows and the best of
+// the rows it moved out (BestTrial).
+func bestTrialOf(res *spec.TuneResults) {
+	rows := res.Trials
+	if res.BestTrial != nil && res.Row(res.BestTrial.Trial) == nil {
+		rows = append([]spec.TrialStatus{*res.BestTrial}, rows...)
+	}
+	res.Best, res.BestTrial = -1, nil
+	if b := bestTrial(rows, res.Mode); b >= 0 {
+		for _, t := range rows {
+			if t.Trial == b {
+				row := t
+				res.Best, res.BestTrial = b, &row
+			}
+		}
+	}
+}
+
+// trialEnded says whether a trial's status is final.
+func trialEnded(status string) bool {
+	switch status {
+	case spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed, spec.TrialCancelled:
+		return true
+	}
+	return false
 }
 
 // searchState is a finished search's state: completed, or completed with failures.
-func searchState(trials []spec.TrialStatus) string {
-	for _, t := range trials {
+func searchState(res *spec.TuneResults) string {
+	if res.Unlisted[spec.TrialFailed] > 0 {
+		return spec.TuneFailedTrials
+	}
+	for _, t := range res.Trials {
 		if t.Status == spec.TrialFailed {
 			return spec.TuneFailedTrials
 		}

@@ -107,12 +107,9 @@ func tuneCmd(args []string) {
 // tuneTable is Ray Tune's status table: a count by status, then a row per trial.
 func tuneTable(r *spec.TuneResults) string {
 	var b strings.Builder
-	counts := map[string]int{}
-	for _, t := range r.Trials {
-		counts[t.Status]++
-	}
+	counts := r.Counts()
 	var parts []string
-	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed} {
+	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed, spec.TrialCancelled} {
 		if counts[st] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[st], st))
 		}
@@ -139,7 +136,13 @@ func printBest(r *spec.TuneResults) {
 		fmt.Printf("search %s ended (%s) without a trial to recommend\n", r.Name, r.State)
 		return
 	}
-	t := r.Trials[r.Best]
+	t := r.BestTrial
+	if t == nil { // a search recorded before best_trial
+		if t = r.Row(r.Best); t == nil {
+			fmt.Printf("search %s ended (%s); its best trial is %d\n", r.Name, r.State, r.Best)
+			return
+		}
+	}
 	cfg, _ := json.Marshal(t.Config)
 	fmt.Printf("search %s %s: best trial %d (%s %s) with config %s\n", r.Name, r.State, t.Trial, r.Metric, metric(t.Last), cfg)
 	if t.Checkpoint != nil {
