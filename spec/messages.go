@@ -85,6 +85,10 @@ type HoldSlotInput struct {
 	Generation int    `json:"generation"`
 	Request    int    `json:"request"`         // which of the gang's hosts this is
 	Slots      int    `json:"slots,omitempty"` // slots to hold together; 0 is 1
+	// Attempt counts the times this request was asked for before (a hold
+	// lost before its grant is asked for again); the grant echoes it, so a
+	// late grant of a lost hold is not taken for the new one's.
+	Attempt int `json:"attempt,omitempty"`
 	// Handover, set by a run that continued as new, asks the host's worker
 	// (on its host queue) for the hold the previous run of the workflow
 	// kept for this generation and request, instead of for new slots: the
@@ -102,6 +106,7 @@ type Handover struct {
 type SlotGranted struct {
 	Generation int       `json:"generation"`
 	Request    int       `json:"request"`
+	Attempt    int       `json:"attempt,omitempty"` // HoldSlotInput.Attempt
 	Placement  Placement `json:"placement"`
 }
 

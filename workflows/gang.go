@@ -93,14 +93,20 @@ func (r *run) holdSlotsAgain(ctx workflow.Context, gen int, requests []int) ([]w
 	info := workflow.GetInfo(ctx)
 	holds := make([]workflow.Future, len(requests))
 	cancels := make([]workflow.CancelFunc, len(requests))
+	attempts := make([]int, len(requests))
 	start := func(i int) {
 		c, cancel := holdCtx, workflow.CancelFunc(func() {})
 		if r.elastic {
 			c, cancel = workflow.WithCancel(holdCtx)
 		}
 		cancels[i] = cancel
-		holds[i] = workflow.ExecuteActivity(c, spec.ActivityHoldSlot, spec.HoldSlotInput{
-			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: requests[i], Slots: slotsPerHold(r.spec)})
+		in := spec.HoldSlotInput{
+			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: requests[i], Slots: slotsPerHold(r.spec)}
+		if r.askAgain {
+			in.Attempt = attempts[i]
+			attempts[i]++
+		}
+		holds[i] = workflow.ExecuteActivity(c, spec.ActivityHoldSlot, in)
 	}
 	for i := range requests {
 		start(i)
@@ -152,8 +158,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			var s spec.SlotGranted
 			c.Receive(ctx, &s)
 			r.signals++
-			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] || ended[s.Request] {
-				return // a slot of an older gang, or a duplicate
+			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] || ended[s.Request] ||
+				r.askAgain && s.Attempt != asked[s.Request] {
+				return // a slot of an older gang, a duplicate, or the late grant of a hold lost and asked for again
 			}
 			granted[s.Request] = true
 			placements[s.Request] = s.Placement

@@ -77,7 +77,7 @@ func newHarness(t *testing.T) *harness {
 			for i := range in.Slots {
 				pl.Slots = append(pl.Slots, i)
 			}
-			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Placement: pl})
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Attempt: in.Attempt, Placement: pl})
 		}
 		if h.hold != nil {
 			return h.hold(ctx, in)
@@ -695,11 +695,24 @@ func TestHoldLostBeforeItsGrantIsAskedForAgain(t *testing.T) {
 		}
 		return nil
 	}
+	// The hold lost second also sends its grant late, after it was asked
+	// for again: that grant is not the new hold's, and is passed over.
+	h.env.RegisterDelayedCallback(func() {
+		h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: 1, Request: 2, Attempt: 1,
+			Placement: spec.Placement{Worker: "stale", HostQueue: "q-stale", PublicKey: []byte("stale")}})
+	}, 0)
 	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 4}}`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.State != spec.StateCompleted || p.Generation != 1 || len(h.holds) != 6 {
 		t.Fatalf("state %s after %d gangs and %d holds; want completed with the first gang and 6 holds", p.State, p.Generation, len(h.holds))
+	}
+	for _, in := range h.inputs() {
+		for _, pl := range in.Hosts {
+			if pl.Worker == "stale" {
+				t.Fatalf("the late grant of a lost hold made it into the gang: %+v", pl)
+			}
+		}
 	}
 }
