@@ -6,6 +6,8 @@
 //	bench checkpoint   1 GiB checkpoint save and load vs dd
 //	bench s3           1 GiB checkpoint save and restore on MinIO vs the AWS CLI
 //	bench scale        one run on a simulated fleet of GPU hosts: Temporal's cost per epoch
+//	bench contention   many runs at once on one simulated fleet: waits and busy slots
+//	bench tune         one search of many trials on a simulated fleet, within Temporal's limits
 //
 // Run `bench <table> -h` for its flags. The peers come from Debian's packages
 // (make deps-bench installs them).
@@ -26,6 +28,7 @@ var tables = map[string]func(args []string) error{
 	"s3":         benchS3,
 	"scale":      benchScale,
 	"contention": benchContention,
+	"tune":       benchTune,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"allreduce-host": allReduceHost,
@@ -34,7 +37,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {

@@ -178,16 +178,16 @@ func startSimBench(ctx context.Context, name, address string, o simfleet.Options
 	}
 	b.closers = append(b.closers, b.c.Close)
 	b.queue, b.control = name+"-gpu-"+b.stamp, name+"-control-"+b.stamp
-	control := worker.New(b.c, b.control, worker.Options{})
-	gpuworker.RegisterWorkflows(control, policy.Policy{})
-	if err := control.Start(); err != nil {
-		return nil, err
-	}
-	b.closers = append(b.closers, control.Stop)
 	if b.ckpt, err = os.MkdirTemp("", "durabletrain-"+name+"-checkpoints-"); err != nil {
 		return nil, err
 	}
 	b.closers = append(b.closers, func() { os.RemoveAll(b.ckpt) })
+	control := worker.New(b.c, b.control, worker.Options{})
+	gpuworker.RegisterWorkflows(control, policy.Policy{StorageRoots: []string{"file://" + b.ckpt + "/", "mem://"}}) // a search's results go beside the checkpoints
+	if err := control.Start(); err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, control.Stop)
 	o.TaskQueue, o.StorageRoot = b.queue, "file://"+b.ckpt+"/"
 	if b.fleet, err = simfleet.Start(b.c, o); err != nil {
 		return nil, err

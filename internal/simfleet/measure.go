@@ -254,3 +254,43 @@ func payloadsOf(e *historypb.HistoryEvent) []*commonpb.Payloads {
 	}
 	return out
 }
+
+// Chain is what a workflow's continue-as-new chain cost Temporal, per
+// execution at most: any workflow's (Measure reads a training run's epochs).
+type Chain struct {
+	Executions                                              int
+	Events                                                  int // over all executions
+	MaxEvents, MaxSignals, MaxHistoryBytes, MaxPayloadBytes int
+}
+
+// MeasureChain reads every execution of workflow id's chain from firstRunID on.
+func MeasureChain(ctx context.Context, c client.Client, id, firstRunID string) (Chain, error) {
+	var ch Chain
+	for runID := firstRunID; runID != ""; {
+		ch.Executions++
+		next := ""
+		events, signals, bytes := 0, 0, 0
+		it := c.GetWorkflowHistory(ctx, id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		for it.HasNext() {
+			e, err := it.Next()
+			if err != nil {
+				return ch, err
+			}
+			events++
+			bytes += proto.Size(e)
+			for _, p := range payloadsOf(e) {
+				ch.MaxPayloadBytes = max(ch.MaxPayloadBytes, proto.Size(p))
+			}
+			switch e.GetEventType() {
+			case enumspb.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+				signals++
+			case enumspb.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+				next = e.GetWorkflowExecutionContinuedAsNewEventAttributes().GetNewExecutionRunId()
+			}
+		}
+		ch.Events += events
+		ch.MaxEvents, ch.MaxSignals, ch.MaxHistoryBytes = max(ch.MaxEvents, events), max(ch.MaxSignals, signals), max(ch.MaxHistoryBytes, bytes)
+		runID = next
+	}
+	return ch, nil
+}
