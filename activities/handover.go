@@ -16,8 +16,8 @@ import (
 )
 
 // A run continues as new to keep its history short, and its gang goes on:
-// the holds of its hosts outlive the run that asked for them, for at most
-// HandoverWindow, and the run it continued as takes each over with a
+// the holds of its hosts outlive the run that asked for them, for as long
+// as the run asked (its gang timeout, at most MaxHandoverWindow), and the run it continued as takes each over with a
 // HoldSlot that names it (spec.Handover). The slots, their keys, the gang's
 // collective and the ranks' warm replicas (keyed by workflow ID, generation
 // and rank) stay as they were, so the next epoch neither forms a gang nor
@@ -27,9 +27,20 @@ import (
 // says it continued as (its close event), so no other workflow, nor a later
 // run of the same workflow ID, can take slots it was not given.
 
-// HandoverWindow is how long a hold whose run continued as new waits for
-// the next run to take it over before its slots are freed.
-const HandoverWindow = time.Minute
+// A hold whose run continued as new waits this long for the next run to
+// take it over (HoldSlotInput.KeepFor, bounded) before its slots are freed.
+const (
+	DefaultHandoverWindow = time.Minute
+	MaxHandoverWindow     = 10 * time.Minute
+)
+
+// handoverWindow is how long hold in waits for the next run.
+func handoverWindow(in spec.HoldSlotInput) time.Duration {
+	if in.KeepFor <= 0 {
+		return DefaultHandoverWindow
+	}
+	return min(time.Duration(in.KeepFor), MaxHandoverWindow)
+}
 
 type holdKey struct {
 	workflowID string
@@ -133,10 +144,11 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 }
 
 // awaitHandover is called when run in.RunID stopped holding h: if that run
-// continued as new, it waits up to HandoverWindow (or until the worker
-// stops) for its successor to take the hold over, and says whether it did.
+// continued as new, it waits up to its handover window (or until the
+// worker stops) for its successor to take the hold over, and says whether it did.
 func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{}, h *hold, in spec.HoldSlotInput, log *zap.Logger) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), HandoverWindow)
+	window := handoverWindow(in)
+	ctx, cancel := context.WithTimeout(context.Background(), window)
 	defer cancel()
 	a.holds.mu.Lock()
 	still := !h.removed && h.runID == in.RunID
@@ -147,7 +159,7 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	if next, err := continuedAs(ctx, c, in.WorkflowID, in.RunID); err != nil || next == "" {
 		return false // released by the run, or it ended for good
 	}
-	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", HandoverWindow))
+	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", window))
 	select {
 	case <-handed:
 		return true

@@ -89,6 +89,10 @@ type HoldSlotInput struct {
 	// lost before its grant is asked for again); the grant echoes it, so a
 	// late grant of a lost hold is not taken for the new one's.
 	Attempt int `json:"attempt,omitempty"`
+	// KeepFor is how long the hold outlives its run if the run continues
+	// as new, waiting for the next run to take it over (the run's
+	// scaling.gang_timeout); 0 is a minute. Agents keep it at most 10 minutes.
+	KeepFor Duration `json:"keep_for,omitempty"`
 	// Handover, set by a run that continued as new, asks the host's worker
 	// (on its host queue) for the hold the previous run of the workflow
 	// kept for this generation and request, instead of for new slots: the

@@ -102,6 +102,9 @@ func (r *run) holdSlotsAgain(ctx workflow.Context, gen int, requests []int) ([]w
 		cancels[i] = cancel
 		in := spec.HoldSlotInput{
 			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: requests[i], Slots: slotsPerHold(r.spec)}
+		if r.keepGang {
+			in.KeepFor = r.spec.Scaling.GangTimeout // the next run takes the gang over within its gang timeout
+		}
 		if r.askAgain {
 			in.Attempt = attempts[i]
 			attempts[i]++

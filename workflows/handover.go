@@ -15,13 +15,9 @@ import (
 // next run asks each host, on its own host queue, to hand the hold over
 // (activities/handover.go). The gang's collective and the ranks' warm
 // replicas stay, so the next epoch forms no gang and restores nothing.
-// If any host does not hand over within handoverTimeout, the next run
-// releases what it took and forms a gang as after a failure.
-
-// handoverTimeout bounds how long a run that continued as new waits for
-// its gang's hosts to hand their holds over (the agents keep them for
-// activities.HandoverWindow, a minute).
-const handoverTimeout = 30 * time.Second
+// If any host does not hand over within the gang timeout (for which the
+// agents keep the holds: HoldSlotInput.KeepFor), the next run releases what
+// it took and forms a gang as after a failure.
 
 // keepForNext is what the run continues as new with: the gang, if it can
 // cross (its holds stay; a probe for a degraded gang's missing hosts is
@@ -44,12 +40,12 @@ func (r *run) keepForNext() *keptGang {
 
 // takeOverGang, in a run that continued as new with a gang, asks each of
 // the gang's hosts to hand its hold over to this run; it makes the gang
-// this run's if all do within handoverTimeout (or the gang timeout, if
-// shorter), and releases what it got otherwise.
+// this run's if all do within the gang timeout, and releases what it got
+// otherwise.
 func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 	placements := make([]spec.Placement, len(kept.Hosts))
 	info := workflow.GetInfo(ctx)
-	wait := min(handoverTimeout, time.Duration(r.spec.Scaling.GangTimeout))
+	wait := time.Duration(r.spec.Scaling.GangTimeout)
 	holdCtx, release := workflow.WithCancel(ctx)
 	holds := make([]workflow.Future, len(placements))
 	pos := make(map[holdID]int, len(placements))
@@ -67,7 +63,7 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 		})
 		holds[i] = workflow.ExecuteActivity(actx, spec.ActivityHoldSlot, spec.HoldSlotInput{
 			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: id.Generation, Request: id.Request,
-			Slots: slotsPerHold(r.spec), Handover: &spec.Handover{PreviousRunID: info.ContinuedExecutionRunID}})
+			Slots: slotsPerHold(r.spec), KeepFor: r.spec.Scaling.GangTimeout, Handover: &spec.Handover{PreviousRunID: info.ContinuedExecutionRunID}})
 	}
 	timerCtx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
