@@ -38,6 +38,7 @@ func benchScale(args []string) error {
 	perRank := fs.Bool("per-rank", false, "the design before hosts: one hold and one RunEpoch per rank (scaling.workers_per_host 1)")
 	address := fs.String("address", "", "a Temporal server to use instead of starting one (its CPU time is then not measured)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	every := fs.Int("checkpoint-every", 1, "checkpoint.every_epochs")
 	suggestCAN := fs.Int("suggest-continue-as-new", 0, "history length at which the server tells the run to continue as new (0: Temporal's 4096); lower to cross the boundary often")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -68,7 +69,7 @@ func benchScale(args []string) error {
 	s := spec.Training{Trainer: simfleet.Backend, Dataset: spec.Dataset{URL: "mem://"},
 		Hyper:      spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: wph, TaskQueue: queue, GangTimeout: spec.Duration(10 * time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: 1},
+		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: *every},
 		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second)}}
 	input, _ := json.Marshal(s)
 	cpu0 := srv.cpuSeconds()
@@ -116,6 +117,13 @@ func benchScale(args []string) error {
 	limit, used := rep.Binding()
 	fmt.Fprintf(os.Stderr, "bench scale: %d executions, %d gangs formed, %d taken over at continue-as-new, %d epochs measured, at most %d signals and %d events in one execution; %d trainers built, %d checkpoint restores\n",
 		rep.Executions, len(rep.GangSeconds), len(rep.HandoverSeconds), rep.Epochs, rep.MaxSignals, rep.MaxEvents, fleet.Ranks.Load(), fleet.Restores.Load())
+	if n := len(rep.OverheadSeconds); n >= 2000 {
+		// A long run's overhead should not grow with its epochs: the first
+		// thousand against the last.
+		first, last := rep.OverheadSeconds[:1000], rep.OverheadSeconds[n-1000:]
+		fmt.Fprintf(os.Stderr, "bench scale: Temporal overhead per epoch, first 1,000 epochs p50 %.4f s (p99 %.4f), last 1,000 p50 %.4f s (p99 %.4f)\n",
+			simfleet.Quantile(first, 0.5), simfleet.Quantile(first, 0.99), simfleet.Quantile(last, 0.5), simfleet.Quantile(last, 0.99))
+	}
 	if boundary, others := rep.Overheads(); len(boundary) > 0 {
 		fmt.Fprintf(os.Stderr, "bench scale: Temporal overhead of the first epoch after continue-as-new p50 %.3f s (max %.3f, %d epochs), of the others p50 %.3f s (max %.3f, %d epochs); handover p50 %.3f s (max %.3f)\n",
 			simfleet.Quantile(boundary, 0.5), simfleet.Quantile(boundary, 1), len(boundary), simfleet.Quantile(others, 0.5), simfleet.Quantile(others, 1), len(others),
