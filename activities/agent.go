@@ -74,6 +74,8 @@ type Agent struct {
 	replicas replicaTable
 	hosts    hostTable
 	holds    holdTable
+	// runEnded, in tests, stands for Temporal saying what run a run continued as.
+	runEnded func(workflowID, runID string) (string, error)
 	data     dataCache
 }
 

@@ -128,7 +128,7 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 	if !known {
 		return noHold("none is kept for run " + from)
 	}
-	next, err := continuedAs(ctx, activity.GetClient(ctx), self.ID, from)
+	next, err := a.continuedAs(ctx, activity.GetClient(ctx), self.ID, from)
 	if err != nil {
 		return fmt.Errorf("reading how run %s of workflow %s ended: %w", from, self.ID, err)
 	}
@@ -156,7 +156,7 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	if !still {
 		return true // taken over already
 	}
-	if next, err := continuedAs(ctx, c, in.WorkflowID, in.RunID); err != nil || next == "" {
+	if next, err := a.continuedAs(ctx, c, in.WorkflowID, in.RunID); err != nil || next == "" {
 		return false // released by the run, or it ended for good
 	}
 	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", window))
@@ -172,7 +172,14 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 }
 
 // continuedAs is the run that run runID of the workflow continued as, or ""
-// if it is still running or ended otherwise.
+// if it is still running or ended otherwise (Agent.runEnded in tests).
+func (a *Agent) continuedAs(ctx context.Context, c client.Client, workflowID, runID string) (string, error) {
+	if a.runEnded != nil {
+		return a.runEnded(workflowID, runID)
+	}
+	return continuedAs(ctx, c, workflowID, runID)
+}
+
 func continuedAs(ctx context.Context, c client.Client, workflowID, runID string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

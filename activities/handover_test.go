@@ -1,8 +1,11 @@
 package activities
 
 import (
+	"strings"
 	"sync"
 	"testing"
+
+	"go.temporal.io/sdk/testsuite"
 
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -49,5 +52,48 @@ func TestHoldPassesToOneRunOnly(t *testing.T) {
 			t.Fatalf("freed %v and passed %v; want exactly one", freed, passed)
 		}
 		tab.remove(h, "b")
+	}
+}
+
+// TestHoldIsHandedOnlyToTheRunItsRunContinuedAs: a HoldSlot asking for a
+// handover gets nothing when no hold is kept for the run it names, when
+// that run is still running (a stranger naming it), or when it continued
+// as another run; the hold stays its run's.
+func TestHoldIsHandedOnlyToTheRunItsRunContinuedAs(t *testing.T) {
+	const wf, self = "default-test-workflow-id", "default-test-run-id" // the test environment's activity info
+	for _, c := range []struct {
+		name      string
+		keptFor   string // the run whose hold is kept
+		continued string // what Temporal says the named run continued as
+		want      string
+	}{
+		{"no hold kept", "", "", "none is kept for run run-0"},
+		{"the named run still runs", "run-0", "", "did not continue as run " + self},
+		{"it continued as another run", "run-0", "run-other", "did not continue as run " + self},
+	} {
+		a := &Agent{Identity: "w", Slots: []Slot{{Index: 0}}}
+		a.init()
+		a.runEnded = func(workflowID, runID string) (string, error) {
+			if workflowID != wf || runID != "run-0" {
+				t.Fatalf("%s: asked about %s/%s", c.name, workflowID, runID)
+			}
+			return c.continued, nil
+		}
+		var h *hold
+		if c.keptFor != "" {
+			slots, _ := a.slots.take(1)
+			h, _ = a.holds.add(holdKey{wf, 1, 0}, c.keptFor, slots, spec.Placement{})
+		}
+		var suite testsuite.WorkflowTestSuite
+		env := suite.NewTestActivityEnvironment()
+		env.RegisterActivity(a.HoldSlot)
+		_, err := env.ExecuteActivity(a.HoldSlot, spec.HoldSlotInput{WorkflowID: wf, RunID: self, Generation: 1, Request: 0,
+			Handover: &spec.Handover{PreviousRunID: "run-0"}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: %v; want refused: %q", c.name, err, c.want)
+		}
+		if h != nil && (h.runID != c.keptFor || h.removed) {
+			t.Fatalf("%s: the hold is now %s's (removed %v); want it kept for %s", c.name, h.runID, h.removed, c.keptFor)
+		}
 	}
 }
