@@ -2,11 +2,13 @@ package activities
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
@@ -128,7 +130,9 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 	if !known {
 		return noHold("none is kept for run " + from)
 	}
-	next, err := a.continuedAs(ctx, activity.GetClient(ctx), self.ID, from)
+	askCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	next, err := a.continuedAs(askCtx, activity.GetClient(ctx), self.ID, from)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("reading how run %s of workflow %s ended: %w", from, self.ID, err)
 	}
@@ -173,11 +177,29 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 
 // continuedAs is the run that run runID of the workflow continued as, or ""
 // if it is still running or ended otherwise (Agent.runEnded in tests).
+// A busy server may not answer at once (512 hosts ask together at a
+// boundary): it is asked again, backing off, until ctx ends.
 func (a *Agent) continuedAs(ctx context.Context, c client.Client, workflowID, runID string) (string, error) {
 	if a.runEnded != nil {
 		return a.runEnded(workflowID, runID)
 	}
-	return continuedAs(ctx, c, workflowID, runID)
+	wait := 250 * time.Millisecond
+	for {
+		next, err := continuedAs(ctx, c, workflowID, runID)
+		if err == nil || ctx.Err() != nil {
+			return next, err
+		}
+		var notFound *serviceerror.NotFound
+		if errors.As(err, &notFound) {
+			return "", err
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 func continuedAs(ctx context.Context, c client.Client, workflowID, runID string) (string, error) {

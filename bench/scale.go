@@ -181,7 +181,15 @@ func startSimBench(ctx context.Context, name, address string, o simfleet.Options
 		b.closers = append(b.closers, b.srv.stop)
 		address = b.srv.addr
 	}
-	if b.c, err = (connect.Options{Address: address, Namespace: "default"}).Dial(zap.NewNop()); err != nil {
+	// The workflows' and the SDK's warnings go to stderr: they say why a
+	// gang did not form or did not cross a continue-as-new.
+	cfg := zap.NewDevelopmentConfig()
+	cfg.Level, cfg.Development, cfg.DisableStacktrace = zap.NewAtomicLevelAt(zap.WarnLevel), false, true
+	logger, err := cfg.Build()
+	if err != nil {
+		return nil, err
+	}
+	if b.c, err = (connect.Options{Address: address, Namespace: "default"}).Dial(logger); err != nil {
 		return nil, err
 	}
 	b.closers = append(b.closers, b.c.Close)
