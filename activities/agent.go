@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/collective"
@@ -74,8 +75,9 @@ type Agent struct {
 	replicas replicaTable
 	hosts    hostTable
 	holds    holdTable
-	// runEnded, in tests, stands for Temporal saying what run a run continued as.
-	runEnded func(workflowID, runID string) (string, error)
+	// describe, in tests, stands for Temporal's answer about a run: its
+	// status and its chain's first run.
+	describe func(workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error)
 	data     dataCache
 }
 

@@ -25,9 +25,10 @@ import (
 // and rank) stay as they were, so the next epoch neither forms a gang nor
 // restores a checkpoint.
 //
-// A hold is handed over only to the run that the holding run's history
-// says it continued as (its close event), so no other workflow, nor a later
-// run of the same workflow ID, can take slots it was not given.
+// A hold is handed over only to a running run of the same workflow and the
+// same chain of continue-as-new (the same first run) as the holding run,
+// once that one has continued as new: no other workflow, nor a new start
+// of the same workflow ID, can take slots it was not given.
 
 // A hold whose run continued as new waits this long for the next run to
 // take it over (HoldSlotInput.KeepFor, bounded) before its slots are freed.
@@ -113,8 +114,9 @@ func (t *holdTable) handOver(k holdKey, from, to string) (*hold, <-chan struct{}
 }
 
 // takeOver is HoldSlot for a run that continued as new: it takes over the
-// hold the previous run kept for this host, once the previous run's history
-// shows it continued as the asking run.
+// hold the previous run kept for this host, once Temporal shows that the
+// previous run continued as new and that the asking run is a later run of
+// the same chain (the same first run), still running.
 func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 	self := activity.GetInfo(ctx).WorkflowExecution
 	k := holdKey{self.ID, in.Generation, in.Request}
@@ -131,13 +133,21 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 		return noHold("none is kept for run " + from)
 	}
 	askCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	next, err := a.continuedAs(askCtx, activity.GetClient(ctx), self.ID, from)
-	cancel()
+	defer cancel()
+	c := activity.GetClient(ctx)
+	status, chain, err := a.describeRun(askCtx, c, self.ID, from)
 	if err != nil {
 		return fmt.Errorf("reading how run %s of workflow %s ended: %w", from, self.ID, err)
 	}
-	if next != self.RunID {
-		return noHold(fmt.Sprintf("run %s did not continue as run %s", from, self.RunID))
+	if status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+		return noHold(fmt.Sprintf("run %s did not continue as new (%s)", from, status))
+	}
+	selfStatus, selfChain, err := a.describeRun(askCtx, c, self.ID, self.RunID)
+	if err != nil {
+		return fmt.Errorf("reading run %s of workflow %s: %w", self.RunID, self.ID, err)
+	}
+	if chain == "" || selfChain != chain || selfStatus != enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING {
+		return noHold(fmt.Sprintf("run %s is not a running continuation of run %s (first runs %s and %s)", self.RunID, from, selfChain, chain))
 	}
 	h, handed, ok := a.holds.handOver(k, from, self.RunID)
 	if !ok {
@@ -160,7 +170,7 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	if !still {
 		return true // taken over already
 	}
-	if next, err := a.continuedAs(ctx, c, in.WorkflowID, in.RunID); err != nil || next == "" {
+	if status, _, err := a.describeRun(ctx, c, in.WorkflowID, in.RunID); err != nil || status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
 		return false // released by the run, or it ended for good
 	}
 	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", window))
@@ -175,52 +185,32 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	}
 }
 
-// continuedAs is the run that run runID of the workflow continued as, or ""
-// if it is still running or ended otherwise (Agent.runEnded in tests).
-// A busy server may not answer at once (512 hosts ask together at a
-// boundary): it is asked again, backing off, until ctx ends.
-func (a *Agent) continuedAs(ctx context.Context, c client.Client, workflowID, runID string) (string, error) {
-	if a.runEnded != nil {
-		return a.runEnded(workflowID, runID)
+// describeRun is a run's status and the first run of its chain of
+// continue-as-new (Agent.describe in tests). A busy server may not answer at
+// once (512 hosts ask together at a boundary): it is asked again, backing
+// off, until ctx ends.
+func (a *Agent) describeRun(ctx context.Context, c client.Client, workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error) {
+	if a.describe != nil {
+		return a.describe(workflowID, runID)
 	}
 	wait := 250 * time.Millisecond
 	for {
-		next, err := continuedAs(ctx, c, workflowID, runID)
-		if err == nil || ctx.Err() != nil {
-			return next, err
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		d, err := c.DescribeWorkflowExecution(actx, workflowID, runID)
+		cancel()
+		if err == nil {
+			info := d.GetWorkflowExecutionInfo()
+			return info.GetStatus(), info.GetFirstRunId(), nil
 		}
 		var notFound *serviceerror.NotFound
-		if errors.As(err, &notFound) {
-			return "", err
+		if errors.As(err, &notFound) || ctx.Err() != nil {
+			return 0, "", err
 		}
 		select {
 		case <-ctx.Done():
-			return "", err
+			return 0, "", err
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
-}
-
-func continuedAs(ctx context.Context, c client.Client, workflowID, runID string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	d, err := c.DescribeWorkflowExecution(ctx, workflowID, runID)
-	if err != nil {
-		return "", err
-	}
-	if d.GetWorkflowExecutionInfo().GetStatus() != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
-		return "", nil
-	}
-	it := c.GetWorkflowHistory(ctx, workflowID, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_CLOSE_EVENT)
-	for it.HasNext() {
-		e, err := it.Next()
-		if err != nil {
-			return "", err
-		}
-		if attrs := e.GetWorkflowExecutionContinuedAsNewEventAttributes(); attrs != nil {
-			return attrs.GetNewExecutionRunId(), nil
-		}
-	}
-	return "", nil
 }

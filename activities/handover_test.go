@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/durabletrain/durabletrain/spec"
@@ -55,29 +56,42 @@ func TestHoldPassesToOneRunOnly(t *testing.T) {
 	}
 }
 
-// TestHoldIsHandedOnlyToTheRunItsRunContinuedAs: a HoldSlot asking for a
+// TestHoldIsHandedOnlyToItsRunsContinuation: a HoldSlot asking for a
 // handover gets nothing when no hold is kept for the run it names, when
-// that run is still running (a stranger naming it), or when it continued
-// as another run; the hold stays its run's.
-func TestHoldIsHandedOnlyToTheRunItsRunContinuedAs(t *testing.T) {
+// that run is still running (a stranger naming it), when the asking run is
+// of another chain (a new start of the same workflow ID) or has ended; the
+// hold stays its run's.
+func TestHoldIsHandedOnlyToItsRunsContinuation(t *testing.T) {
 	const wf, self = "default-test-workflow-id", "default-test-run-id" // the test environment's activity info
+	type answer struct {
+		status enumspb.WorkflowExecutionStatus
+		first  string
+	}
+	can := enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW
+	running := enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING
 	for _, c := range []struct {
 		name      string
 		keptFor   string // the run whose hold is kept
-		continued string // what Temporal says the named run continued as
+		prev, now answer // what Temporal says of run-0 and of the asking run
 		want      string
 	}{
-		{"no hold kept", "", "", "none is kept for run run-0"},
-		{"the named run still runs", "run-0", "", "did not continue as run " + self},
-		{"it continued as another run", "run-0", "run-other", "did not continue as run " + self},
+		{"no hold kept", "", answer{can, "run-0"}, answer{running, "run-0"}, "none is kept for run run-0"},
+		{"the named run still runs", "run-0", answer{running, "run-0"}, answer{running, "run-0"}, "did not continue as new"},
+		{"another chain of the same ID", "run-0", answer{can, "run-0"}, answer{running, "run-x"}, "is not a running continuation"},
+		{"the asking run has ended", "run-0", answer{can, "run-0"}, answer{enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, "run-0"}, "is not a running continuation"},
 	} {
 		a := &Agent{Identity: "w", Slots: []Slot{{Index: 0}}}
 		a.init()
-		a.runEnded = func(workflowID, runID string) (string, error) {
-			if workflowID != wf || runID != "run-0" {
-				t.Fatalf("%s: asked about %s/%s", c.name, workflowID, runID)
+		a.describe = func(workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error) {
+			switch {
+			case workflowID != wf:
+			case runID == "run-0":
+				return c.prev.status, c.prev.first, nil
+			case runID == self:
+				return c.now.status, c.now.first, nil
 			}
-			return c.continued, nil
+			t.Fatalf("%s: asked about %s/%s", c.name, workflowID, runID)
+			return 0, "", nil
 		}
 		var h *hold
 		if c.keptFor != "" {
