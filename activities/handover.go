@@ -135,14 +135,17 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 	askCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	c := activity.GetClient(ctx)
-	status, chain, err := a.describeRun(askCtx, c, self.ID, from)
+	// Asking may take a busy server a while: the hold heartbeats meanwhile,
+	// or the run would time it out as a lost worker.
+	beat := func() { activity.RecordHeartbeat(ctx, nil) }
+	status, chain, err := a.describeRun(askCtx, c, self.ID, from, beat)
 	if err != nil {
 		return fmt.Errorf("reading how run %s of workflow %s ended: %w", from, self.ID, err)
 	}
 	if status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
 		return noHold(fmt.Sprintf("run %s did not continue as new (%s)", from, status))
 	}
-	selfStatus, selfChain, err := a.describeRun(askCtx, c, self.ID, self.RunID)
+	selfStatus, selfChain, err := a.describeRun(askCtx, c, self.ID, self.RunID, beat)
 	if err != nil {
 		return fmt.Errorf("reading run %s of workflow %s: %w", self.RunID, self.ID, err)
 	}
@@ -170,7 +173,7 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	if !still {
 		return true // taken over already
 	}
-	if status, _, err := a.describeRun(ctx, c, in.WorkflowID, in.RunID); err != nil || status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+	if status, _, err := a.describeRun(ctx, c, in.WorkflowID, in.RunID, nil); err != nil || status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
 		return false // released by the run, or it ended for good
 	}
 	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", window))
@@ -188,14 +191,17 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 // describeRun is a run's status and the first run of its chain of
 // continue-as-new (Agent.describe in tests). A busy server may not answer at
 // once (512 hosts ask together at a boundary): it is asked again, backing
-// off, until ctx ends.
-func (a *Agent) describeRun(ctx context.Context, c client.Client, workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error) {
+// off, until ctx ends; beat, if set, is called before each try.
+func (a *Agent) describeRun(ctx context.Context, c client.Client, workflowID, runID string, beat func()) (enumspb.WorkflowExecutionStatus, string, error) {
 	if a.describe != nil {
 		return a.describe(workflowID, runID)
 	}
 	wait := 250 * time.Millisecond
 	for {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if beat != nil {
+			beat()
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		d, err := c.DescribeWorkflowExecution(actx, workflowID, runID)
 		cancel()
 		if err == nil {
