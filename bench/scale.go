@@ -38,7 +38,7 @@ func benchScale(args []string) error {
 	perRank := fs.Bool("per-rank", false, "the design before hosts: one hold and one RunEpoch per rank (scaling.workers_per_host 1)")
 	address := fs.String("address", "", "a Temporal server to use instead of starting one (its CPU time is then not measured)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
-	every := fs.Int("checkpoint-every", 1, "checkpoint.every_epochs")
+	ckptEvery := fs.Int("checkpoint-every", 1, "checkpoint.every_epochs")
 	suggestCAN := fs.Int("suggest-continue-as-new", 0, "history length at which the server tells the run to continue as new (0: Temporal's 4096); lower to cross the boundary often")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -69,7 +69,7 @@ func benchScale(args []string) error {
 	s := spec.Training{Trainer: simfleet.Backend, Dataset: spec.Dataset{URL: "mem://"},
 		Hyper:      spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: wph, TaskQueue: queue, GangTimeout: spec.Duration(10 * time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: *every},
+		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: *ckptEvery},
 		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second)}}
 	input, _ := json.Marshal(s)
 	cpu0 := srv.cpuSeconds()
@@ -78,28 +78,20 @@ func benchScale(args []string) error {
 	if err != nil {
 		return err
 	}
-	go func() { // say where the run stands every 15 s
-		for t := time.NewTicker(15 * time.Second); ; {
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
+	go every(ctx, 15*time.Second, func() { // say where the run stands
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, err := c.QueryWorkflow(qctx, run.GetID(), run.GetRunID(), spec.QueryProgress)
+		cancel()
+		var p spec.Progress
+		if err == nil && v.Get(&p) == nil {
+			last := ""
+			if n := len(p.Incidents); n > 0 {
+				last = fmt.Sprintf("; last incident: %s: %s", p.Incidents[n-1].Kind, p.Incidents[n-1].Detail)
 			}
-			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			v, err := c.QueryWorkflow(qctx, run.GetID(), run.GetRunID(), spec.QueryProgress)
-			cancel()
-			var p spec.Progress
-			if err == nil && v.Get(&p) == nil {
-				last := ""
-				if n := len(p.Incidents); n > 0 {
-					last = fmt.Sprintf("; last incident: %s: %s", p.Incidents[n-1].Kind, p.Incidents[n-1].Detail)
-				}
-				fmt.Fprintf(os.Stderr, "bench scale: %s, epoch %d/%d, gang %d, world %d, trained %d rank-epochs %s%s\n",
-					p.State, p.Epoch, p.Epochs, p.Generation, p.World, fleet.Epochs.Load(), p.Waiting, last)
-			}
+			fmt.Fprintf(os.Stderr, "bench scale: %s, epoch %d/%d, gang %d, world %d, trained %d rank-epochs %s%s\n",
+				p.State, p.Epoch, p.Epochs, p.Generation, p.World, fleet.Epochs.Load(), p.Waiting, last)
 		}
-	}()
+	})
 	firstRunID := run.GetRunID() // Get follows continue-as-new and moves GetRunID to the last run
 	var p *spec.Progress
 	runErr := run.Get(ctx, &p)
@@ -149,6 +141,20 @@ func benchScale(args []string) error {
 		return errors.New("the run did not complete")
 	}
 	return nil
+}
+
+// every calls f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+		}
+	}
 }
 
 func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }

@@ -57,23 +57,15 @@ func benchTune(args []string) error {
 	if err != nil {
 		return err
 	}
-	go func() { // say where the search stands every 30 s
-		for t := time.NewTicker(30 * time.Second); ; {
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			v, err := sim.c.QueryWorkflow(qctx, run.GetID(), "", spec.QueryResults)
-			cancel()
-			var r spec.TuneResults
-			if err == nil && v.Get(&r) == nil {
-				fmt.Fprintf(os.Stderr, "bench tune: %v: %d of %d trials started, %v\n", time.Since(start).Round(time.Second), r.Started, r.Total, r.Counts())
-			}
+	go every(ctx, 30*time.Second, func() { // say where the search stands
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v, err := sim.c.QueryWorkflow(qctx, run.GetID(), "", spec.QueryResults)
+		cancel()
+		var r spec.TuneResults
+		if err == nil && v.Get(&r) == nil {
+			fmt.Fprintf(os.Stderr, "bench tune: %v: %d of %d trials started, %v\n", time.Since(start).Round(time.Second), r.Started, r.Total, r.Counts())
 		}
-	}()
+	})
 	firstRunID := run.GetRunID()
 	var res spec.TuneResults
 	runErr := run.Get(ctx, &res)

@@ -93,9 +93,10 @@ func (r *TuneResults) Counts() map[string]int {
 	for st, n := range r.Unlisted {
 		c[st] += n
 	}
-	unstarted := r.Total - r.Started - pending - r.Unlisted[TrialCancelled]
-	if r.Total > 0 && unstarted > 0 {
-		c[TrialPending] += unstarted
+	// A running search lists only the next pending trials; the rest are
+	// pending too. An ended one counted its unstarted trials as cancelled.
+	if r.State == TuneRunning && r.Total > r.Started+pending {
+		c[TrialPending] += r.Total - r.Started - pending
 	}
 	return c
 }

@@ -192,9 +192,12 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		}
 	})
 	for len(children) > 0 {
+		before := done
 		sel.Select(ctx)
 		if bounded {
-			moveRows(ctx, res, url)
+			if done > before { // rows change status only when a trial ends
+				moveRows(ctx, res, url)
+			}
 			h := workflow.GetInfo(ctx)
 			draining = draining || next < len(trials) && (h.GetCurrentHistoryLength() >= TuneContinueAsNewAfterEvents ||
 				signals >= TuneContinueAsNewAfterSignals || h.GetContinueAsNewSuggested())
