@@ -78,6 +78,9 @@ type Agent struct {
 	// describe, in tests, stands for Temporal's answer about a run: its
 	// status and its chain's first run.
 	describe func(workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error)
+	// startedFrom, in tests, stands for Temporal's answer about the run a
+	// run continued as new from ("" if it did not).
+	startedFrom func(workflowID, runID string) (string, error)
 	data     dataCache
 }
 

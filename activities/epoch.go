@@ -98,9 +98,9 @@ func hostEnd(results []spec.EpochResult, errs []error) (spec.EpochResult, error)
 // runRank trains one rank's epoch; the host's heartbeat carries its progress.
 func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.LocalPlace, beat *heartbeat) (spec.EpochResult, error) {
 	key := keyOf(ctx, in.Generation, in.Rank)
-	defer a.slots.running(in.Slot)()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	defer a.slots.running(in.Slot, cancel)()
 	leave := a.watchStop(ctx, cancel, in)
 
 	rep, restored, err := a.replica(ctx, key, in, place, beat)

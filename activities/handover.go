@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	commonpb "go.temporal.io/api/common/v1"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
+	workflowpb "go.temporal.io/api/workflow/v1"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
@@ -63,6 +67,9 @@ type hold struct {
 	runID   string
 	handed  chan struct{}
 	removed bool
+	// released is closed when a run let go of the hold (ReleaseHold),
+	// which freed its slots.
+	released chan struct{}
 }
 
 // holdTable is the holds of this worker, by workflow, generation and request.
@@ -74,7 +81,7 @@ type holdTable struct {
 // add records a new hold for run runID; it returns the hold and the
 // channel that closes when the hold passes to the run's successor.
 func (t *holdTable) add(k holdKey, runID string, slots []Slot, placement spec.Placement) (*hold, <-chan struct{}) {
-	h := &hold{key: k, slots: slots, placement: placement, runID: runID, handed: make(chan struct{})}
+	h := &hold{key: k, slots: slots, placement: placement, runID: runID, handed: make(chan struct{}), released: make(chan struct{})}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m == nil {
@@ -99,6 +106,21 @@ func (t *holdTable) remove(h *hold, runID string) bool {
 	return true
 }
 
+// release forgets the hold of k if one of runIDs holds it, and returns it:
+// then the caller frees its slots.
+func (t *holdTable) release(k holdKey, runIDs []string) (*hold, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := t.m[k]
+	if h == nil || h.removed || !slices.Contains(runIDs, h.runID) {
+		return nil, false
+	}
+	h.removed = true
+	delete(t.m, k)
+	close(h.released)
+	return h, true
+}
+
 // handOver passes the hold of k from run from to run to, and returns it
 // with the channel that closes when it passes on again.
 func (t *holdTable) handOver(k holdKey, from, to string) (*hold, <-chan struct{}, bool) {
@@ -115,10 +137,15 @@ func (t *holdTable) handOver(k holdKey, from, to string) (*hold, <-chan struct{}
 
 // takeOver is HoldSlot for a run that continued as new: it takes over the
 // hold the previous run kept for this host, once Temporal shows that the
-// previous run continued as new and that the asking run is a later run of
-// the same chain (the same first run), still running.
+// asking run was started by the previous run continuing as new.
+//
+// One question settles it: the asking run is the one Temporal dispatched
+// this activity for (its info, not its input), so it is running; the first
+// event of its history names the run it continued from and how it began.
+// A run continues as new into one run only, and only by closing.
 func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
-	self := activity.GetInfo(ctx).WorkflowExecution
+	info := activity.GetInfo(ctx)
+	self := info.WorkflowExecution
 	k := holdKey{self.ID, in.Generation, in.Request}
 	from := in.Handover.PreviousRunID
 	noHold := func(why string) error {
@@ -134,23 +161,15 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 	}
 	askCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	c := activity.GetClient(ctx)
 	// Asking may take a busy server a while: the hold heartbeats meanwhile,
 	// or the run would time it out as a lost worker.
 	beat := func() { activity.RecordHeartbeat(ctx, nil) }
-	status, chain, err := a.describeRun(askCtx, c, self.ID, from, beat)
+	prev, err := a.continuedFrom(askCtx, activity.GetClient(ctx), info.WorkflowNamespace, self.ID, self.RunID, beat)
 	if err != nil {
-		return fmt.Errorf("reading how run %s of workflow %s ended: %w", from, self.ID, err)
+		return fmt.Errorf("reading how run %s of workflow %s began: %w", self.RunID, self.ID, err)
 	}
-	if status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
-		return noHold(fmt.Sprintf("run %s did not continue as new (%s)", from, status))
-	}
-	selfStatus, selfChain, err := a.describeRun(askCtx, c, self.ID, self.RunID, beat)
-	if err != nil {
-		return fmt.Errorf("reading run %s of workflow %s: %w", self.RunID, self.ID, err)
-	}
-	if chain == "" || selfChain != chain || selfStatus != enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING {
-		return noHold(fmt.Sprintf("run %s is not a running continuation of run %s (first runs %s and %s)", self.RunID, from, selfChain, chain))
+	if prev != from {
+		return noHold(fmt.Sprintf("run %s did not continue as new from run %s (it continued from %q)", self.RunID, from, prev))
 	}
 	h, handed, ok := a.holds.handOver(k, from, self.RunID)
 	if !ok {
@@ -160,9 +179,22 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 	return a.keep(ctx, h, handed, in)
 }
 
+// handoverGrace is how long a hold whose run stopped holding it (without
+// letting it go: ReleaseHold) waits for a successor before asking Temporal
+// whether the run continued as new at all.
+const handoverGrace = 5 * time.Second
+
 // awaitHandover is called when run in.RunID stopped holding h: if that run
 // continued as new, it waits up to its handover window (or until the
-// worker stops) for its successor to take the hold over, and says whether it did.
+// worker stops) for its successor to take the hold over, and says whether
+// it did (or the hold was let go of, which freed it).
+//
+// A run that ends for good lets go of its holds before it closes; one that
+// continues as new keeps them. So the hold first waits handoverGrace
+// without asking anything (at a boundary of 512 hosts, that is 512
+// questions the server is spared), and only a hold not taken over by then
+// asks how its run ended: it was terminated, or recorded before runs let
+// go of their holds, or its successor is slow to come.
 func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{}, h *hold, in spec.HoldSlotInput, log *zap.Logger) bool {
 	window := handoverWindow(in)
 	ctx, cancel := context.WithTimeout(context.Background(), window)
@@ -171,14 +203,27 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	still := !h.removed && h.runID == in.RunID
 	a.holds.mu.Unlock()
 	if !still {
-		return true // taken over already
+		return true // taken over or let go of already
+	}
+	grace := time.NewTimer(min(window, handoverGrace))
+	defer grace.Stop()
+	select {
+	case <-handed:
+		return true
+	case <-h.released:
+		return true
+	case <-workerStop:
+		return false
+	case <-grace.C:
 	}
 	if status, _, err := a.describeRun(ctx, c, in.WorkflowID, in.RunID, nil); err != nil || status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
-		return false // released by the run, or it ended for good
+		return false // it ended for good
 	}
 	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", window))
 	select {
 	case <-handed:
+		return true
+	case <-h.released:
 		return true
 	case <-ctx.Done():
 		log.Info("the run that continued as new did not take the slot over; freeing it")
@@ -188,33 +233,73 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 	}
 }
 
+// continuedFrom is the run that run runID continued as new from, as the
+// first event of its history says; empty if it began otherwise (a start, a
+// retry, a cron run, a reset). Agent.startedFrom stands for it in tests.
+// Asked again, backing off, while the server does not answer.
+func (a *Agent) continuedFrom(ctx context.Context, c client.Client, namespace, workflowID, runID string, beat func()) (string, error) {
+	if a.startedFrom != nil {
+		return a.startedFrom(workflowID, runID)
+	}
+	var prev string
+	err := retryRead(ctx, beat, func(ctx context.Context) error {
+		resp, err := c.WorkflowService().GetWorkflowExecutionHistory(ctx, &workflowservice.GetWorkflowExecutionHistoryRequest{
+			Namespace: namespace, Execution: &commonpb.WorkflowExecution{WorkflowId: workflowID, RunId: runID}, MaximumPageSize: 1})
+		if err != nil {
+			return err
+		}
+		events := resp.GetHistory().GetEvents()
+		if len(events) == 0 {
+			return fmt.Errorf("run %s of workflow %s has no history", runID, workflowID)
+		}
+		started := events[0].GetWorkflowExecutionStartedEventAttributes()
+		if started.GetInitiator() == enumspb.CONTINUE_AS_NEW_INITIATOR_WORKFLOW {
+			prev = started.GetContinuedExecutionRunId()
+		}
+		return nil
+	})
+	return prev, err
+}
+
 // describeRun is a run's status and the first run of its chain of
-// continue-as-new (Agent.describe in tests). A busy server may not answer at
-// once (512 hosts ask together at a boundary): it is asked again, backing
-// off, until ctx ends; beat, if set, is called before each try.
+// continue-as-new (Agent.describe in tests), asked again, backing off, while
+// the server does not answer.
 func (a *Agent) describeRun(ctx context.Context, c client.Client, workflowID, runID string, beat func()) (enumspb.WorkflowExecutionStatus, string, error) {
 	if a.describe != nil {
 		return a.describe(workflowID, runID)
 	}
+	var info *workflowpb.WorkflowExecutionInfo
+	err := retryRead(ctx, beat, func(ctx context.Context) error {
+		d, err := c.DescribeWorkflowExecution(ctx, workflowID, runID)
+		info = d.GetWorkflowExecutionInfo()
+		return err
+	})
+	return info.GetStatus(), info.GetFirstRunId(), err
+}
+
+// retryRead calls read until it succeeds, Temporal says what it asks for
+// does not exist, or ctx ends. A busy server may not answer at once (512
+// hosts ask together at a boundary): each try has 5 s, and the next waits
+// longer, up to 5 s; beat, if set, is called before each try.
+func retryRead(ctx context.Context, beat func(), read func(context.Context) error) error {
 	wait := 250 * time.Millisecond
 	for {
 		if beat != nil {
 			beat()
 		}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		d, err := c.DescribeWorkflowExecution(actx, workflowID, runID)
+		err := read(actx)
 		cancel()
 		if err == nil {
-			info := d.GetWorkflowExecutionInfo()
-			return info.GetStatus(), info.GetFirstRunId(), nil
+			return nil
 		}
 		var notFound *serviceerror.NotFound
 		if errors.As(err, &notFound) || ctx.Err() != nil {
-			return 0, "", err
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return 0, "", err
+			return err
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)

@@ -1,11 +1,12 @@
 package activities
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 
-	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/durabletrain/durabletrain/spec"
@@ -57,41 +58,31 @@ func TestHoldPassesToOneRunOnly(t *testing.T) {
 }
 
 // TestHoldIsHandedOnlyToItsRunsContinuation: a HoldSlot asking for a
-// handover gets nothing when no hold is kept for the run it names, when
-// that run is still running (a stranger naming it), when the asking run is
-// of another chain (a new start of the same workflow ID) or has ended; the
-// hold stays its run's.
+// handover gets nothing when no hold is kept for the run it names, or when
+// the asking run (the one Temporal dispatched the activity for, so running)
+// did not continue as new from that run: it began otherwise (a new start of
+// the same workflow ID, a retry), or continued from another run; the hold
+// stays its run's. Temporal starts a run's continuation only when that run
+// closes, so a still-running named run cannot be claimed.
 func TestHoldIsHandedOnlyToItsRunsContinuation(t *testing.T) {
 	const wf, self = "default-test-workflow-id", "default-test-run-id" // the test environment's activity info
-	type answer struct {
-		status enumspb.WorkflowExecutionStatus
-		first  string
-	}
-	can := enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW
-	running := enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING
 	for _, c := range []struct {
-		name      string
-		keptFor   string // the run whose hold is kept
-		prev, now answer // what Temporal says of run-0 and of the asking run
-		want      string
+		name    string
+		keptFor string // the run whose hold is kept
+		began   string // the run the asking run continued from, as its history says
+		want    string
 	}{
-		{"no hold kept", "", answer{can, "run-0"}, answer{running, "run-0"}, "none is kept for run run-0"},
-		{"the named run still runs", "run-0", answer{running, "run-0"}, answer{running, "run-0"}, "did not continue as new"},
-		{"another chain of the same ID", "run-0", answer{can, "run-0"}, answer{running, "run-x"}, "is not a running continuation"},
-		{"the asking run has ended", "run-0", answer{can, "run-0"}, answer{enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, "run-0"}, "is not a running continuation"},
+		{"no hold kept", "", "run-0", "none is kept for run run-0"},
+		{"the asking run did not continue as new", "run-0", "", "did not continue as new from run run-0"},
+		{"the asking run continued from another run", "run-0", "run-x", "did not continue as new from run run-0"},
 	} {
 		a := &Agent{Identity: "w", Slots: []Slot{{Index: 0}}}
 		a.init()
-		a.describe = func(workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error) {
-			switch {
-			case workflowID != wf:
-			case runID == "run-0":
-				return c.prev.status, c.prev.first, nil
-			case runID == self:
-				return c.now.status, c.now.first, nil
+		a.startedFrom = func(workflowID, runID string) (string, error) {
+			if workflowID != wf || runID != self {
+				t.Fatalf("%s: asked about %s/%s; want the asking run", c.name, workflowID, runID)
 			}
-			t.Fatalf("%s: asked about %s/%s", c.name, workflowID, runID)
-			return 0, "", nil
+			return c.began, nil
 		}
 		var h *hold
 		if c.keptFor != "" {
@@ -109,5 +100,54 @@ func TestHoldIsHandedOnlyToItsRunsContinuation(t *testing.T) {
 		if h != nil && (h.runID != c.keptFor || h.removed) {
 			t.Fatalf("%s: the hold is now %s's (removed %v); want it kept for %s", c.name, h.runID, h.removed, c.keptFor)
 		}
+	}
+}
+
+// TestReleaseHoldFreesOnlyItsRunsHold: ReleaseHold frees the asking
+// workflow's hold at once when one of the named runs holds it, stopping
+// the epoch still running on its slots; it leaves alone a hold of another
+// run, and one of another workflow under the same generation and request;
+// asked twice, the second does nothing.
+func TestReleaseHoldFreesOnlyItsRunsHold(t *testing.T) {
+	const wf = "default-test-workflow-id" // the test environment's activity info
+	a := &Agent{Identity: "w", Slots: []Slot{{Index: 0}, {Index: 1}, {Index: 2}}}
+	a.init()
+	mine, _ := a.slots.take(2)
+	h, _ := a.holds.add(holdKey{wf, 3, 1}, "run-1", mine, spec.Placement{})
+	theirs, _ := a.slots.take(1)
+	other, _ := a.holds.add(holdKey{"other-workflow", 3, 1}, "run-1", theirs, spec.Placement{})
+	epoch, stop := context.WithCancelCause(context.Background())
+	done := a.slots.running(mine[1].Index, stop)
+	go func() { <-epoch.Done(); done() }()
+
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestActivityEnvironment()
+	env.RegisterActivity(a.ReleaseHold)
+	release := func(runIDs ...string) {
+		t.Helper()
+		if _, err := env.ExecuteActivity(a.ReleaseHold, spec.ReleaseHoldInput{Generation: 3, Request: 1, RunIDs: runIDs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release("run-0", "run-2")
+	if h.removed || isClosed(h.released) {
+		t.Fatal("a run that does not hold the hold released it")
+	}
+	release("run-2", "run-1")
+	if !h.removed || !isClosed(h.released) {
+		t.Fatal("the run holding the hold could not release it")
+	}
+	if !errors.Is(context.Cause(epoch), errReleased) {
+		t.Fatalf("the epoch on the released slot: %v; want stopped as released", context.Cause(epoch))
+	}
+	if held, _ := a.SlotUsage(); held != 1 {
+		t.Fatalf("%d slots held after the release; want 1 (the other workflow's)", held)
+	}
+	if other.removed {
+		t.Fatal("another workflow's hold of the same generation and request was released")
+	}
+	release("run-1") // again: nothing to do
+	if _, err := env.ExecuteActivity(a.ReleaseHold, spec.ReleaseHoldInput{Generation: 3, Request: 1}); err == nil || !strings.Contains(err.Error(), "run_ids") {
+		t.Fatalf("a release naming no run: %v; want an error naming run_ids", err)
 	}
 }

@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ type slotTable struct {
 	order  []Slot
 	busy   map[int]bool
 	epochs map[int]chan struct{}       // closed when the slot's running RunEpoch returns
+	stops  map[int]context.CancelCauseFunc // stops the slot's running RunEpoch
 	refs   map[int]*spec.CheckpointRef // the latest checkpoint the slot's gang committed
 	keys   map[int]*slotKey            // the identity of the slot's current hold
 	// changed, if set, is told the free and held counts whenever a slot is
@@ -37,6 +39,7 @@ func (t *slotTable) notify() {
 func (t *slotTable) init(slots []Slot) {
 	t.order = slots
 	t.busy, t.epochs, t.refs, t.keys = map[int]bool{}, map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}, map[int]*slotKey{}
+	t.stops = map[int]context.CancelCauseFunc{}
 }
 
 // take reserves the first n free slots, all or none.
@@ -97,19 +100,31 @@ func (t *slotTable) checkpoint(i int) *spec.CheckpointRef {
 	return t.refs[i]
 }
 
-// running marks the slot's epoch as running until the returned func is called.
-func (t *slotTable) running(i int) func() {
+// running marks the slot's epoch as running until the returned func is
+// called; stop ends it early (stopEpoch).
+func (t *slotTable) running(i int, stop context.CancelCauseFunc) func() {
 	done := make(chan struct{})
 	t.mu.Lock()
-	t.epochs[i] = done
+	t.epochs[i], t.stops[i] = done, stop
 	t.mu.Unlock()
 	return func() {
 		t.mu.Lock()
 		if t.epochs[i] == done {
 			delete(t.epochs, i)
+			delete(t.stops, i)
 		}
 		t.mu.Unlock()
 		close(done)
+	}
+}
+
+// stopEpoch cancels the slot's running epoch, if any, with cause.
+func (t *slotTable) stopEpoch(i int, cause error) {
+	t.mu.Lock()
+	stop := t.stops[i]
+	t.mu.Unlock()
+	if stop != nil {
+		stop(cause)
 	}
 }
 
@@ -195,6 +210,9 @@ func (a *Agent) keep(ctx context.Context, h *hold, handed <-chan struct{}, in sp
 		case <-handed:
 			kept = true // the run continued as new and its successor holds the slots now
 			return nil
+		case <-h.released:
+			kept = true // ReleaseHold freed the slots
+			return nil
 		case <-ctx.Done():
 			// Released by the workflow (the gang ended): the expected end of
 			// a hold; or the run continued as new, and its successor may
@@ -218,6 +236,35 @@ func (a *Agent) keep(ctx context.Context, h *hold, handed <-chan struct{}, in sp
 		}
 	}
 }
+
+// ReleaseHold frees a hold of the asking workflow at once (see
+// spec.ReleaseHoldInput): it stops any epoch still running on the hold's
+// slots, drops their replicas and frees them. A hold already freed, or not
+// held by one of in.RunIDs, is left as it is: releasing is idempotent.
+func (a *Agent) ReleaseHold(ctx context.Context, in spec.ReleaseHoldInput) error {
+	a.init()
+	self := activity.GetInfo(ctx).WorkflowExecution // the asker, as Temporal says, not as the input says
+	if len(in.RunIDs) == 0 || len(in.RunIDs) > 2 {
+		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("run_ids: %d run IDs; want the asking run's, and the run it continued from", len(in.RunIDs)), spec.ErrUser, nil)
+	}
+	h, ok := a.holds.release(holdKey{self.ID, in.Generation, in.Request}, in.RunIDs)
+	if !ok {
+		return nil
+	}
+	for _, s := range h.slots {
+		a.slots.stopEpoch(s.Index, errReleased)
+	}
+	for _, s := range h.slots {
+		a.slots.waitEpoch(ctx, s.Index, 5*time.Second)
+	}
+	a.freeSlots(self.ID, h.slots)
+	a.Log.Info("slot released by its run", zap.String("workflow", self.ID), zap.Int("generation", in.Generation), zap.Int("host", in.Request),
+		zap.Int("slot", h.slots[0].Index), zap.String("run", h.runID))
+	return nil
+}
+
+// errReleased ends an epoch whose run let go of its slots.
+var errReleased = errors.New("the run released the slot")
 
 // freeSlots drops the workflow's replicas on the slots and frees them.
 func (a *Agent) freeSlots(workflowID string, slots []Slot) {

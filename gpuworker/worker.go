@@ -90,13 +90,15 @@ func RegisterWorkflows(w worker.Registry, p policy.Policy) {
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of
 // the shared GPU task queue (give it worker.Options.Tuner = HoldTuner(agent),
 // so it asks for holds only while a slot is free), and the rank activities
-// on the worker of the agent's own host queue, with HoldSlot again there: a
-// run that continued as new takes its gang's holds over through it.
+// on the worker of the agent's own host queue, with HoldSlot again there (a
+// run that continued as new takes its gang's holds over through it) and
+// ReleaseHold (a run lets go of its holds at once through it).
 func RegisterAgent(slots, ranks worker.Registry, agent *activities.Agent) {
 	slots.RegisterActivityWithOptions(agent.HoldSlot, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
 	ranks.RegisterActivityWithOptions(agent.HoldSlot, activity.RegisterOptions{Name: spec.ActivityHoldSlot})
 	ranks.RegisterActivityWithOptions(agent.RunEpoch, activity.RegisterOptions{Name: spec.ActivityRunEpoch})
 	ranks.RegisterActivityWithOptions(agent.SaveCheckpoint, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
+	ranks.RegisterActivityWithOptions(agent.ReleaseHold, activity.RegisterOptions{Name: spec.ActivityReleaseHold})
 }
 
 // Run runs the worker process until ctx ends, then stops gracefully: the

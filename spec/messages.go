@@ -13,6 +13,7 @@ const (
 	ActivityHoldSlot       = "HoldSlot"       // reserves one GPU slot for a gang and holds it
 	ActivityRunEpoch       = "RunEpoch"       // one rank trains one epoch
 	ActivitySaveCheckpoint = "SaveCheckpoint" // rank 0 checkpoints its warm replica now
+	ActivityReleaseHold    = "ReleaseHold"    // a run -> a host's queue: free its hold now
 
 	SignalSlotGranted = "slot-granted" // HoldSlot -> workflow: where the slot is
 	SignalStop        = "stop"         // user -> workflow: finish the epoch, checkpoint, complete
@@ -104,6 +105,18 @@ type HoldSlotInput struct {
 // hands it over only to the run that one continued as, as its history says.
 type Handover struct {
 	PreviousRunID string `json:"previous_run_id"`
+}
+
+// ReleaseHoldInput asks a host's worker, on its host queue, to free a hold
+// of the asking workflow at once, rather than when the cancellation of the
+// HoldSlot activity reaches it with its next heartbeat (up to most of the
+// heartbeat timeout later). The hold is freed only if one of RunIDs holds
+// it: the asking run, or the run it continued from (a gang that did not
+// cross continue-as-new).
+type ReleaseHoldInput struct {
+	Generation int      `json:"generation"`
+	Request    int      `json:"request"`
+	RunIDs     []string `json:"run_ids"`
 }
 
 // SlotGranted is the signal a held slot sends its workflow.

@@ -70,6 +70,7 @@ func (r *run) growGang(ctx workflow.Context) {
 // startProbe (re)starts the probe for hosts have..workers-1 as a new generation.
 func (r *run) startProbe(ctx workflow.Context, have, workers int) {
 	if r.probe != nil {
+		r.letGo(ctx, r.probe.held(workflow.GetInfo(ctx).WorkflowExecution.RunID), false)
 		r.probe.release()
 	}
 	r.p.Generation++

@@ -197,16 +197,30 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		}
 		sel.Select(ctx)
 	}
+	// The hosts that granted a hold, for letting go of them at once.
+	grantedHosts := func() []heldHost {
+		var hosts []heldHost
+		runID := workflow.GetInfo(ctx).WorkflowExecution.RunID
+		for i := range workers {
+			if granted[i] {
+				hosts = append(hosts, heldHost{hold: holdID{gen, i}, queue: placements[i].HostQueue, runs: []string{runID}})
+			}
+		}
+		return hosts
+	}
 	if r.p.Stopping {
 		release()
+		r.letGo(ctx, grantedHosts(), true) // the run is about to close
 		return nil, errStopped
 	}
 	if holdErr != nil {
 		release()
+		r.letGo(ctx, grantedHosts(), false)
 		return nil, holdErr
 	}
 	if count < workers && count*perHost < r.spec.Scaling.MinWorkers {
 		release()
+		r.letGo(ctx, grantedHosts(), false) // a partial gang: other runs may use its slots while this one backs off
 		why := ""
 		if goneErr != nil {
 			why = fmt.Sprintf("; %d asked for ended without a slot, the last because: %s", gone, shortError(goneErr))
@@ -257,15 +271,23 @@ func (r *run) waiting(ctx workflow.Context, what string) {
 	workflow.SetCurrentDetails(ctx, details(r.p))
 }
 
-func (r *run) releaseGang() {
+// releaseGang gives up the gang and any probe: it cancels their holds and
+// lets go of every host that granted one (release.go); with wait, for a run
+// about to close, until the hosts answered.
+func (r *run) releaseGang(ctx workflow.Context, wait bool) {
+	var hosts []heldHost
+	runID := workflow.GetInfo(ctx).WorkflowExecution.RunID
 	if r.probe != nil {
+		hosts = append(hosts, r.probe.held(runID)...)
 		r.probe.release()
 		r.probe = nil
 	}
 	if r.gang != nil {
+		hosts = append(hosts, r.gang.held(runID)...)
 		r.gang.release()
 		r.gang = nil
 		r.p.Gang = nil
 		r.p.World = 0
 	}
+	r.letGo(ctx, hosts, wait)
 }

@@ -22,12 +22,13 @@ import (
 // keepForNext is what the run continues as new with: the gang, if it can
 // cross (its holds stay; a probe for a degraded gang's missing hosts is
 // released), or nil after releasing it.
-func (r *run) keepForNext() *keptGang {
+func (r *run) keepForNext(ctx workflow.Context) *keptGang {
 	if !r.keepGang || !r.rankKeys || r.gang == nil || len(r.gang.holdIDs) != len(r.gang.placements) {
-		r.releaseGang()
+		r.releaseGang(ctx, true)
 		return nil
 	}
 	if r.probe != nil {
+		r.letGo(ctx, r.probe.held(workflow.GetInfo(ctx).WorkflowExecution.RunID), true)
 		r.probe.release()
 		r.probe = nil
 	}
@@ -107,6 +108,13 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 	r.waiting(ctx, "")
 	if failed != nil {
 		release()
+		// Let go of every host at once: one that handed over holds for this
+		// run, one that did not may still keep the hold for the run before.
+		hosts := make([]heldHost, len(placements))
+		for i, host := range kept.Hosts {
+			hosts[i] = heldHost{hold: host.Hold, queue: host.Queue, runs: []string{info.WorkflowExecution.RunID, info.ContinuedExecutionRunID}}
+		}
+		r.letGo(ctx, hosts, false)
 		workflow.GetLogger(ctx).Warn("the gang did not cross continue-as-new; forming a new one", "generation", kept.Generation, "error", failed)
 		return false
 	}

@@ -73,6 +73,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// A hold that ends before its grant for any cause but the gang timeout
 	// is asked for again; runs recorded before asked again only for ErrNoSlot.
 	r.askAgain = workflow.GetVersion(ctx, "ask-again", workflow.DefaultVersion, 1) >= 1
+	// A run lets go of the holds it gives up at once, through each host's
+	// queue (release.go); runs recorded before only cancelled them.
+	r.releaseByHost = workflow.GetVersion(ctx, "release-by-host", workflow.DefaultVersion, 1) >= 1
 	if kept != nil && r.keepGang {
 		r.takeOverGang(ctx, *kept)
 	}
@@ -102,6 +105,8 @@ type run struct {
 	keepGang bool
 	// askAgain: a hold lost before its grant is started again whatever ended it.
 	askAgain bool
+	// releaseByHost: holds given up are let go of through their hosts' queues.
+	releaseByHost bool
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
 	// signals counts the signals this execution has received (Temporal
@@ -197,7 +202,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		}
 		r.p.Latest = newer(r.p.Latest, out.latest)
 		if out.err != nil {
-			r.releaseGang()
+			r.releaseGang(ctx, false)
 			inc, fatal := charge(r.p, r.spec.Failure, epoch, out.err)
 			countFailure(ctx, inc)
 			if inc != nil {
@@ -213,7 +218,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		r.growGang(ctx)
 		info := workflow.GetInfo(ctx)
 		if continueAsNew(r.p, info.GetCurrentHistoryLength(), r.signals, info.GetContinueAsNewSuggested()) {
-			kept := r.keepForNext()
+			kept := r.keepForNext(ctx)
 			next, err := encodeInput(r.spec, r.p, kept)
 			if err != nil {
 				return nil, err
@@ -231,7 +236,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 	if ctx.Err() != nil {
 		return r.cancelled(ctx)
 	}
-	r.releaseGang()
+	r.releaseGang(ctx, true)
 	if r.p.Stopping && r.p.Epoch < r.p.Epochs {
 		r.setState(ctx, spec.StateStopped)
 	} else {
@@ -244,14 +249,14 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 // the workflow's context (their workers free the slots at once), its
 // checkpoints stay, and the workflow closes as cancelled.
 func (r *run) cancelled(ctx workflow.Context) (*spec.Progress, error) {
-	r.releaseGang()
+	r.releaseGang(ctx, true)
 	r.setState(ctx, spec.StateCancelled)
 	workflow.GetLogger(ctx).Info("run cancelled", "epoch", r.p.Epoch, "latest", r.p.Latest)
 	return r.p, ctx.Err()
 }
 
 func (r *run) fail(ctx workflow.Context, err error) (*spec.Progress, error) {
-	r.releaseGang()
+	r.releaseGang(ctx, true)
 	r.setState(ctx, spec.StateFailed)
 	return r.p, runFailure(err)
 }

@@ -44,6 +44,13 @@ type harness struct {
 	blockEpoch func(in spec.EpochInput) bool
 	// blockSave: SaveCheckpoint blocks until cancelled.
 	blockSave bool
+	// releases are the ReleaseHold calls, in order, with the queue each was sent to.
+	releases []release
+}
+
+type release struct {
+	queue string
+	in    spec.ReleaseHoldInput
 }
 
 func newHarness(t *testing.T) *harness {
@@ -118,6 +125,12 @@ func newHarness(t *testing.T) *harness {
 		}
 		return spec.CheckpointRef{Run: in.Run, ID: "ckpt-on-stop"}, nil
 	}, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
+	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.ReleaseHoldInput) error {
+		h.mu.Lock()
+		h.releases = append(h.releases, release{activity.GetInfo(ctx).TaskQueue, in})
+		h.mu.Unlock()
+		return nil
+	}, activity.RegisterOptions{Name: spec.ActivityReleaseHold})
 	return h
 }
 
@@ -200,6 +213,29 @@ func TestHappyPath(t *testing.T) {
 	if p.Latest == nil || p.Latest.Epoch != 3 {
 		t.Fatalf("latest checkpoint %+v", p.Latest)
 	}
+	// The run lets go of both hosts before it closes, each on its own queue.
+	h.wantReleases(1, 2)
+}
+
+// wantReleases: the hosts of generation gen (the first n requests) were
+// each told to let go of their hold, on their own queue, by the run.
+func (h *harness) wantReleases(gen, n int) {
+	h.t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	got := map[int]bool{}
+	for _, r := range h.releases {
+		if r.in.Generation != gen {
+			continue
+		}
+		if r.queue != fmt.Sprintf("q-%d-%d", gen, r.in.Request) || len(r.in.RunIDs) != 1 || r.in.RunIDs[0] == "" {
+			h.t.Fatalf("release %+v on queue %s; want it on the host's own queue, naming the run", r.in, r.queue)
+		}
+		got[r.in.Request] = true
+	}
+	if len(got) != n {
+		h.t.Fatalf("generation %d: %d hosts let go of (%+v); want %d", gen, len(got), h.releases, n)
+	}
 }
 
 func TestBadSpecFailsAtOnceNamingTheField(t *testing.T) {
@@ -262,6 +298,9 @@ func TestRankFailureReformsTheGangAndResumes(t *testing.T) {
 	if retried != 2 {
 		t.Fatalf("epoch 2 was retried by %d ranks of the new gang, want 2", retried)
 	}
+	// The failed gang's hosts were let go of at once, and the new gang's at the end.
+	h.wantReleases(1, 2)
+	h.wantReleases(2, 2)
 }
 
 func TestFailureRollsBackToTheLatestCheckpoint(t *testing.T) {
@@ -529,6 +568,8 @@ func TestPartialGangIsNotTakenWithoutMinWorkers(t *testing.T) {
 	if p.Generation != 2 {
 		t.Fatalf("progress %+v", p)
 	}
+	// The partial gang's one host was let go of while the run backed off.
+	h.wantReleases(1, 1)
 }
 
 func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
