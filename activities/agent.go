@@ -81,7 +81,7 @@ type Agent struct {
 	// startedFrom, in tests, stands for Temporal's answer about the run a
 	// run continued as new from ("" if it did not).
 	startedFrom func(workflowID, runID string) (string, error)
-	data     dataCache
+	data        dataCache
 }
 
 // DeviceStats reads what a GPU slot is doing; gpuworker implements it with NVML.

@@ -21,10 +21,10 @@ type slotTable struct {
 	mu     sync.Mutex
 	order  []Slot
 	busy   map[int]bool
-	epochs map[int]chan struct{}       // closed when the slot's running RunEpoch returns
+	epochs map[int]chan struct{}           // closed when the slot's running RunEpoch returns
 	stops  map[int]context.CancelCauseFunc // stops the slot's running RunEpoch
-	refs   map[int]*spec.CheckpointRef // the latest checkpoint the slot's gang committed
-	keys   map[int]*slotKey            // the identity of the slot's current hold
+	refs   map[int]*spec.CheckpointRef     // the latest checkpoint the slot's gang committed
+	keys   map[int]*slotKey                // the identity of the slot's current hold
 	// changed, if set, is told the free and held counts whenever a slot is
 	// taken or freed (called with mu held: it must not call back).
 	changed func(free, held int)
