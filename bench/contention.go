@@ -35,6 +35,7 @@ func benchContention(args []string) error {
 	epochs := fs.Int("epochs", 3, "epochs per run")
 	epochTime := fs.Duration("epoch-time", 2*time.Second, "what one simulated epoch takes on the trainer")
 	gangTimeout := fs.Duration("gang-timeout", time.Minute, "each run's scaling.gang_timeout")
+	partitions := fs.Int("task-queue-partitions", 0, "the dev server's partitions per task queue (0: Temporal's 4; deploy/temporal/durabletrain.yaml sets 1 for the GPU queue)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -44,7 +45,8 @@ func benchContention(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	sim, err := startSimBench(ctx, "contention", "", simfleet.Options{Hosts: *slots / *perHost, GPUsPerHost: *perHost, EpochTime: *epochTime})
+	sim, err := startSimBench(ctx, "contention", "", simfleet.Options{Hosts: *slots / *perHost, GPUsPerHost: *perHost, EpochTime: *epochTime},
+		"-task-queue-partitions", strconv.Itoa(*partitions))
 	if err != nil {
 		return err
 	}
@@ -128,12 +130,16 @@ func benchContention(args []string) error {
 	// Each run's wait: from its start to its first epoch, from its history.
 	waits := make([]float64, *runs)
 	intervals := make([][2]time.Time, *runs)
+	forming := 0.0 // slot-seconds held by gangs not yet whole
 	for i, id := range ids {
-		from, to, err := firstEpochWait(context.Background(), c, id)
+		from, to, grants, err := firstEpochWait(context.Background(), c, id)
 		if err != nil {
 			return fmt.Errorf("reading %s's history: %w", id, err)
 		}
 		waits[i], intervals[i] = to.Sub(from).Seconds(), [2]time.Time{from, to}
+		for _, g := range grants {
+			forming += to.Sub(g).Seconds() * float64(*runPerHost)
+		}
 	}
 	var heldWhileWaiting, trainingWhileWaiting, n float64
 	for _, s := range samples {
@@ -158,10 +164,22 @@ func benchContention(args []string) error {
 		}
 		return fmt.Sprintf("%.0f%%", 100*x/n)
 	}
-	table([]string{"runs", "ranks/run", "slots", "completed", "wall s", "wait mean s", "wait p50 s", "wait max s", "max/mean", "slots held while runs wait", "slots training while runs wait"},
+	// The share of the fleet's slot-seconds, from the first start to the
+	// last first epoch, that gangs still forming held: what partial gangs cost.
+	var first, last time.Time
+	for _, iv := range intervals {
+		if first.IsZero() || iv[0].Before(first) {
+			first = iv[0]
+		}
+		if iv[1].After(last) {
+			last = iv[1]
+		}
+	}
+	formingShare := forming / max(1e-9, last.Sub(first).Seconds()*float64(*slots))
+	table([]string{"runs", "ranks/run", "slots", "completed", "wall s", "wait mean s", "wait p50 s", "wait max s", "max/mean", "slots held while runs wait", "slots training while runs wait", "held by gangs forming"},
 		[][]string{{strconv.Itoa(*runs), strconv.Itoa(*ranks), strconv.Itoa(*slots), fmt.Sprintf("%d/%d", completed, *runs), f2(wall.Seconds()),
 			f2(mean), f2(simfleet.Quantile(waits, 0.5)), f2(waits[len(waits)-1]), f2(waits[len(waits)-1] / max(mean, 1e-9)),
-			pct(heldWhileWaiting), pct(trainingWhileWaiting)}})
+			pct(heldWhileWaiting), pct(trainingWhileWaiting), fmt.Sprintf("%.0f%%", 100*formingShare)}})
 	fmt.Printf("contention runs=%d ranks=%d slots=%d completed=%d wait_mean_s=%.2f wait_max_s=%.2f held_while_waiting=%s training_while_waiting=%s\n",
 		*runs, *ranks, *slots, completed, mean, waits[len(waits)-1], pct(heldWhileWaiting), pct(trainingWhileWaiting))
 	if completed != *runs {
@@ -171,20 +189,24 @@ func benchContention(args []string) error {
 }
 
 // firstEpochWait is when the run started and when its first epoch was
-// scheduled: how long it waited for its first gang.
-func firstEpochWait(ctx context.Context, c client.Client, id string) (from, to time.Time, err error) {
+// scheduled (how long it waited for its first gang), and when each slot
+// grant before it arrived (a gang holds a granted host until it is whole).
+func firstEpochWait(ctx context.Context, c client.Client, id string) (from, to time.Time, grants []time.Time, err error) {
 	it := c.GetWorkflowHistory(ctx, id, "", false, 0)
 	for it.HasNext() {
 		e, err := it.Next()
 		if err != nil {
-			return from, to, err
+			return from, to, nil, err
 		}
 		if e.GetWorkflowExecutionStartedEventAttributes() != nil && from.IsZero() {
 			from = e.GetEventTime().AsTime()
 		}
+		if s := e.GetWorkflowExecutionSignaledEventAttributes(); s != nil && s.GetSignalName() == spec.SignalSlotGranted {
+			grants = append(grants, e.GetEventTime().AsTime())
+		}
 		if a := e.GetActivityTaskScheduledEventAttributes(); a != nil && a.GetActivityType().GetName() == spec.ActivityRunEpoch {
-			return from, e.GetEventTime().AsTime(), nil
+			return from, e.GetEventTime().AsTime(), grants, nil
 		}
 	}
-	return from, from, errors.New("no epoch was scheduled")
+	return from, from, nil, errors.New("no epoch was scheduled")
 }

@@ -27,6 +27,7 @@ func main() {
 	verbose := flag.Bool("v", false, "log the server's own lines")
 	public := flag.Bool("insecure-public", false, "allow an -ip other than loopback: the dev server has no TLS and no authorizer, so whoever reaches it may start, signal and read every workflow; only on a private network (a container network, a test bridge)")
 	suggestCAN := flag.Int("suggest-continue-as-new", 0, "history length at which workflows are told to continue as new (0: Temporal's 4096); lower crosses the boundary often, for tests and benchmarks")
+	partitions := flag.Int("task-queue-partitions", 0, "partitions of every task queue (0: Temporal's 4); 1 matches a queue's tasks in the order they came, so gangs form whole in the order runs asked")
 	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
 	if *version {
@@ -41,7 +42,7 @@ func main() {
 	if *verbose {
 		log, _ = zap.NewDevelopment()
 	}
-	srv, err := devserver.Start(devserver.Options{IP: *ip, Port: *port, UIPort: *uiPort, Namespace: *ns, DBFile: *db, Log: log, SuggestContinueAsNewAfter: *suggestCAN})
+	srv, err := devserver.Start(devserver.Options{IP: *ip, Port: *port, UIPort: *uiPort, Namespace: *ns, DBFile: *db, Log: log, SuggestContinueAsNewAfter: *suggestCAN, TaskQueuePartitions: *partitions})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(1)

@@ -53,6 +53,13 @@ type Options struct {
 	// 0 keeps Temporal's 4,096). Tests and benches lower it to cross
 	// continue-as-new boundaries often.
 	SuggestContinueAsNewAfter int
+	// TaskQueuePartitions is how many partitions every task queue has
+	// (matching.numTaskqueueRead/WritePartitions; 0 keeps Temporal's 4).
+	// Tasks of one partition are matched in the order they were added;
+	// across partitions, in no order: with 1, a gang's holds are served
+	// before a later run's (deploy/temporal/durabletrain.yaml sets 1 for
+	// the GPU queue).
+	TaskQueuePartitions int
 }
 
 // Server is a running dev server.
@@ -176,6 +183,10 @@ func Start(o Options) (*Server, error) {
 	}
 	if o.SuggestContinueAsNewAfter > 0 {
 		dyn[dynamicconfig.HistoryCountSuggestContinueAsNew.Key()] = o.SuggestContinueAsNewAfter
+	}
+	if o.TaskQueuePartitions > 0 {
+		dyn[dynamicconfig.MatchingNumTaskqueueReadPartitions.Key()] = o.TaskQueuePartitions
+		dyn[dynamicconfig.MatchingNumTaskqueueWritePartitions.Key()] = o.TaskQueuePartitions
 	}
 	ports.release()
 	srv, err := temporal.NewServer(
