@@ -182,7 +182,7 @@ func (a *Agent) takeOver(ctx context.Context, in spec.HoldSlotInput) error {
 // handoverGrace is how long a hold whose run stopped holding it (without
 // letting it go: ReleaseHold) waits for a successor before asking Temporal
 // whether the run continued as new at all.
-const handoverGrace = 5 * time.Second
+const handoverGrace = 2 * time.Second
 
 // awaitHandover is called when run in.RunID stopped holding h: if that run
 // continued as new, it waits up to its handover window (or until the

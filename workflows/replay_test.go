@@ -19,6 +19,8 @@ var recordedIDs = map[string]string{
 	"tune-cancelled-while-training.json":    "it-end-search-2",
 	"v1-tune-asha-every-worker-killed.json": "it-tune-1",
 	"v1-tune-cancelled-while-training.json": "it-end-search-2",
+	"v2-tune-asha-every-worker-killed.json": "it-tune-1",
+	"v2-tune-cancelled-while-training.json": "it-end-search-2",
 }
 
 // TestReplayRecordedHistories replays histories recorded from real runs on the
@@ -28,7 +30,8 @@ var recordedIDs = map[string]string{
 // versions stay beside the current ones: a file prefixed "v0-" is from before
 // the elastic-gangs version, "v1-" from before the rank-keys and
 // run-ownership versions (a gang secret in a SideEffect, run names that
-// several workflow IDs could share).
+// several workflow IDs could share), "v2-" from before the host-holds,
+// keep-gang, ask-again, tune-continue-as-new and release-by-host versions.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {
