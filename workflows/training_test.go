@@ -731,17 +731,22 @@ func TestHoldLostBeforeItsGrantIsAskedForAgain(t *testing.T) {
 	h := newHarness(t)
 	h.grant(1, 4, time.Second)
 	h.lost = func(in spec.HoldSlotInput, asked int) error {
-		if in.Request == 2 && asked < 2 {
+		if in.Request != 2 {
+			return nil
+		}
+		switch asked {
+		case 0, 1:
 			return errors.New("telling workflow about slot 0: connection reset")
+		case 2:
+			// The hold lost second sends its grant late: only now, after
+			// the host was asked for a third time and before that hold's
+			// own grant. It is not the new hold's grant, and is passed over.
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: 1, Request: 2, Attempt: 1,
+				Placement: spec.Placement{Worker: "stale", HostQueue: "q-stale", PublicKey: []byte("stale")}})
+			time.Sleep(100 * time.Millisecond)
 		}
 		return nil
 	}
-	// The hold lost second also sends its grant late, after it was asked
-	// for again: that grant is not the new hold's, and is passed over.
-	h.env.RegisterDelayedCallback(func() {
-		h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: 1, Request: 2, Attempt: 1,
-			Placement: spec.Placement{Worker: "stale", HostQueue: "q-stale", PublicKey: []byte("stale")}})
-	}, 0)
 	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 4}}`)
 	if err != nil {
 		t.Fatal(err)
@@ -754,6 +759,14 @@ func TestHoldLostBeforeItsGrantIsAskedForAgain(t *testing.T) {
 			if pl.Worker == "stale" {
 				t.Fatalf("the late grant of a lost hold made it into the gang: %+v", pl)
 			}
+		}
+	}
+	// The gang's hosts are the ones let go of at the end: host 2's is the
+	// third hold's, not the stale grant's.
+	h.wantReleases(1, 4)
+	for _, r := range h.releases {
+		if r.queue == "q-stale" {
+			t.Fatal("the late grant of a lost hold made it into the gang: the run let go of its host")
 		}
 	}
 }
