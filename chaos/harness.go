@@ -426,6 +426,10 @@ func (h *Harness) waitPhase(ctx context.Context, id, phase string) (*spec.Progre
 			return h.progress(ctx, id), phase
 		case phase == PhaseGang && p.State == spec.StateTraining:
 			return p, PhaseEpoch // the gang formed before we could strike
+		case phase != PhaseGang && p.State == spec.StateTraining && !h.gangAlive(p):
+			// A host of the gang is down (struck by the last fault before
+			// the gang formed without it knowing): the run has yet to
+			// notice; strike once it has a gang of live hosts again.
 		case phase == PhaseEpoch && p.State == spec.StateTraining && len(p.Gang) > 0:
 			time.Sleep(time.Duration(200+h.rng.IntN(800)) * time.Millisecond)
 			return h.progress(ctx, id), phase
@@ -461,6 +465,16 @@ func (h *Harness) waitCheckpointWrite(ctx context.Context, run string) bool {
 }
 
 // hostOf is the supervised process of the worker a rank runs on.
+// gangAlive says whether every host of the run's gang is running.
+func (h *Harness) gangAlive(p *spec.Progress) bool {
+	for rank := range p.Gang {
+		if w := h.hostOf(p, rank); w == nil || !w.alive() {
+			return false
+		}
+	}
+	return true
+}
+
 func (h *Harness) hostOf(p *spec.Progress, rank int) *proc {
 	if p == nil || rank >= len(p.Gang) {
 		return nil

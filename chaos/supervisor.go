@@ -81,6 +81,23 @@ func (p *proc) signal(sig syscall.Signal) (<-chan struct{}, error) {
 	return p.exited, p.cmd.Process.Signal(sig)
 }
 
+// alive says whether the process is running now (not exited and waiting
+// for its restart).
+func (p *proc) alive() bool {
+	p.mu.Lock()
+	exited := p.exited
+	p.mu.Unlock()
+	if exited == nil {
+		return false
+	}
+	select {
+	case <-exited:
+		return false
+	default:
+		return true
+	}
+}
+
 // hold stops restarts (for a process killed on purpose that must stay down a while).
 func (p *proc) setStopping(v bool) {
 	p.mu.Lock()
