@@ -138,7 +138,12 @@ func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) er
 	paths := r.ConfigPaths()
 	c := csv.NewWriter(w)
 	head := append([]string{"trial", "workflow_id"}, paths...)
-	head = append(head, "status", "epochs", "last_"+r.Metric, "best_"+r.Metric, "checkpoint", "reason")
+	head = append(head, "status", "epochs", "last_"+r.Metric, "best_"+r.Metric)
+	scored := r.Scope != "" && r.Scope != spec.ScopeLast // the rank's own column, as "avg_test_accuracy"
+	if scored {
+		head = append(head, r.Scope+"_"+r.Metric)
+	}
+	head = append(head, "checkpoint", "reason")
 	c.Write(head)
 	num := func(v *float64) string {
 		if v == nil {
@@ -158,7 +163,11 @@ func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) er
 		if t.Checkpoint != nil {
 			ckpt = t.Checkpoint.Run + "/" + t.Checkpoint.ID
 		}
-		row = append(row, t.Status, strconv.Itoa(t.Epochs), num(t.Last), num(t.Best), ckpt, t.Reason)
+		row = append(row, t.Status, strconv.Itoa(t.Epochs), num(t.Last), num(t.Best))
+		if scored {
+			row = append(row, num(t.Score))
+		}
+		row = append(row, ckpt, t.Reason)
 		c.Write(row)
 	}
 	c.Flush()

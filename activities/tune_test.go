@@ -59,3 +59,23 @@ func TestResultsMergeTheMovedRows(t *testing.T) {
 		t.Fatal("rows written outside the storage roots")
 	}
 }
+
+// TestResultsCSVHasTheScoreColumnUnderAScope: a search ranked by another
+// scope than "last" gets that score as a column of its own.
+func TestResultsCSVHasTheScoreColumnUnderAScope(t *testing.T) {
+	v := func(f float64) *float64 { return &f }
+	for _, c := range []struct{ scope, head, row string }{
+		{"", "trial,workflow_id,status,epochs,last_test_accuracy,best_test_accuracy,checkpoint,reason", "0,t-0,completed,3,0.8,0.9,,"},
+		{spec.ScopeAvg, "trial,workflow_id,status,epochs,last_test_accuracy,best_test_accuracy,avg_test_accuracy,checkpoint,reason", "0,t-0,completed,3,0.8,0.9,0.75,,"},
+	} {
+		var b strings.Builder
+		res := &spec.TuneResults{Metric: "test_accuracy", Scope: c.scope,
+			Trials: []spec.TrialStatus{{Trial: 0, WorkflowID: "t-0", Status: spec.TrialCompleted, Epochs: 3, Last: v(0.8), Best: v(0.9), Score: v(0.75)}}}
+		if err := writeCSV(&b, res); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Split(strings.TrimSpace(b.String()), "\n"); len(got) != 2 || got[0] != c.head || got[1] != c.row {
+			t.Errorf("scope %q: CSV %q; want %q and %q", c.scope, got, c.head, c.row)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 )
 
@@ -34,8 +35,19 @@ type TrialStatus struct {
 	Epochs     int                        `json:"epochs"`
 	Last       *float64                   `json:"last,omitempty"` // the metric's latest value
 	Best       *float64                   `json:"best,omitempty"` // its best value by mode
-	Checkpoint *CheckpointRef             `json:"checkpoint,omitempty"`
-	Reason     string                     `json:"reason,omitempty"` // why it stopped early, or how it failed
+	// Score is the value the search ranks the trial by, under its scope
+	// (TuneResults.Scope); Mean and Recent are what "avg" and "last-N-avg"
+	// need: the mean of every epoch's value, and the newest values (at most
+	// MaxScopeWindow), over Values values. Seen is the epoch after the
+	// newest observed: an epoch reported again (a trial that rolled back to
+	// a checkpoint redoes its epochs, with the same values) is not counted twice.
+	Score      *float64       `json:"score,omitempty"`
+	Mean       *float64       `json:"mean,omitempty"`
+	Recent     []float64      `json:"recent,omitempty"`
+	Values     int            `json:"values,omitempty"`
+	Seen       int            `json:"seen,omitempty"`
+	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
+	Reason     string         `json:"reason,omitempty"` // why it stopped early, or how it failed
 }
 
 // TuneResults is the search as the results query shows it, and its result.
@@ -44,14 +56,15 @@ type TuneResults struct {
 	State     string `json:"state"`
 	Metric    string `json:"metric"`
 	Mode      string `json:"mode"`
+	Scope     string `json:"scope,omitempty"` // how a trial's values make its score; "" is "last"
 	Scheduler string `json:"scheduler"`
 	// Trials are the rows the search keeps, by trial number: every trial's
 	// in a search of up to MaxListedTrials; in a bigger one, the trials
 	// running, those finished whose rows have not moved to Parts yet, and
 	// the next pending ones.
 	Trials []TrialStatus `json:"trials"`
-	// Best is the number of the best trial by its last value (Ray's scope
-	// "last"), or -1 if none; BestTrial is its row.
+	// Best is the number of the best trial by its score (its last value
+	// unless Scope says otherwise), or -1 if none; BestTrial is its row.
 	Best       int          `json:"best"`
 	BestTrial  *TrialStatus `json:"best_trial,omitempty"`
 	ResultsCSV string       `json:"results_csv,omitempty"`
@@ -131,14 +144,87 @@ func (r *TuneResults) ConfigPaths() []string {
 	return paths
 }
 
-// Observe records an epoch's value of metric as the trial's last value, and
-// as its best if it beats the best so far under mode; it returns the value.
-func (t *TrialStatus) Observe(m EpochMetrics, metric, mode string) float64 {
+// Scopes: how a trial's reported values make the score a search ranks it
+// by (Ray Tune's scope).
+const (
+	ScopeLast      = "last"        // the latest value
+	ScopeAll       = "all"         // the best value of any epoch, by mode
+	ScopeAvg       = "avg"         // the mean of every epoch's value
+	ScopeLast5Avg  = "last-5-avg"  // the mean of the newest 5
+	ScopeLast10Avg = "last-10-avg" // the mean of the newest 10
+)
+
+// MaxScopeWindow is the most values a row keeps for a last-N-avg scope.
+const MaxScopeWindow = 10
+
+// Scopes are the scopes a search accepts.
+var Scopes = []string{ScopeLast, ScopeAll, ScopeAvg, ScopeLast5Avg, ScopeLast10Avg}
+
+// CheckScope says whether scope is one of Scopes, naming field if not.
+func CheckScope(field, scope string) error {
+	if slices.Contains(Scopes, scope) {
+		return nil
+	}
+	return fmt.Errorf("%s is %q; want one of %s", field, scope, quoteList(Scopes))
+}
+
+// scopeWindow is how many newest values scope averages (0: not a window).
+func scopeWindow(scope string) int {
+	switch scope {
+	case ScopeLast5Avg:
+		return 5
+	case ScopeLast10Avg:
+		return 10
+	}
+	return 0
+}
+
+// Observe records an epoch's value of metric as the trial's last value, as
+// its best if it beats the best so far under mode, and in its score under
+// scope ("" is "last"); it returns the value.
+func (t *TrialStatus) Observe(m EpochMetrics, metric, mode, scope string) float64 {
 	v, _ := m.Value(metric)
 	t.Last = &v
 	if t.Best == nil || Better(mode, v, *t.Best) {
 		b := v
 		t.Best = &b
 	}
+	if m.Epoch >= t.Seen { // an epoch not counted yet
+		t.Seen = m.Epoch + 1
+		t.Values++
+		n := float64(t.Values)
+		if t.Mean == nil {
+			mean := v
+			t.Mean = &mean
+		} else {
+			mean := *t.Mean + (v-*t.Mean)/n
+			t.Mean = &mean
+		}
+		if w := scopeWindow(scope); w > 0 {
+			t.Recent = append(t.Recent, v)
+			if len(t.Recent) > w {
+				t.Recent = append([]float64(nil), t.Recent[len(t.Recent)-w:]...)
+			}
+		}
+	}
+	var score float64
+	switch scope {
+	case ScopeAll:
+		score = *t.Best
+	case ScopeAvg:
+		score = *t.Mean
+	case ScopeLast5Avg, ScopeLast10Avg:
+		if len(t.Recent) == 0 {
+			score = v
+			break
+		}
+		for _, x := range t.Recent {
+			score += x
+		}
+		score /= float64(len(t.Recent))
+	default:
+		score = v
+	}
+	t.Score = &score
 	return v
 }

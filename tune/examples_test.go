@@ -1,11 +1,13 @@
 package tune_test
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/tune"
 )
 
@@ -36,5 +38,23 @@ func TestExampleSearchesAreValid(t *testing.T) {
 		if err != nil {
 			t.Errorf("search:\n%s\n%v", raw, err)
 		}
+	}
+}
+
+// TestScopeDefaultsToLastAndIsChecked: a search ranks by the last value
+// unless its scope says otherwise, and a scope Ray does not have is refused
+// naming the field and the scopes it may be.
+func TestScopeDefaultsToLastAndIsChecked(t *testing.T) {
+	const search = `{"param_space": {"hyper.lr": {"choice": [0.01, 0.1]}}%s}`
+	s, err := tune.ParseSpec([]byte(fmt.Sprintf(search, "")))
+	if err != nil || s.Scope != spec.ScopeLast {
+		t.Fatalf("no scope: %q, %v; want last", s.Scope, err)
+	}
+	if s, err := tune.ParseSpec([]byte(fmt.Sprintf(search, `, "scope": "last-5-avg"`))); err != nil || s.Scope != spec.ScopeLast5Avg {
+		t.Fatalf("last-5-avg: %q, %v", s.Scope, err)
+	}
+	_, err = tune.ParseSpec([]byte(fmt.Sprintf(search, `, "scope": "median"`)))
+	if err == nil || !strings.Contains(err.Error(), `scope is "median"; want one of "last", "all", "avg", "last-5-avg" or "last-10-avg"`) {
+		t.Fatalf("scope median: %v", err)
 	}
 }

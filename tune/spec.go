@@ -15,7 +15,7 @@ import (
 //
 //	{"name": "lr-width", "train": {...a training spec...},
 //	 "param_space": {"hyper.lr": {"loguniform": [1e-4, 1e-2]}, "model.hidden": {"grid_search": [[64], [256, 128]]}},
-//	 "num_samples": 4, "metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2,
+//	 "num_samples": 4, "metric": "test_accuracy", "mode": "max", "scope": "last", "max_concurrent_trials": 2,
 //	 "stop": {"training_iteration": 8}, "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": 8},
 //	 "seed": 1, "results_url": "file:///var/lib/durabletrain/checkpoints"}
 type Spec struct {
@@ -25,6 +25,7 @@ type Spec struct {
 	NumSamples          int                `json:"num_samples,omitempty"`           // default 1
 	Metric              string             `json:"metric,omitempty"`                // default test_accuracy
 	Mode                string             `json:"mode,omitempty"`                  // default max
+	Scope               string             `json:"scope,omitempty"`                 // how a trial's values rank it: last (default), all, avg, last-5-avg, last-10-avg
 	MaxConcurrentTrials int                `json:"max_concurrent_trials,omitempty"` // default 1
 	Stop                map[string]float64 `json:"stop,omitempty"`                  // stop a trial once a value reaches it (training_iteration or a metric)
 	Scheduler           SchedulerConfig    `json:"scheduler"`
@@ -78,6 +79,9 @@ func ParseSpec(raw []byte) (Spec, error) {
 	if s.MaxConcurrentTrials == 0 {
 		s.MaxConcurrentTrials = 1
 	}
+	if s.Scope == "" {
+		s.Scope = spec.ScopeLast
+	}
 	switch {
 	case s.Name != "" && spec.CheckName("name", s.Name) != nil:
 		return s, fmt.Errorf("tune spec: %v", spec.CheckName("name", s.Name))
@@ -89,6 +93,8 @@ func ParseSpec(raw []byte) (Spec, error) {
 		return s, fmt.Errorf("tune spec: %v", spec.CheckMetric("metric", s.Metric))
 	case spec.CheckMode("mode", s.Mode) != nil:
 		return s, fmt.Errorf("tune spec: %v", spec.CheckMode("mode", s.Mode))
+	case spec.CheckScope("scope", s.Scope) != nil:
+		return s, fmt.Errorf("tune spec: %v", spec.CheckScope("scope", s.Scope))
 	case s.MaxConcurrentTrials < 1 || s.MaxConcurrentTrials > MaxTrials:
 		return s, fmt.Errorf("tune spec: max_concurrent_trials is %d; want 1 to %d", s.MaxConcurrentTrials, MaxTrials)
 	}

@@ -273,6 +273,13 @@ func TestStopCriterionAndBestTrial(t *testing.T) {
 	if got := bestTrial(nil, spec.ModeMax); got != -1 {
 		t.Errorf("best of none = %d; want -1", got)
 	}
+	// Under another scope the score ranks: trial 2's last value is the best,
+	// trial 0's average is.
+	scored := append([]spec.TrialStatus{}, trials...)
+	scored[0].Score, scored[2].Score = v(0.85), v(0.7)
+	if got := bestTrial(scored, spec.ModeMax); got != 0 {
+		t.Errorf("best by score = %d; want 0", got)
+	}
 	if searchState(&spec.TuneResults{Trials: trials}) != spec.TuneFailedTrials || searchState(&spec.TuneResults{Trials: trials[2:]}) != spec.TuneCompleted ||
 		searchState(&spec.TuneResults{Trials: trials[2:], Unlisted: map[string]int{spec.TrialFailed: 1}}) != spec.TuneFailedTrials {
 		t.Error("searchState")

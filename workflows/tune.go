@@ -91,7 +91,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			return nil, temporal.NewNonRetryableApplicationError("the carried scheduler state: "+err.Error(), spec.ErrUser, nil)
 		}
 	} else {
-		res = &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scheduler: schedulerName(s.Scheduler), Best: -1}
+		res = &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scope: s.Scope, Scheduler: schedulerName(s.Scheduler), Best: -1}
 		listed := len(trials)
 		if bounded {
 			res.Total = len(trials)
@@ -155,7 +155,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			err := f.Get(ctx, &p)
 			done++
 			delete(children, i)
-			finish(res.Row(i), p, err, byCriterion[i], s.Metric, s.Mode)
+			finish(res.Row(i), p, err, byCriterion[i], s.Metric, s.Mode, s.Scope)
 			delete(byCriterion, i)
 			tune.Forget(sched, i)
 		})
@@ -176,7 +176,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		if t == nil || t.Status != spec.TrialRunning {
 			return // already stopping or ended: nothing more to decide
 		}
-		v := observe(t, r, s.Metric, s.Mode)
+		v := observe(t, r, s.Metric, s.Mode, s.Scope)
 		if t.Epochs >= trials[i].Spec.WithDefaults().Hyper.Epochs {
 			return // its last epoch: it ends anyway
 		}

@@ -240,3 +240,35 @@ func mapValues[K comparable, V any](m map[K]V) []V {
 	}
 	return out
 }
+
+// TestTuneRanksByItsScope: a search's scope reaches its rows: each trial's
+// score is the mean of every epoch's value under "avg", and the results say
+// which scope ranked them.
+func TestTuneRanksByItsScope(t *testing.T) {
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestWorkflowEnvironment()
+	var mu sync.Mutex
+	running, maxRunning := 0, 0
+	env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+	env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+		return in.Name + "/results.csv", nil
+	}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "search-scope"})
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{
+		"train": {"hyper": {"epochs": 4}},
+		"param_space": {"hyper.lr": {"grid_search": [0.002, 0.006]}},
+		"metric": "test_accuracy", "mode": "max", "scope": "avg"}`))
+	var res spec.TuneResults
+	if err := env.GetWorkflowResult(&res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Scope != spec.ScopeAvg || len(res.Trials) != 2 || res.Best < 0 {
+		t.Fatalf("results %+v; want 2 trials ranked by avg", res)
+	}
+	for _, tr := range res.Trials {
+		if tr.Score == nil || tr.Mean == nil || *tr.Score != *tr.Mean || tr.Values != tr.Epochs || tr.Epochs != 4 {
+			t.Fatalf("trial %d: score %v, mean %v, %d values over %d epochs; want the mean of 4 epochs' values as its score", tr.Trial, tr.Score, tr.Mean, tr.Values, tr.Epochs)
+		}
+	}
+}

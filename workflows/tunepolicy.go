@@ -14,9 +14,9 @@ import (
 )
 
 // observe records a trial's report in its row and returns the metric's value.
-func observe(t *spec.TrialStatus, r spec.TrialReport, metric, mode string) float64 {
+func observe(t *spec.TrialStatus, r spec.TrialReport, metric, mode, scope string) float64 {
 	t.Epochs = r.Metrics.Epoch + 1
-	v := t.Observe(r.Metrics, metric, mode)
+	v := t.Observe(r.Metrics, metric, mode, scope)
 	if r.Checkpoint != nil {
 		t.Checkpoint = r.Checkpoint
 	}
@@ -24,7 +24,7 @@ func observe(t *spec.TrialStatus, r spec.TrialReport, metric, mode string) float
 }
 
 // finish records how a trial's workflow ended.
-func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, metric, mode string) {
+func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, metric, mode, scope string) {
 	if p != nil {
 		t.Epochs = p.Epoch
 		if p.Latest != nil {
@@ -32,7 +32,7 @@ func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, 
 		}
 		// The trial's own history is complete; its last report may still be in flight.
 		for _, m := range p.Metrics {
-			t.Observe(m, metric, mode)
+			t.Observe(m, metric, mode, scope)
 		}
 	}
 	stopped := p != nil && p.State == spec.StateStopped
@@ -69,15 +69,22 @@ func stopCriterion(stop map[string]float64, epochs int, m spec.EpochMetrics) str
 	return ""
 }
 
-// bestTrial is the number of the trial with the best last value (Ray's
-// scope "last"), or -1; rows are by trial number.
+// bestTrial is the number of the trial with the best score (its last
+// value under the default scope; rows recorded before scores had only
+// that), or -1; rows are by trial number.
 func bestTrial(trials []spec.TrialStatus, mode string) int {
+	score := func(t spec.TrialStatus) *float64 {
+		if t.Score != nil {
+			return t.Score
+		}
+		return t.Last
+	}
 	best := -1
 	for i, t := range trials {
-		if t.Last == nil || math.IsNaN(*t.Last) || t.Status == spec.TrialFailed {
+		if v := score(t); v == nil || math.IsNaN(*v) || t.Status == spec.TrialFailed {
 			continue
 		}
-		if best < 0 || spec.Better(mode, *t.Last, *trials[best].Last) {
+		if best < 0 || spec.Better(mode, *score(t), *score(trials[best])) {
 			best = i
 		}
 	}

@@ -144,7 +144,11 @@ func printBest(r *spec.TuneResults) {
 		}
 	}
 	cfg, _ := json.Marshal(t.Config)
-	fmt.Printf("search %s %s: best trial %d (%s %s) with config %s\n", r.Name, r.State, t.Trial, r.Metric, metric(t.Last), cfg)
+	by := metric(t.Last)
+	if r.Scope != "" && r.Scope != spec.ScopeLast && t.Score != nil {
+		by = fmt.Sprintf("%s %s, last %s", r.Scope, metric(t.Score), metric(t.Last))
+	}
+	fmt.Printf("search %s %s: best trial %d (%s %s) with config %s\n", r.Name, r.State, t.Trial, r.Metric, by, cfg)
 	if t.Checkpoint != nil {
 		fmt.Printf("its checkpoint: %s/%s in %s\n", t.Checkpoint.Run, t.Checkpoint.ID, t.Checkpoint.URL)
 	}
