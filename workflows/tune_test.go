@@ -57,18 +57,26 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 	}
 }
 
-func TestTuneWithASHAStopsTheWorseTrialsAndKeepsTheBest(t *testing.T) {
+// searchEnv is a test environment for TuneWorkflow whose trials are
+// fakeTrial; written is set to the results the search writes, and
+// maxRunning to the most trials that ran at once.
+func searchEnv() (env *testsuite.TestWorkflowEnvironment, written **spec.TuneResults, maxRunning *int) {
 	var suite testsuite.WorkflowTestSuite
-	env := suite.NewTestWorkflowEnvironment()
+	env = suite.NewTestWorkflowEnvironment()
 	var mu sync.Mutex
-	running, maxRunning := 0, 0
+	running := 0
+	written, maxRunning = new(*spec.TuneResults), new(int)
 	env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-	env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
-	var written *spec.TuneResults
+	env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
 	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
-		written = in.Results
+		*written = in.Results
 		return in.Name + "/results.csv in " + in.URL, nil
 	}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	return env, written, maxRunning
+}
+
+func TestTuneWithASHAStopsTheWorseTrialsAndKeepsTheBest(t *testing.T) {
+	env, writtenTo, maxRunningOf := searchEnv()
 	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "search-1"})
 	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{
 		"train": {"hyper": {"epochs": 8}},
@@ -82,6 +90,7 @@ func TestTuneWithASHAStopsTheWorseTrialsAndKeepsTheBest(t *testing.T) {
 	if err := env.GetWorkflowResult(&res); err != nil {
 		t.Fatal(err)
 	}
+	written, maxRunning := *writtenTo, *maxRunningOf
 	if len(res.Trials) != 8 || res.State != spec.TuneCompleted || written == nil {
 		t.Fatalf("results %+v", res)
 	}
@@ -245,15 +254,7 @@ func mapValues[K comparable, V any](m map[K]V) []V {
 // score is the mean of every epoch's value under "avg", and the results say
 // which scope ranked them.
 func TestTuneRanksByItsScope(t *testing.T) {
-	var suite testsuite.WorkflowTestSuite
-	env := suite.NewTestWorkflowEnvironment()
-	var mu sync.Mutex
-	running, maxRunning := 0, 0
-	env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-	env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
-	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
-		return in.Name + "/results.csv", nil
-	}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	env, _, _ := searchEnv()
 	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "search-scope"})
 	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{
 		"train": {"hyper": {"epochs": 4}},
