@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	enumspb "go.temporal.io/api/enums/v1"
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/collective"
@@ -75,9 +74,6 @@ type Agent struct {
 	replicas replicaTable
 	hosts    hostTable
 	holds    holdTable
-	// describe, in tests, stands for Temporal's answer about a run: its
-	// status and its chain's first run.
-	describe func(workflowID, runID string) (enumspb.WorkflowExecutionStatus, string, error)
 	// startedFrom, in tests, stands for Temporal's answer about the run a
 	// run continued as new from ("" if it did not).
 	startedFrom func(workflowID, runID string) (string, error)

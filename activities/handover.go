@@ -11,7 +11,6 @@ import (
 	commonpb "go.temporal.io/api/common/v1"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
-	workflowpb "go.temporal.io/api/workflow/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
@@ -216,7 +215,7 @@ func (a *Agent) awaitHandover(c client.Client, workerStop, handed <-chan struct{
 		return false
 	case <-grace.C:
 	}
-	if status, _, err := a.describeRun(ctx, c, in.WorkflowID, in.RunID, nil); err != nil || status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+	if status, err := runStatus(ctx, c, in.WorkflowID, in.RunID); err != nil || status != enumspb.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
 		return false // it ended for good
 	}
 	log.Info("the run continued as new; keeping the slot for its successor", zap.Duration("for", window))
@@ -261,20 +260,16 @@ func (a *Agent) continuedFrom(ctx context.Context, c client.Client, namespace, w
 	return prev, err
 }
 
-// describeRun is a run's status and the first run of its chain of
-// continue-as-new (Agent.describe in tests), asked again, backing off, while
-// the server does not answer.
-func (a *Agent) describeRun(ctx context.Context, c client.Client, workflowID, runID string, beat func()) (enumspb.WorkflowExecutionStatus, string, error) {
-	if a.describe != nil {
-		return a.describe(workflowID, runID)
-	}
-	var info *workflowpb.WorkflowExecutionInfo
-	err := retryRead(ctx, beat, func(ctx context.Context) error {
+// runStatus is a run's status, asked again, backing off, while the server
+// does not answer.
+func runStatus(ctx context.Context, c client.Client, workflowID, runID string) (enumspb.WorkflowExecutionStatus, error) {
+	var status enumspb.WorkflowExecutionStatus
+	err := retryRead(ctx, nil, func(ctx context.Context) error {
 		d, err := c.DescribeWorkflowExecution(ctx, workflowID, runID)
-		info = d.GetWorkflowExecutionInfo()
+		status = d.GetWorkflowExecutionInfo().GetStatus()
 		return err
 	})
-	return info.GetStatus(), info.GetFirstRunId(), err
+	return status, err
 }
 
 // retryRead calls read until it succeeds, Temporal says what it asks for

@@ -245,7 +245,7 @@ func (a *Agent) ReleaseHold(ctx context.Context, in spec.ReleaseHoldInput) error
 	a.init()
 	self := activity.GetInfo(ctx).WorkflowExecution // the asker, as Temporal says, not as the input says
 	if len(in.RunIDs) == 0 || len(in.RunIDs) > 2 {
-		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("run_ids: %d run IDs; want the asking run's, and the run it continued from", len(in.RunIDs)), spec.ErrUser, nil)
+		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("run_ids has %d run IDs; want 1 or 2: the asking run's, and the run it continued from", len(in.RunIDs)), spec.ErrUser, nil)
 	}
 	h, ok := a.holds.release(holdKey{self.ID, in.Generation, in.Request}, in.RunIDs)
 	if !ok {
