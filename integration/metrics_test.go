@@ -136,11 +136,14 @@ func TestWorkerServesMetrics(t *testing.T) {
 	if p.Epoch != 4 {
 		t.Fatalf("the run ended at epoch %d", p.Epoch)
 	}
-	// The holds learn that the run ended at their next heartbeat.
+	// The run lets go of its holds before it closes, and the worker counts
+	// the closed workflow once its last workflow task is done: wait for both.
 	var body string
 	for deadline := time.Now().Add(15 * time.Second); ; {
 		body = scrape()
-		if held, _ := promSample(body, "durabletrain_slots", `state="held"`); held == 0 || time.Now().After(deadline) {
+		held, _ := promSample(body, "durabletrain_slots", `state="held"`)
+		completed, _ := promSample(body, "temporal_workflow_completed_total")
+		if held == 0 && completed >= 1 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
