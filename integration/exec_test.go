@@ -1,14 +1,20 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"go.temporal.io/sdk/client"
+
+	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -71,4 +77,131 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	if last.TestAccuracy <= 0.8 {
 		t.Fatalf("test accuracy %.4f; want above 0.8", last.TestAccuracy)
 	}
+}
+
+// TestTunePyTorchExampleWithASHA tunes examples/pytorch/train.py as Ray Tune
+// tunes a trainable: a search over its learning rate and width
+// ("config.lr", "config.hidden") with ASHA, each trial a real Python process
+// on a real worker. Every trial's checkpoint records the config its program
+// read (durabletrain.config()), and it must be the trial's own.
+func TestTunePyTorchExampleWithASHA(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and PyTorch")
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
+	}
+	queue := "it-exec-tune"
+	py, _ := filepath.Abs("../python")
+	script, _ := filepath.Abs("../examples/pytorch/train.py")
+	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	startWorker(t, "ctl", "workflows", queue)
+	startWorker(t, "agent-a", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	startWorker(t, "agent-b", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	c := dial(t)
+	ckpt := "file://" + t.TempDir() + "?metadata=skip"
+	search := map[string]any{
+		"name": "it-exec-tune-1",
+		"train": map[string]any{
+			"trainer":    "exec",
+			"exec":       map[string]any{"command": []string{"/usr/bin/python3", script, "--data", data}, "env": map[string]string{"OMP_NUM_THREADS": "1"}, "dir": t.TempDir()},
+			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+			"hyper":      map[string]any{"epochs": 4},
+			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
+			"checkpoint": map[string]any{"url": ckpt},
+			"failure":    map[string]any{"heartbeat_timeout": "5s"},
+		},
+		"param_space": map[string]any{
+			"config.lr":     map[string]any{"loguniform": []float64{1e-5, 1e-1}},
+			"config.hidden": map[string]any{"grid_search": [][]int{{16}, {256, 128}}},
+		},
+		"num_samples": 3, "metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2, "seed": 5,
+		"scheduler": map[string]any{"type": "asha", "grace_period": 1, "reduction_factor": 3, "max_t": 4},
+	}
+	raw, _ := json.Marshal(search)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "it-exec-tune-1", TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res spec.TuneResults
+	if err := run.Get(ctx, &res); err != nil {
+		t.Fatal(err)
+	}
+	early := 0
+	for _, tr := range res.Trials {
+		cfg := spec.Config(tr.Config).JSON()
+		t.Logf("trial %d %-13s %s epochs %d last %.4f %s", tr.Trial, tr.Status, cfg, tr.Epochs, deref(tr.Last), tr.Reason)
+		switch tr.Status {
+		case spec.TrialEarlyStop:
+			early++
+		case spec.TrialCompleted:
+		default:
+			t.Errorf("trial %d %s: %s", tr.Trial, tr.Status, tr.Reason)
+			continue
+		}
+		if tr.Checkpoint == nil {
+			t.Errorf("trial %d has no checkpoint", tr.Trial)
+			continue
+		}
+		// What the program read, as it wrote it into its checkpoint.
+		seen := readExecMeta(t, tr.Checkpoint)
+		want := map[string]json.RawMessage{"lr": tr.Config["config.lr"], "hidden": tr.Config["config.hidden"]}
+		var got, wanted any
+		json.Unmarshal([]byte(spec.Config(seen.Config).JSON()), &got)
+		json.Unmarshal([]byte(spec.Config(want).JSON()), &wanted)
+		if !reflect.DeepEqual(got, wanted) {
+			t.Errorf("trial %d: its program read the config %s; want %s", tr.Trial, spec.Config(seen.Config).JSON(), spec.Config(want).JSON())
+		}
+		var lr float64
+		json.Unmarshal(tr.Config["config.lr"], &lr)
+		if len(seen.ParamGroups) != 1 || seen.ParamGroups[0].LR != lr {
+			t.Errorf("trial %d: the optimizer's learning rate was %+v; want %v", tr.Trial, seen.ParamGroups, lr)
+		}
+	}
+	if len(res.Trials) != 6 || res.Best < 0 {
+		t.Fatalf("results %+v", res)
+	}
+	best := res.Trials[res.Best]
+	t.Logf("best: trial %d (%s), test accuracy %.4f; %d of 6 stopped early by ASHA", best.Trial, spec.Config(best.Config).JSON(), deref(best.Last), early)
+	if early < 1 {
+		t.Fatalf("ASHA stopped none of 6 trials whose learning rates span 4 decades")
+	}
+	if deref(best.Last) < 0.75 {
+		t.Fatalf("the best trial's test accuracy is %.4f; want at least 0.75", deref(best.Last))
+	}
+}
+
+// execMeta is what examples/pytorch/train.py writes beside its weights.
+type execMeta struct {
+	Epoch       int                        `json:"epoch"`
+	Config      map[string]json.RawMessage `json:"config"`
+	ParamGroups []struct {
+		LR float64 `json:"lr"`
+	} `json:"param_groups"`
+}
+
+// readExecMeta reads meta.json of an exec run's checkpoint, verified.
+func readExecMeta(t *testing.T, ref *spec.CheckpointRef) execMeta {
+	t.Helper()
+	store, err := checkpoint.Open(context.Background(), ref.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ck, err := store.Verify(context.Background(), ref.Run, ref.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ck.Open(context.Background(), "files/meta.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var m execMeta
+	if err := json.NewDecoder(r).Decode(&m); err != nil {
+		t.Fatalf("meta.json of %s: %v", ref.ID, err)
+	}
+	return m
 }

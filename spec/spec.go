@@ -33,6 +33,8 @@ type Training struct {
 	Scaling    Scaling    `json:"scaling"`
 	Checkpoint Checkpoint `json:"checkpoint"`
 	Failure    Failure    `json:"failure"`
+	// Config holds the run's hyperparameters by name, as Ray's config (see Config).
+	Config Config `json:"config,omitempty"`
 	// ResumeFrom starts from the latest verified checkpoint of another run (by name).
 	ResumeFrom string `json:"resume_from,omitempty"`
 	// SearchAttributes makes the run upsert DurabletrainState (Keyword) and
@@ -182,6 +184,9 @@ func (t Training) WithDefaults() Training {
 	if t.Trainer == "" {
 		t.Trainer = TrainerNative
 	}
+	if t.Trainer == TrainerNative {
+		t.applyNativeConfig()
+	}
 	if t.Model.Hidden == nil {
 		t.Model.Hidden = []int{256, 128}
 	}
@@ -286,6 +291,13 @@ func CheckName(field, name string) error {
 // Validate names the first field out of range, its value, and what is
 // accepted. Call it on a spec with defaults filled.
 func (t Training) Validate() error {
+	if err := t.Config.check(t.Trainer == TrainerNative); err != nil {
+		return fmt.Errorf("spec: %w", err)
+	}
+	return t.fromConfig(t.validateFields())
+}
+
+func (t Training) validateFields() error {
 	bad := func(field string, value any) error {
 		return fmt.Errorf("spec: %s is %v; want %s", field, value, accepted[field])
 	}

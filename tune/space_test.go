@@ -62,10 +62,42 @@ func TestTrialsExpandGridTimesSamples(t *testing.T) {
 	}
 }
 
+// "config.<key>" sets a key of the trial's config: an exec program reads
+// all of it, the native trainer the keys it knows.
+func TestTrialsSetConfigKeys(t *testing.T) {
+	exec := json.RawMessage(`{"trainer": "exec", "exec": {"command": ["python3", "train.py"]}}`)
+	trials, err := Trials(exec, space(t, `{"config.lr": {"loguniform": [1e-4, 1e-1]}, "config.hidden": {"grid_search": [[32], [256, 128]]}, "config.act": {"choice": ["relu", "gelu"]}}`), 2, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(trials) != 4 {
+		t.Fatalf("%d trials", len(trials))
+	}
+	for _, tr := range trials {
+		c := tr.Spec.Config
+		var lr float64
+		if json.Unmarshal(c["lr"], &lr) != nil || lr < 1e-4 || lr >= 1e-1 || len(c["hidden"]) == 0 || len(c["act"]) == 0 {
+			t.Fatalf("trial %d: config %s", tr.Index, c.JSON())
+		}
+		if tr.Spec.WithDefaults().Hyper.LR != 1e-3 {
+			t.Fatalf("trial %d: an exec trial's config.lr set hyper.lr", tr.Index)
+		}
+	}
+	native, err := Trials(nil, space(t, `{"config.lr": {"choice": [0.02]}, "config.hidden": {"choice": [[48]]}}`), 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := native[0].Spec.WithDefaults(); s.Hyper.LR != 0.02 || len(s.Model.Hidden) != 1 || s.Model.Hidden[0] != 48 {
+		t.Fatalf("native trial: lr %v hidden %v", s.Hyper.LR, s.Model.Hidden)
+	}
+}
+
 func TestTrialsRejectBadPathsAndValues(t *testing.T) {
 	for s, want := range map[string]string{
 		`{"hyper.learning_rate": {"choice": [0.1]}}`: "learning_rate",
 		`{"hyper.lr": {"choice": [20]}}`:             "hyper.lr",
+		`{"config.dropout": {"choice": [0.1]}}`:      "config.dropout: the native trainer reads only",
+		`{"config.lr": {"choice": [20]}}`:            "config.lr sets hyper.lr: hyper.lr is 20",
 	} {
 		_, err := Trials(nil, space(t, s), 1, 1)
 		if err == nil || !strings.Contains(err.Error(), want) {

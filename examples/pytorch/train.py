@@ -1,4 +1,4 @@
-"""Fashion-MNIST MLP (784-256-128-10) with DistributedDataParallel.
+"""Fashion-MNIST MLP (784-256-128-10 by default) with DistributedDataParallel.
 
 Through durabletrain (spec trainer "exec", exec.command ["python3", "train.py"]):
 the worker sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and
@@ -7,6 +7,11 @@ asks for one epoch at a time. By hand, with plain torchrun-style variables:
 
     RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
         PYTHONPATH=../../python DURABLETRAIN_EPOCHS=3 python3 train.py
+
+The run's config (durabletrain.config(): a search's "config.<key>" values, or
+the spec's "config") overrides the flags: lr, batch_size, hidden (layer widths,
+such as [256, 128]) and seed, so a search tunes this script as Ray Tune tunes a
+trainable. By hand: DURABLETRAIN_CONFIG='{"lr": 0.01, "hidden": [64]}'.
 
 NCCL on GPUs, gloo on CPUs. Needs only torch and the standard library.
 """
@@ -52,8 +57,14 @@ def main():
     p.add_argument("--lr", type=float, default=0.001)
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", default="256,128", help="hidden layer widths")
     p.add_argument("--checkpoint-dir", default="ckpt-%(rank)s")
     a = p.parse_args()
+    config = dt.config()
+    lr = float(config.get("lr", a.lr))
+    batch_size = int(config.get("batch_size", a.batch_size))
+    seed = int(config.get("seed", a.seed))
+    hidden = [int(w) for w in config.get("hidden", [int(w) for w in a.hidden.split(",") if w])]
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") != ""
@@ -61,9 +72,13 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
 
-    torch.manual_seed(a.seed)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    torch.manual_seed(seed)
+    layers, width = [], 784
+    for w in hidden:
+        layers += [nn.Linear(width, w), nn.ReLU()]
+        width = w
+    model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     ckpt = dt.get_checkpoint()
     if ckpt:
         # Tensors only, loaded with weights_only=True: a checkpoint is data,
@@ -84,13 +99,13 @@ def main():
 
     for epoch in dt.epochs():
         start = time.time()
-        g = torch.Generator().manual_seed(a.seed * 1000003 + epoch)
+        g = torch.Generator().manual_seed(seed * 1000003 + epoch)
         perm = torch.randperm(len(xtr), generator=g)[:n]
         shard = perm[rank::world]
         ddp.train()
         total, steps = 0.0, 0
-        for i in range(0, len(shard), a.batch_size):
-            idx = shard[i:i + a.batch_size]
+        for i in range(0, len(shard), batch_size):
+            idx = shard[i:i + batch_size]
             x, y = xtr[idx].to(device), ytr[idx].to(device)
             opt.zero_grad()
             loss = F.cross_entropy(ddp(x), y)
@@ -112,7 +127,7 @@ def main():
         optim = opt.state_dict()
         torch.save({"model": model.state_dict(), "optimizer_state": optim["state"]}, os.path.join(out_dir, "state.pt"))
         with open(os.path.join(out_dir, "meta.json"), "w") as f:
-            json.dump({"epoch": epoch + 1, "param_groups": optim["param_groups"]}, f)
+            json.dump({"epoch": epoch + 1, "param_groups": optim["param_groups"], "config": config}, f)
         dt.report({"train_loss": loss_sum / step_sum, "test_loss": test_loss / examples,
                    "test_accuracy": correct / examples, "test_examples": examples, "samples": len(shard) * world,
                    "seconds": time.time() - start}, checkpoint_dir=out_dir)

@@ -348,6 +348,12 @@ func CheckPath(schema any, path string) error {
 		if p == "" {
 			return fmt.Errorf("%s has an empty part; want dotted field names such as hyper.lr", quote(path))
 		}
+		if t.Kind() == reflect.Map && t.Key().Kind() == reflect.String {
+			// Any key of a map (config.<key>); what the map holds is checked
+			// when the spec is parsed.
+			t = t.Elem()
+			continue
+		}
 		if t.Kind() != reflect.Struct {
 			return fmt.Errorf("%s: %s is a single value, not an object with fields", quote(path), where)
 		}

@@ -142,6 +142,8 @@ func TestCheckPath(t *testing.T) {
 		"hyper.lr.x":       `"hyper.lr.x": hyper.lr is a single value`,
 		"Hyper.lr":         `did you mean "hyper"?`,
 		"nope":             `unknown field "nope"; want one of hyper, name, seed, stop, train in the spec`,
+		"stop.anything":    "",
+		"stop.a.b":         `"stop.a.b": stop.a is a single value`,
 	} {
 		err := CheckPath(doc{}, path)
 		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {

@@ -10,6 +10,7 @@ at a time over a local control socket:
 
     import durabletrain as dt
 
+    lr = dt.config().get("lr", 1e-3)      # the run's config (a trial's hyperparameters)
     ckpt = dt.get_checkpoint()           # a directory restored for you, or None
     start = load(ckpt) if ckpt else 0
     for epoch in dt.epochs():            # the epochs the run asks for, in order
@@ -27,7 +28,7 @@ import os
 import socket
 import sys
 
-__all__ = ["epochs", "report", "get_checkpoint", "world_rank", "world_size"]
+__all__ = ["config", "epochs", "report", "get_checkpoint", "world_rank", "world_size"]
 
 _sock = None
 _reader = None
@@ -55,6 +56,24 @@ def _receive():
     if not line:
         raise SystemExit("durabletrain: the worker closed the control channel")
     return json.loads(line)
+
+
+def config():
+    """The run's config: its hyperparameters by name, as Ray Tune passes a
+    trainable its config (a search's param_space sets them as
+    "config.<key>"; a run sets them in its spec's "config"). Values are
+    JSON's: numbers, strings, lists, objects. Run by hand, the JSON object in
+    DURABLETRAIN_CONFIG, or {}."""
+    raw = os.environ.get("DURABLETRAIN_CONFIG", "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise SystemExit("durabletrain: DURABLETRAIN_CONFIG is not JSON: %s" % e)
+    if not isinstance(value, dict):
+        raise SystemExit("durabletrain: DURABLETRAIN_CONFIG is %r; want a JSON object" % (value,))
+    return value
 
 
 def world_rank():

@@ -49,7 +49,7 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 		LocalRank: local.LocalRank, LocalWorld: local.LocalWorld, GroupRank: local.GroupRank, GroupWorld: local.GroupWorld,
 		RunID: r.Run, Restarts: max(0, r.Generation-1),
 		MasterAddr: masterHost, MasterPort: int(port[0]), Devices: r.Device,
-		Epochs: r.Spec.Hyper.Epochs, Scratch: filepath.Join(r.Scratch, "rank"), PythonPath: r.PythonPath,
+		Epochs: r.Spec.Hyper.Epochs, Hyper: r.Spec.Config.JSON(), Scratch: filepath.Join(r.Scratch, "rank"), PythonPath: r.PythonPath,
 		Log: log, Saves: r.Rank == 0, Environ: r.Environ})
 	if err != nil {
 		return nil, trainer.UserError(err)

@@ -11,6 +11,7 @@ package exectrainer
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -55,7 +56,10 @@ type Config struct {
 	MasterPort int    // a free port there, the same for every rank
 	Devices    string // CUDA_VISIBLE_DEVICES; "" leaves it unset
 	Epochs     int    // the run's epochs, for DURABLETRAIN_EPOCHS
-	Scratch    string // a directory of the rank's own: control socket, restored and saved checkpoints
+	// Hyper is the run's config (spec.Config.JSON), for DURABLETRAIN_CONFIG:
+	// a trial's hyperparameters; "" is "{}".
+	Hyper   string
+	Scratch string // a directory of the rank's own: control socket, restored and saved checkpoints
 	// Saves: this rank's Save is called (rank 0 of a run), so it copies each
 	// checkpoint directory the program reports. Other ranks skip the copy,
 	// which for a large model is the cost of the checkpoint itself.
@@ -214,7 +218,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		"ROLE_WORLD_SIZE="+strconv.Itoa(t.cfg.World), "TORCHELASTIC_RUN_ID="+t.cfg.RunID, "TORCHELASTIC_RESTART_COUNT="+strconv.Itoa(t.cfg.Restarts),
 		"MASTER_ADDR="+t.cfg.MasterAddr, "MASTER_PORT="+strconv.Itoa(t.cfg.MasterPort),
 		"DURABLETRAIN_CONTROL="+sock, "DURABLETRAIN_EPOCHS="+strconv.Itoa(t.cfg.Epochs),
-		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "PYTHONUNBUFFERED=1")
+		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "DURABLETRAIN_CONFIG="+cmp.Or(t.cfg.Hyper, "{}"), "PYTHONUNBUFFERED=1")
 	if checkpointDir != "" {
 		env = append(env, "DURABLETRAIN_CHECKPOINT_DIR="+checkpointDir)
 	}

@@ -2,6 +2,7 @@ package exectrainer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/trainer/trainertest"
 )
@@ -196,5 +198,31 @@ func TestProgramGetsTorchrunsEnvironment(t *testing.T) {
 	want := "RANK=43 WORLD_SIZE=512 LOCAL_RANK=3 LOCAL_WORLD_SIZE=8 GROUP_RANK=5 NODE_RANK=5 GROUP_WORLD_SIZE=64 ROLE_NAME=default ROLE_RANK=43 ROLE_WORLD_SIZE=512 TORCHELASTIC_RUN_ID=run-a TORCHELASTIC_RESTART_COUNT=2 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 CUDA_VISIBLE_DEVICES=GPU-3"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("the program's environment, as it printed it: %v; want %s", err, want)
+	}
+}
+
+// A run's config reaches its program whole, as JSON in DURABLETRAIN_CONFIG
+// and as durabletrain.config() in the Python helper, numbers and lists as
+// the spec wrote them.
+func TestProgramGetsTheRunsConfig(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	py, _ := filepath.Abs("../../python")
+	cfg := spec.Config{"lr": json.RawMessage(`0.00031`), "hidden": json.RawMessage(`[64, 32]`), "act": json.RawMessage(`"gelu"`)}
+	prog := `import json, os, sys, durabletrain as dt
+c = dt.config()
+print("config=%s lr=%r hidden=%r act=%s env=%s" % (json.dumps(c, sort_keys=True), c["lr"], c["hidden"], c["act"], os.environ["DURABLETRAIN_CONFIG"]), file=sys.stderr)
+sys.exit(3)`
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, MasterAddr: "127.0.0.1", MasterPort: 1,
+		Epochs: 1, Scratch: t.TempDir(), PythonPath: py, Hyper: cfg.JSON()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	err = tr.Init(context.Background())
+	want := `config={"act": "gelu", "hidden": [64, 32], "lr": 0.00031} lr=0.00031 hidden=[64, 32] act=gelu env={"act":"gelu","hidden":[64,32],"lr":0.00031}`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the program printed: %v; want %s", err, want)
 	}
 }
