@@ -17,7 +17,7 @@ import (
 //	 "param_space": {"hyper.lr": {"loguniform": [1e-4, 1e-2]}, "model.hidden": {"grid_search": [[64], [256, 128]]}},
 //	 "num_samples": 4, "metric": "test_accuracy", "mode": "max", "scope": "last", "max_concurrent_trials": 2,
 //	 "stop": {"training_iteration": 8}, "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": 8},
-//	 "seed": 1, "results_url": "file:///var/lib/durabletrain/checkpoints"}
+//	 "search_alg": {"type": "random"}, "seed": 1, "results_url": "file:///var/lib/durabletrain/checkpoints"}
 type Spec struct {
 	Name                string             `json:"name,omitempty"`
 	Train               json.RawMessage    `json:"train,omitempty"`
@@ -29,6 +29,7 @@ type Spec struct {
 	MaxConcurrentTrials int                `json:"max_concurrent_trials,omitempty"` // default 1
 	Stop                map[string]float64 `json:"stop,omitempty"`                  // stop a trial once a value reaches it (training_iteration or a metric)
 	Scheduler           SchedulerConfig    `json:"scheduler"`
+	SearchAlg           SearcherConfig     `json:"search_alg"` // how trials' configs are chosen: random (default) or tpe
 	Seed                uint64             `json:"seed,omitempty"`
 	ResultsURL          string             `json:"results_url,omitempty"` // blob URL results.csv goes under; default the trials' checkpoint URL
 }
@@ -102,6 +103,9 @@ func ParseSpec(raw []byte) (Spec, error) {
 		if err := strictjson.CheckPath(spec.Training{}, path); err != nil {
 			return s, fmt.Errorf("tune spec: param_space: %v", err)
 		}
+	}
+	if err := s.SearchAlg.check(s.ParamSpace); err != nil {
+		return s, fmt.Errorf("tune spec: %v", err)
 	}
 	if n, err := trialCount(s.ParamSpace, s.NumSamples); err != nil {
 		return s, fmt.Errorf("tune spec: %v", err)

@@ -32,6 +32,7 @@ const (
 type tuneCarried struct {
 	Results   *spec.TuneResults `json:"results"`
 	Scheduler json.RawMessage   `json:"scheduler,omitempty"`
+	Searcher  json.RawMessage   `json:"searcher,omitempty"`
 }
 
 // TuneWorkflow runs a hyperparameter search: each trial is a child
@@ -54,7 +55,22 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	if err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
-	trials, err := tune.Trials(s.Train, s.ParamSpace, s.NumSamples, s.Seed)
+	// The random searcher's trials are expanded (and validated) ahead; a
+	// model-based searcher's config is chosen as each trial starts, from
+	// the trials that ended before.
+	searcher, err := tune.NewSearcher(s.SearchAlg, s.ParamSpace, s.Mode, s.Seed)
+	var trials []tune.Trial
+	switch {
+	case err != nil:
+	case searcher == nil:
+		trials, err = tune.Trials(s.Train, s.ParamSpace, s.NumSamples, s.Seed)
+	default:
+		trials = make([]tune.Trial, s.NumSamples)
+		for i := range trials {
+			trials[i].Index = i
+		}
+		_, err = tune.Apply(s.Train, searcher.Suggest(0)) // a random draw: the space fits the spec
+	}
 	if err != nil {
 		return nil, temporal.NewNonRetryableApplicationError("tune spec: "+err.Error(), spec.ErrUser, nil)
 	}
@@ -89,6 +105,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		res = carried.Results
 		if err := tune.SetState(sched, carried.Scheduler); err != nil {
 			return nil, temporal.NewNonRetryableApplicationError("the carried scheduler state: "+err.Error(), spec.ErrUser, nil)
+		}
+		if err := tune.SetSearcherState(searcher, carried.Searcher); err != nil {
+			return nil, temporal.NewNonRetryableApplicationError("the carried searcher state: "+err.Error(), spec.ErrUser, nil)
 		}
 	} else {
 		res = &spec.TuneResults{Name: name, State: spec.TuneRunning, Metric: s.Metric, Mode: s.Mode, Scope: s.Scope, Scheduler: schedulerName(s.Scheduler), Best: -1}
@@ -128,6 +147,16 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	}
 	start := func(i int) {
 		t := list(i)
+		if searcher != nil && trials[i].Config == nil {
+			cfg := searcher.Suggest(i)
+			sp, err := tune.Apply(s.Train, cfg)
+			trials[i], t.Config = tune.Trial{Index: i, Config: cfg, Spec: sp}, cfg
+			if err != nil { // a value the spec refuses: the trial fails, the search goes on
+				t.Status, t.Reason = spec.TrialFailed, err.Error()
+				res.Started = max(res.Started, i+1)
+				return
+			}
+		}
 		sp := trials[i].Spec
 		switch {
 		case owned:
@@ -155,7 +184,13 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			err := f.Get(ctx, &p)
 			done++
 			delete(children, i)
-			finish(res.Row(i), p, err, byCriterion[i], s.Metric, s.Mode, s.Scope)
+			row := res.Row(i)
+			finish(row, p, err, byCriterion[i], s.Metric, s.Mode, s.Scope)
+			if searcher != nil && row.Status != spec.TrialFailed && row.Status != spec.TrialCancelled {
+				if v := trialScore(*row); v != nil {
+					searcher.Observe(i, row.Config, *v)
+				}
+			}
 			delete(byCriterion, i)
 			tune.Forget(sched, i)
 		})
@@ -214,7 +249,11 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			return nil, err
 		}
 		bestTrialOf(res)
-		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st})
+		searched, err := tune.SearcherState(searcher)
+		if err != nil {
+			return nil, err
+		}
+		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st, Searcher: searched})
 		if err != nil {
 			return nil, err
 		}

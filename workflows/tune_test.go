@@ -273,3 +273,102 @@ func TestTuneRanksByItsScope(t *testing.T) {
 		}
 	}
 }
+
+// runSearchExecutions runs a search to its end, continuing as new whenever
+// canEvery says (the server's suggestion), and returns the written results
+// and the executions it took.
+func runSearchExecutions(t *testing.T, input json.RawMessage, suggestCAN bool) (*spec.TuneResults, int) {
+	t.Helper()
+	var mu sync.Mutex
+	running, maxRunning := 0, 0
+	var written *spec.TuneResults
+	executions := 0
+	for ; written == nil && executions < 100; executions++ {
+		var suite testsuite.WorkflowTestSuite
+		env := suite.NewTestWorkflowEnvironment()
+		env.SetTestTimeout(time.Minute)
+		env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+		env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+			written = in.Results
+			return "results.csv", nil
+		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "tpe-search"})
+		env.SetContinueAsNewSuggested(suggestCAN)
+		if executions > 0 {
+			env.SetContinuedExecutionRunID(fmt.Sprintf("run-%d", executions-1))
+		}
+		env.ExecuteWorkflow(spec.WorkflowTune, input)
+		err := env.GetWorkflowError()
+		var can *workflow.ContinueAsNewError
+		switch {
+		case errors.As(err, &can):
+			if err := converterDecode(can, &input); err != nil {
+				t.Fatal(err)
+			}
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if written == nil {
+		t.Fatalf("the search did not end in %d executions", executions)
+	}
+	return written, executions
+}
+
+// TestTuneWithTPE: a TPE search chooses each trial's config as it starts,
+// from the trials that ended: after its random startup trials it moves to
+// the learning rates that scored best (fakeTrial's accuracy grows with lr),
+// and, one trial at a time, a search that continues as new after every
+// trial chooses exactly the configs of one that never did.
+func TestTuneWithTPE(t *testing.T) {
+	input := json.RawMessage(`{"train": {"hyper": {"epochs": 2}},
+		"param_space": {"hyper.lr": {"uniform": [0.001, 0.5]}, "hyper.optimizer": {"choice": ["adam", "sgd"]}}, "num_samples": 24,
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2, "seed": 4,
+		"search_alg": {"type": "tpe", "n_startup_trials": 6}}`)
+	once, executions := runSearchExecutions(t, input, false)
+	if executions != 1 {
+		t.Fatalf("%d executions without a suggestion to continue as new", executions)
+	}
+	lr := func(r spec.TrialStatus) float64 {
+		var v float64
+		json.Unmarshal(r.Config["hyper.lr"], &v)
+		return v
+	}
+	var startup, modelled float64
+	for _, r := range once.Trials {
+		if r.Status != spec.TrialCompleted || r.Config == nil {
+			t.Fatalf("trial %d: %s, config %v", r.Trial, r.Status, r.Config)
+		}
+		if r.Trial < 6 {
+			startup += lr(r) / 6
+		} else if r.Trial >= 12 {
+			modelled += lr(r) / 12
+		}
+	}
+	t.Logf("mean lr: random startup trials %.3f, trials 12-23 %.3f; best trial %d", startup, modelled, once.Best)
+	if !(modelled > 0.35 && modelled > startup) {
+		t.Fatalf("TPE's later trials have a mean lr of %.3f (the startup's %.3f); want them near the top of [0.001, 0.5]", modelled, startup)
+	}
+	// One trial at a time, a drain changes no trial's observations.
+	input = json.RawMessage(strings.Replace(string(input), `"max_concurrent_trials": 2`, `"max_concurrent_trials": 1`, 1))
+	once, _ = runSearchExecutions(t, input, false)
+	split, executions := runSearchExecutions(t, input, true)
+	if executions < 10 {
+		t.Fatalf("%d executions; want a drain every few trials", executions)
+	}
+	for i, r := range split.Trials {
+		if a, b := spec.Config(r.Config).JSON(), spec.Config(once.Trials[i].Config).JSON(); a != b {
+			t.Fatalf("trial %d: %s across %d executions, %s in one", r.Trial, a, executions, b)
+		}
+	}
+}
+
+func TestTuneWithTPERefusesAGrid(t *testing.T) {
+	env, _, _ := searchEnv()
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"param_space": {"hyper.lr": {"grid_search": [0.1, 0.01]}}, "search_alg": {"type": "tpe"}}`))
+	err := env.GetWorkflowError()
+	if err == nil || !strings.Contains(err.Error(), `param_space.hyper.lr is a grid_search; search_alg "tpe" models every dimension`) {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -69,16 +69,21 @@ func stopCriterion(stop map[string]float64, epochs int, m spec.EpochMetrics) str
 	return ""
 }
 
+// trialScore is what ranks a trial: its score under the search's scope,
+// or its last value (rows recorded before scores had only that); nil for
+// none yet.
+func trialScore(t spec.TrialStatus) *float64 {
+	if t.Score != nil {
+		return t.Score
+	}
+	return t.Last
+}
+
 // bestTrial is the number of the trial with the best score (its last
 // value under the default scope; rows recorded before scores had only
 // that), or -1; rows are by trial number.
 func bestTrial(trials []spec.TrialStatus, mode string) int {
-	score := func(t spec.TrialStatus) *float64 {
-		if t.Score != nil {
-			return t.Score
-		}
-		return t.Last
-	}
+	score := trialScore
 	best := -1
 	for i, t := range trials {
 		if v := score(t); v == nil || math.IsNaN(*v) || t.Status == spec.TrialFailed {

@@ -155,6 +155,11 @@ func Tune() []Case {
 		{"a bad train zero", `{"train": {"hyper": {"epochs": 0}}, "param_space": {"hyper.lr": {"choice": [0.1]}}}`, "train: spec: hyper.epochs is 0"},
 		{"an unknown stop", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "stop": {"accuracy": 0.9}}`, "stop.accuracy: want training_iteration or one of"},
 		{"an unknown scheduler", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "scheduler": {"type": "pbt2"}}`, "scheduler"},
+		{"an unknown searcher", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "search_alg": {"type": "hyperopt"}}`, `search_alg.type is "hyperopt"; want "random" (the default) or "tpe"`},
+		{"tpe over a grid", `{"param_space": {"hyper.lr": {"grid_search": [0.1, 0.2]}}, "search_alg": {"type": "tpe"}}`, `param_space.hyper.lr is a grid_search; search_alg "tpe" models every dimension`},
+		{"tpe with negative startup", `{"param_space": {"hyper.lr": {"uniform": [0.1, 0.2]}}, "search_alg": {"type": "tpe", "n_startup_trials": -3}}`, "search_alg.n_startup_trials is -3"},
+		{"a config key the native trainer does not read", `{"param_space": {"config.dropout": {"uniform": [0.1, 0.2]}}}`, "config.dropout: the native trainer reads only"},
+		{"a config path too deep", `{"param_space": {"config.lr.x": {"uniform": [0.1, 0.2]}}}`, `"config.lr.x": config.lr is a single value`},
 		{"an unknown field", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "samples": 3}`, `unknown field "samples"`},
 		{"a 100 KB search", `{"param_space": {"hyper.lr": {"choice": [` + strings.Repeat("0.1,", 25000) + `0.1]}}}`, "bytes; want at most 65536"},
 	}
