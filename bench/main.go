@@ -8,6 +8,7 @@
 //	bench scale        one run on a simulated fleet of GPU hosts: Temporal's cost per epoch
 //	bench contention   many runs at once on one simulated fleet: waits and busy slots
 //	bench tune         one search of many trials on a simulated fleet, within Temporal's limits
+//	bench search       TPE vs random search on the same budget of real trainings, seed by seed
 //
 // Run `bench <table> -h` for its flags. The peers come from Debian's packages
 // (make deps-bench installs them).
@@ -29,6 +30,7 @@ var tables = map[string]func(args []string) error{
 	"scale":      benchScale,
 	"contention": benchContention,
 	"tune":       benchTune,
+	"search":     benchSearch,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"allreduce-host": allReduceHost,
@@ -37,7 +39,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune|search [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {
