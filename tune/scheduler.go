@@ -45,10 +45,28 @@ type SchedulerConfig struct {
 	ReductionFactor    float64 `json:"reduction_factor,omitempty"`     // asha: default 4
 	MaxT               int     `json:"max_t,omitempty"`                // asha: the last rung is below it; default 100
 	MinSamplesRequired int     `json:"min_samples_required,omitempty"` // median: other trials needed; default 3
+	// pbt (see PBT): epochs between a trial's perturbations (default 2),
+	// the bottom and top fractions (default 0.25), the chance of
+	// resampling instead of perturbing a value (default 0.25), and what to
+	// mutate (default: param_space's dimensions other than grid_search).
+	PerturbationInterval int               `json:"perturbation_interval,omitempty"`
+	QuantileFraction     float64           `json:"quantile_fraction,omitempty"`
+	ResampleProbability  *float64          `json:"resample_probability,omitempty"`
+	HyperparamMutations  map[string]Domain `json:"hyperparam_mutations,omitempty"`
+}
+
+// NewScheduler builds a search's scheduler: New's, and for PBT bound to
+// the search's param_space and seed.
+func (s Spec) NewScheduler() (Scheduler, error) {
+	sched, err := New(s.Scheduler, s.Mode)
+	if p, ok := sched.(*PBT); ok && err == nil {
+		err = p.bind(s.ParamSpace, s.Seed)
+	}
+	return sched, err
 }
 
 // New builds the configured scheduler for a metric maximised (mode "max") or
-// minimised ("min").
+// minimised ("min"); a PBT needs its search (Spec.NewScheduler).
 func New(c SchedulerConfig, mode string) (Scheduler, error) {
 	if err := spec.CheckMode("mode", mode); err != nil {
 		return nil, err
@@ -87,8 +105,10 @@ func New(c SchedulerConfig, mode string) (Scheduler, error) {
 			return nil, fmt.Errorf("scheduler.grace_period and scheduler.min_samples_required must be 1 or more")
 		}
 		return &Median{grace: c.GracePeriod, minSamples: c.MinSamplesRequired, sign: sign, history: map[int][]float64{}}, nil
+	case "pbt":
+		return newPBT(c, sign)
 	}
-	return nil, fmt.Errorf(`scheduler.type is %q; want "fifo", "asha" or "median"`, c.Type)
+	return nil, fmt.Errorf(`scheduler.type is %q; want "fifo", "asha", "median" or "pbt"`, c.Type)
 }
 
 // FIFO runs every trial to its end (stop criteria aside).

@@ -117,7 +117,7 @@ func ParseSpec(raw []byte) (Spec, error) {
 			return s, fmt.Errorf("tune spec: stop.%s: want %s or one of %s", boundKey(k), TrainingIteration, strings.Join(spec.Metrics, ", "))
 		}
 	}
-	if _, err := New(s.Scheduler, s.Mode); err != nil {
+	if _, err := s.NewScheduler(); err != nil {
 		return s, fmt.Errorf("tune spec: %v", err)
 	}
 	if s.ResultsURL != "" {

@@ -22,6 +22,8 @@ func State(s Scheduler) (json.RawMessage, error) {
 		return json.Marshal(st)
 	case *Median:
 		return json.Marshal(medianState{History: s.history, Order: s.order})
+	case *PBT:
+		return json.Marshal(pbtState{Latest: s.latest, Perturbed: s.perturbed})
 	}
 	return json.RawMessage("null"), nil
 }
@@ -59,6 +61,18 @@ func SetState(s Scheduler, state json.RawMessage) error {
 			st.History = map[int][]float64{}
 		}
 		s.history, s.order = st.History, st.Order
+	case *PBT:
+		var st pbtState
+		if err := json.Unmarshal(state, &st); err != nil {
+			return fmt.Errorf("pbt state: %w", err)
+		}
+		if st.Latest == nil {
+			st.Latest = map[int]float64{}
+		}
+		if st.Perturbed == nil {
+			st.Perturbed = map[int]int{}
+		}
+		s.latest, s.perturbed = st.Latest, st.Perturbed
 	default:
 		return fmt.Errorf("a state for a scheduler that keeps none")
 	}
@@ -67,12 +81,17 @@ func SetState(s Scheduler, state json.RawMessage) error {
 
 // Forget lets go of a finished trial: ASHA judged it already at every
 // rung it reached (its values stay in the rungs' quantiles); the median
-// rule still compares others with its running means, so it keeps them.
+// rule still compares others with its running means, so it keeps them; PBT
+// ranks only the trials still running.
 func Forget(s Scheduler, trial int) {
-	if a, ok := s.(*ASHA); ok {
-		for i := range a.rungs {
-			delete(a.rungs[i].recorded, trial)
+	switch s := s.(type) {
+	case *ASHA:
+		for i := range s.rungs {
+			delete(s.rungs[i].recorded, trial)
 		}
+	case *PBT: // it ranks running trials only
+		delete(s.latest, trial)
+		delete(s.perturbed, trial)
 	}
 }
 
