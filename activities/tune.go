@@ -6,19 +6,28 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 
+	"go.uber.org/zap"
 	"gocloud.dev/blob"
 
+	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
 // Results writes searches' results on the workflows' queue, where the
 // worker's policy allows (results_url falls under its storage roots).
-type Results struct{ Policy policy.Policy }
+type Results struct {
+	Policy policy.Policy
+	// PoolKey, if set, is the pool's key: CloneCheckpoint clones only
+	// checkpoints signed with it, and signs its clones.
+	PoolKey []byte
+	Log     *zap.Logger
+}
 
 // WriteTuneResults writes a search's results table as CSV to
 // <url>/<name>/results.csv and returns where: one row per trial with its
@@ -144,6 +153,10 @@ func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) er
 		head = append(head, r.Scope+"_"+r.Metric)
 	}
 	head = append(head, "checkpoint", "reason")
+	lineage := r.Scheduler == "pbt" // each exploit: "epoch 4: trial 6 (run/ckpt) hyper.lr=0.012"
+	if lineage {
+		head = append(head, "segments", "lineage")
+	}
 	c.Write(head)
 	num := func(v *float64) string {
 		if v == nil {
@@ -168,8 +181,81 @@ func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) er
 			row = append(row, num(t.Score))
 		}
 		row = append(row, ckpt, t.Reason)
+		if lineage {
+			row = append(row, strconv.Itoa(t.Segment), lineageText(t.Lineage))
+		}
 		c.Write(row)
 	}
 	c.Flush()
 	return c.Error()
+}
+
+// lineageText writes a trial's exploits for a CSV cell, oldest first.
+func lineageText(steps []spec.Exploit) string {
+	var parts []string
+	for _, e := range steps {
+		p := fmt.Sprintf("epoch %d: trial %d", e.Epoch, e.From)
+		if e.Cloned != "" {
+			p += " (" + e.Cloned + ")"
+		}
+		for _, k := range slices.Sorted(maps.Keys(e.Changed)) {
+			p += " " + k + "=" + string(e.Changed[k])
+		}
+		if e.Reason != "" {
+			p += " [" + e.Reason + "]"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// CloneCheckpoint copies a trial's checkpoint into a run of another trial's
+// (PBT's exploit), verified as it is copied and committed only whole (see
+// checkpoint.Store.Clone). The reported checkpoint is cloned if it still
+// verifies, else the newest verified one of its run (a donor that trained
+// on may have pruned it). Both URLs must fall under the worker's storage
+// roots; with a pool key, the source must be signed by the pool and the
+// clone is signed too, so a clone never launders a forged checkpoint.
+func (r Results) CloneCheckpoint(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+	fromURL, err := r.Policy.Resolve("checkpoint.url", in.From.URL)
+	if err != nil {
+		return nil, userError(err)
+	}
+	toURL, err := r.Policy.Resolve("checkpoint.url", in.URL)
+	if err != nil {
+		return nil, userError(err)
+	}
+	if err := spec.CheckName("run", in.Run); err != nil {
+		return nil, userError(err)
+	}
+	src, err := checkpoint.Open(ctx, fromURL, r.Log)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	dst, err := checkpoint.Open(ctx, toURL, r.Log)
+	if err != nil {
+		return nil, err
+	}
+	defer dst.Close()
+	if r.PoolKey != nil {
+		src.Sign(r.PoolKey)
+		dst.Sign(r.PoolKey)
+	}
+	from, err := src.Get(ctx, checkpoint.Ref{Run: in.From.Run, ID: in.From.ID})
+	if err != nil {
+		latest, lerr := src.LatestVerified(ctx, in.From.Run)
+		if lerr != nil {
+			return nil, fmt.Errorf("%w; and no other: %v", err, lerr)
+		}
+		from = latest
+	}
+	m, err := dst.Clone(ctx, from, in.Run)
+	if err != nil {
+		return nil, err
+	}
+	return &spec.CloneCheckpointResult{
+		Source: spec.CheckpointRef{URL: in.From.URL, Run: from.Manifest.Run, ID: from.Manifest.ID, Epoch: from.Manifest.Epoch, Step: from.Manifest.Step},
+		Clone:  spec.CheckpointRef{URL: in.URL, Run: m.Run, ID: m.ID, Epoch: m.Epoch, Step: m.Step},
+	}, nil
 }

@@ -81,10 +81,18 @@ type Config struct {
 // (TrainingWorkflow and TuneWorkflow, and the activity that writes a
 // search's results, where p's storage roots allow).
 func RegisterWorkflows(w worker.Registry, p policy.Policy) {
+	RegisterSearch(w, activities.Results{Policy: p})
+}
+
+// RegisterSearch registers the workflows and the activities a search runs
+// on the workflows' queue: writing its results, and cloning checkpoints
+// for PBT (signed with r.PoolKey, which must then be the pool's key).
+func RegisterSearch(w worker.Registry, r activities.Results) {
 	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 	w.RegisterWorkflowWithOptions(workflows.TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-	w.RegisterActivityWithOptions(activities.Results{Policy: p}.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
-	w.RegisterActivityWithOptions(activities.Results{Policy: p}.WriteTuneRows, activity.RegisterOptions{Name: spec.ActivityWriteTuneRows})
+	w.RegisterActivityWithOptions(r.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+	w.RegisterActivityWithOptions(r.WriteTuneRows, activity.RegisterOptions{Name: spec.ActivityWriteTuneRows})
+	w.RegisterActivityWithOptions(r.CloneCheckpoint, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
 }
 
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of
@@ -143,7 +151,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 				DefaultVersioningBehavior: workflow.VersioningBehaviorAutoUpgrade}
 		}
 		w := worker.New(c, cfg.ControlQueue, opts)
-		RegisterWorkflows(w, cfg.Policy)
+		RegisterSearch(w, activities.Results{Policy: cfg.Policy, PoolKey: cfg.PoolKey, Log: log})
 		workers = append(workers, w)
 		if cfg.Metrics != nil {
 			go sampleDemand(ctx, c, cfg.Namespace, cfg.TaskQueue, cfg.Metrics, log, demandEvery)

@@ -7,6 +7,7 @@ const (
 
 	ActivityWriteTuneResults = "WriteTuneResults" // the search's results table as CSV in blob storage
 	ActivityWriteTuneRows    = "WriteTuneRows"    // a part of a big search's finished rows, out of its state
+	ActivityCloneCheckpoint  = "CloneCheckpoint"  // PBT: a better trial's checkpoint copied, verified, into a run of the exploiting trial's
 	SignalTrialReport        = "trial-report"     // a trial (child TrainingWorkflow) -> its search, after every epoch
 	QueryResults             = "results"          // the search's TuneResults
 

@@ -8,14 +8,15 @@ import (
 
 // Trial states: TrialStatus.Status.
 const (
-	TrialPending   = "pending"
-	TrialRunning   = "running"
-	TrialStopping  = "stopping"      // the scheduler or a stop criterion stopped it; it finishes its epoch
-	TrialEarlyStop = "early-stopped" // ended by the scheduler, with its checkpoint
-	TrialStopped   = "stopped"       // ended by a stop criterion
-	TrialCompleted = "completed"
-	TrialFailed    = "failed"
-	TrialCancelled = "cancelled" // its search was cancelled: it closed with its checkpoints, or never started
+	TrialPending    = "pending"
+	TrialRunning    = "running"
+	TrialStopping   = "stopping"      // the scheduler or a stop criterion stopped it; it finishes its epoch
+	TrialExploiting = "exploiting"    // PBT: it stops, then continues from a better trial's cloned checkpoint
+	TrialEarlyStop  = "early-stopped" // ended by the scheduler, with its checkpoint
+	TrialStopped    = "stopped"       // ended by a stop criterion
+	TrialCompleted  = "completed"
+	TrialFailed     = "failed"
+	TrialCancelled  = "cancelled" // its search was cancelled: it closed with its checkpoints, or never started
 )
 
 // Search states: TuneResults.State.
@@ -48,6 +49,26 @@ type TrialStatus struct {
 	Seen       int            `json:"seen,omitempty"`
 	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
 	Reason     string         `json:"reason,omitempty"` // why it stopped early, or how it failed
+	// Segment counts the trial's exploits (PBT): each continues the trial as
+	// a new child workflow, "<workflow_id>-p<segment>", from a clone of a
+	// better trial's checkpoint. Lineage lists them, the newest
+	// MaxLineage; Config is the config the trial trains with now.
+	Segment int       `json:"segment,omitempty"`
+	Lineage []Exploit `json:"lineage,omitempty"`
+}
+
+// MaxLineage bounds the exploits a row lists (Segment counts them all).
+const MaxLineage = 32
+
+// Exploit is one step of a trial's lineage under PBT: at Epoch it took
+// trial From's checkpoint (Cloned, "run/id") and continued with that
+// trial's config, these values changed (Changed, by param_space path).
+type Exploit struct {
+	Epoch   int                        `json:"epoch"`
+	From    int                        `json:"from_trial"`
+	Cloned  string                     `json:"cloned,omitempty"`
+	Changed map[string]json.RawMessage `json:"changed,omitempty"`
+	Reason  string                     `json:"reason,omitempty"` // why the clone did not happen, if it did not
 }
 
 // TuneResults is the search as the results query shows it, and its result.
@@ -115,6 +136,21 @@ func (r *TuneResults) Counts() map[string]int {
 }
 
 // WriteTuneRowsInput is a part of a big search's rows, moved out of its state.
+// CloneCheckpointInput asks for a trial's checkpoint to be cloned into a
+// run of its own (PBT's exploit): From, as it was reported (or the newest
+// verified checkpoint of its run, if that one is gone), into Run at URL.
+type CloneCheckpointInput struct {
+	From CheckpointRef `json:"from"`
+	URL  string        `json:"url"`
+	Run  string        `json:"run"`
+}
+
+// CloneCheckpointResult is the checkpoint cloned and its clone.
+type CloneCheckpointResult struct {
+	Source CheckpointRef `json:"source"`
+	Clone  CheckpointRef `json:"clone"`
+}
+
 type WriteTuneRowsInput struct {
 	URL  string        `json:"url"`
 	Name string        `json:"name"`

@@ -130,6 +130,15 @@ func (p *PBT) Exploit(r Result) int {
 	return ids[n-k+rng.IntN(k)]
 }
 
+// Cloned records that trial took donor's checkpoint: until it reports
+// again it ranks as the donor does (its own last value is of weights it
+// no longer has).
+func (p *PBT) Cloned(trial, donor int) {
+	if v, ok := p.latest[donor]; ok {
+		p.latest[trial] = v
+	}
+}
+
 // Explore is the config a trial continues with after it exploited a
 // donor: the donor's config with each mutated value resampled or perturbed.
 func (p *PBT) Explore(trial, iteration int, donor map[string]json.RawMessage) map[string]json.RawMessage {

@@ -33,6 +33,25 @@ type tuneCarried struct {
 	Results   *spec.TuneResults `json:"results"`
 	Scheduler json.RawMessage   `json:"scheduler,omitempty"`
 	Searcher  json.RawMessage   `json:"searcher,omitempty"`
+	// Segments are PBT continuations cloned but not started when the
+	// search drained: the next execution starts them first.
+	Segments []pendingSegment `json:"segments,omitempty"`
+}
+
+// exploitPlan is a trial PBT told to exploit another: once it has stopped,
+// From is cloned and it continues with Config.
+type exploitPlan struct {
+	Donor  int
+	From   spec.CheckpointRef
+	Config map[string]json.RawMessage
+	Epoch  int
+}
+
+// pendingSegment is a trial's next segment: its config and the run it resumes from.
+type pendingSegment struct {
+	Trial      int                        `json:"trial"`
+	Config     map[string]json.RawMessage `json:"config"`
+	ResumeFrom string                     `json:"resume_from"`
 }
 
 // TuneWorkflow runs a hyperparameter search: each trial is a child
@@ -79,7 +98,8 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	if err := spec.CheckWorkflowID("the search's workflow ID", info.WorkflowExecution.ID, len("-trial-00000")); err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
-	sched, _ := tune.New(s.Scheduler, s.Mode)
+	sched, _ := s.NewScheduler()
+	pbt, _ := sched.(*tune.PBT)
 	// Trials own their checkpoint run names (run-ownership): each is named
 	// after the search and its number, never the train spec's one name.
 	owned := workflow.GetVersion(ctx, "run-ownership", workflow.DefaultVersion, 1) >= 1
@@ -123,7 +143,11 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	if err := workflow.SetQueryHandler(ctx, spec.QueryResults, func() (*spec.TuneResults, error) { return res, nil }); err != nil {
 		return nil, err
 	}
+	segOf := map[string]int{} // running PBT segments' workflow IDs -> trial
 	byID := func(id string) (int, bool) {
+		if i, ok := segOf[id]; ok {
+			return i, true
+		}
 		var i int
 		if n, err := fmt.Sscanf(strings.TrimPrefix(id, info.WorkflowExecution.ID), "-trial-%d", &i); err != nil || n != 1 || i < 0 || i >= len(trials) || trialID(i) != id {
 			return 0, false
@@ -136,6 +160,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	next, done := res.Started, 0
 	signals := 0
 	draining := false
+	plans := map[int]*exploitPlan{} // PBT: trials told to stop for an exploit
+	clones := 0                     // PBT: clone activities in flight
+	var carry []pendingSegment      // PBT: segments for the next execution
 	sel := workflow.NewSelector(ctx)
 	// list makes sure trial i has a row (rows are listed up to spec.MaxListedTrials ahead).
 	list := func(i int) *spec.TrialStatus {
@@ -144,6 +171,114 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		}
 		res.Trials = append(res.Trials, pendingRow(i))
 		return &res.Trials[len(res.Trials)-1]
+	}
+	var launch func(i int, workflowID string, sp spec.Training)
+	// runOf is the checkpoint run of trial i's segment (0: the trial's own).
+	runOf := func(i, segment int) string {
+		if segment == 0 {
+			return trialRunName(name, trialID(i), i)
+		}
+		return runName(fmt.Sprintf("%s-p%d", trialRunName(name, trialID(i), i), segment))
+	}
+	// ended records that trial i is over, whatever ended it.
+	ended := func(i int) {
+		done++
+		row := res.Row(i)
+		if searcher != nil && row.Status != spec.TrialFailed && row.Status != spec.TrialCancelled {
+			if v := trialScore(*row); v != nil {
+				searcher.Observe(i, row.Config, *v)
+			}
+		}
+		delete(byCriterion, i)
+		tune.Forget(sched, i)
+	}
+	// startSegment continues a PBT trial as a new child workflow.
+	startSegment := func(seg pendingSegment) {
+		i, row := seg.Trial, res.Row(seg.Trial)
+		row.Segment++
+		sp, err := tune.Apply(s.Train, seg.Config)
+		row.Config = seg.Config
+		if err != nil {
+			row.Status, row.Reason = spec.TrialFailed, "its explored config: "+err.Error()
+			ended(i)
+			return
+		}
+		sp.Name, sp.ResumeFrom = runOf(i, row.Segment), seg.ResumeFrom
+		trials[i].Spec, trials[i].Config = sp, seg.Config
+		wid := fmt.Sprintf("%s-p%d", trialID(i), row.Segment)
+		segOf[wid] = i
+		launch(i, wid, sp)
+	}
+	// exploit clones a stopped trial's donor checkpoint, then continues it.
+	exploit := func(i int, plan *exploitPlan) {
+		row := res.Row(i)
+		clone := runName(fmt.Sprintf("%s-p%d-clone", trialRunName(name, trialID(i), i), row.Segment+1))
+		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Hour,
+			RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
+		f := workflow.ExecuteActivity(actx, spec.ActivityCloneCheckpoint, spec.CloneCheckpointInput{
+			From: plan.From, URL: trials[i].Spec.WithDefaults().Checkpoint.URL, Run: clone})
+		clones++
+		sel.AddFuture(f, func(f workflow.Future) {
+			clones--
+			var out *spec.CloneCheckpointResult
+			err := f.Get(ctx, &out)
+			if ctx.Err() != nil {
+				row.Status, row.Reason = spec.TrialCancelled, "the search was cancelled while it exploited trial "+fmt.Sprint(plan.Donor)
+				ended(i)
+				return
+			}
+			step := spec.Exploit{Epoch: plan.Epoch, From: plan.Donor, Changed: changedValues(row.Config, plan.Config)}
+			seg := pendingSegment{Trial: i, Config: plan.Config, ResumeFrom: clone}
+			if err != nil || out == nil {
+				// Its own checkpoint and config, rather than nothing.
+				step.Changed, step.Reason = nil, "the clone failed, so it went on from its own checkpoint: "+shortError(err)
+				seg = pendingSegment{Trial: i, Config: row.Config, ResumeFrom: runOf(i, row.Segment)}
+			} else {
+				step.Cloned = out.Source.Run + "/" + out.Source.ID
+			}
+			addLineage(row, step)
+			if draining {
+				carry = append(carry, seg)
+				return
+			}
+			startSegment(seg)
+		})
+	}
+	launch = func(i int, workflowID string, sp spec.Training) {
+		t := res.Row(i)
+		in, _ := json.Marshal(sp)
+		// A trial lives no longer than its search: cancelling the search
+		// cancels it and waits until it has closed (so its slots are free
+		// when the search closes); terminating the search asks it to cancel
+		// (REQUEST_CANCEL), and it closes as a cancelled run does, with
+		// its checkpoints.
+		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+			WorkflowID:          workflowID,
+			ParentClosePolicy:   enumspb.PARENT_CLOSE_POLICY_REQUEST_CANCEL,
+			WaitForCancellation: true,
+		})
+		f := workflow.ExecuteChildWorkflow(cctx, spec.WorkflowTraining, json.RawMessage(in))
+		children[i] = f
+		t.Status = spec.TrialRunning
+		res.Started = max(res.Started, i+1)
+		sel.AddFuture(f, func(f workflow.Future) {
+			var p *spec.Progress
+			err := f.Get(ctx, &p)
+			delete(children, i)
+			delete(segOf, workflowID)
+			row := res.Row(i)
+			if plan := plans[i]; plan != nil {
+				delete(plans, i)
+				if err == nil && p != nil && p.State == spec.StateStopped && ctx.Err() == nil {
+					absorb(row, p, s.Metric, s.Mode, s.Scope)
+					exploit(i, plan)
+					return
+				}
+				row.Status = spec.TrialRunning // the stop came too late: it ended as it ended
+			}
+			finish(row, p, err, byCriterion[i], s.Metric, s.Mode, s.Scope)
+			ended(i)
+		})
 	}
 	start := func(i int) {
 		t := list(i)
@@ -164,36 +299,14 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		case sp.Name == "":
 			sp.Name = legacyRunName(t.WorkflowID)
 		}
-		in, _ := json.Marshal(sp)
-		// A trial lives no longer than its search: cancelling the search
-		// cancels it and waits until it has closed (so its slots are free
-		// when the search closes); terminating the search asks it to cancel
-		// (REQUEST_CANCEL), and it closes as a cancelled run does, with
-		// its checkpoints.
-		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
-			WorkflowID:          t.WorkflowID,
-			ParentClosePolicy:   enumspb.PARENT_CLOSE_POLICY_REQUEST_CANCEL,
-			WaitForCancellation: true,
-		})
-		f := workflow.ExecuteChildWorkflow(cctx, spec.WorkflowTraining, json.RawMessage(in))
-		children[i] = f
-		t.Status = spec.TrialRunning
-		res.Started = max(res.Started, i+1)
-		sel.AddFuture(f, func(f workflow.Future) {
-			var p *spec.Progress
-			err := f.Get(ctx, &p)
-			done++
-			delete(children, i)
-			row := res.Row(i)
-			finish(row, p, err, byCriterion[i], s.Metric, s.Mode, s.Scope)
-			if searcher != nil && row.Status != spec.TrialFailed && row.Status != spec.TrialCancelled {
-				if v := trialScore(*row); v != nil {
-					searcher.Observe(i, row.Config, *v)
-				}
+		launch(i, t.WorkflowID, sp)
+	}
+	if carried != nil {
+		for _, seg := range carried.Segments {
+			if seg.Trial >= 0 && seg.Trial < len(trials) && res.Row(seg.Trial) != nil {
+				startSegment(seg)
 			}
-			delete(byCriterion, i)
-			tune.Forget(sched, i)
-		})
+		}
 	}
 	for next < len(trials) && len(children) < s.MaxConcurrentTrials {
 		start(next)
@@ -224,9 +337,21 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		if reason != "" {
 			t.Status, t.Reason = spec.TrialStopping, reason
 			children[i].SignalChildWorkflow(ctx, spec.SignalStop, nil)
+			return
+		}
+		if pbt == nil || draining {
+			return
+		}
+		if donor := pbt.Exploit(tune.Result{Trial: i, Iteration: t.Epochs, Value: v}); donor >= 0 {
+			if d := res.Row(donor); d != nil && d.Checkpoint != nil && d.Status == spec.TrialRunning {
+				plans[i] = &exploitPlan{Donor: donor, From: *d.Checkpoint, Config: pbt.Explore(i, t.Epochs, d.Config), Epoch: t.Epochs}
+				pbt.Cloned(i, donor)
+				t.Status = spec.TrialExploiting
+				children[i].SignalChildWorkflow(ctx, spec.SignalStop, nil)
+			}
 		}
 	})
-	for len(children) > 0 {
+	for len(children) > 0 || clones > 0 {
 		before := done
 		sel.Select(ctx)
 		if bounded {
@@ -234,7 +359,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 				moveRows(ctx, res, url)
 			}
 			h := workflow.GetInfo(ctx)
-			draining = draining || next < len(trials) && (h.GetCurrentHistoryLength() >= TuneContinueAsNewAfterEvents ||
+			draining = draining || (next < len(trials) || pbt != nil) && (h.GetCurrentHistoryLength() >= TuneContinueAsNewAfterEvents ||
 				signals >= TuneContinueAsNewAfterSignals || h.GetContinueAsNewSuggested())
 		}
 		for ctx.Err() == nil && !draining && next < len(trials) && len(children) < s.MaxConcurrentTrials {
@@ -242,7 +367,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			next++
 		}
 	}
-	if ctx.Err() == nil && next < len(trials) {
+	if ctx.Err() == nil && (next < len(trials) || len(carry) > 0) {
 		// Drained: the next execution starts the rest.
 		st, err := tune.State(sched)
 		if err != nil {
@@ -253,7 +378,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		if err != nil {
 			return nil, err
 		}
-		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st, Searcher: searched})
+		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st, Searcher: searched, Segments: carry})
 		if err != nil {
 			return nil, err
 		}
@@ -263,7 +388,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	if ctx.Err() != nil {
 		// Cancelled: the running trials have closed; the rest never start.
 		for i := range res.Trials {
-			if res.Trials[i].Status == spec.TrialPending {
+			if st := res.Trials[i].Status; st == spec.TrialPending || st == spec.TrialExploiting {
 				res.Trials[i].Status = spec.TrialCancelled
 			}
 		}

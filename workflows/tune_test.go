@@ -12,6 +12,7 @@ import (
 
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
@@ -37,7 +38,11 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 		stop := workflow.GetSignalChannel(ctx, spec.SignalStop)
 		info := workflow.GetInfo(ctx)
 		p := &spec.Progress{Run: s.Name, Epochs: s.Hyper.Epochs, State: spec.StateCompleted}
-		for e := range s.Hyper.Epochs {
+		first := 0
+		if at, ok := fakeResumeAt.Load(s.ResumeFrom); ok { // a PBT segment goes on from its clone's epoch
+			first = at.(int)
+		}
+		for e := first; e < s.Hyper.Epochs; e++ {
 			if stop.ReceiveAsync(nil) {
 				p.State = spec.StateStopped
 				break
@@ -56,6 +61,9 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 		return p, nil
 	}
 }
+
+// fakeResumeAt is the epoch each cloned run's checkpoint resumes at (fakeClone's).
+var fakeResumeAt sync.Map
 
 // searchEnv is a test environment for TuneWorkflow whose trials are
 // fakeTrial; written is set to the results the search writes, and
@@ -370,5 +378,89 @@ func TestTuneWithTPERefusesAGrid(t *testing.T) {
 	err := env.GetWorkflowError()
 	if err == nil || !strings.Contains(err.Error(), `param_space.hyper.lr is a grid_search; search_alg "tpe" models every dimension`) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestTuneWithPBT: 8 trials at once, PBT every 2 epochs. The weakest
+// quarter stop, clone a checkpoint of the top quarter (the CloneCheckpoint
+// activity is given the donor's latest checkpoint) and go on as a new
+// segment of the same trial from the clone, with the donor's config
+// perturbed; the lineage says which trial each took, and the population
+// ends with higher learning rates (fakeTrial's accuracy grows with lr) than
+// it began with.
+func TestTuneWithPBT(t *testing.T) {
+	env, writtenTo, _ := searchEnv()
+	var mu sync.Mutex
+	var clones []spec.CloneCheckpointInput
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+		mu.Lock()
+		clones = append(clones, in)
+		mu.Unlock()
+		fakeResumeAt.Store(in.Run, in.From.Epoch)
+		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
+	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	started := map[string]spec.Training{}
+	env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, args converter.EncodedValues) {
+		var in json.RawMessage
+		args.Get(&in)
+		s, _ := spec.Parse(in)
+		mu.Lock()
+		started[info.WorkflowExecution.ID] = s
+		mu.Unlock()
+	})
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "pbt-1"})
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"name": "pbt-1",
+		"train": {"hyper": {"epochs": 10}},
+		"param_space": {"hyper.lr": {"uniform": [0.001, 0.05]}}, "num_samples": 8, "seed": 7,
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 8,
+		"scheduler": {"type": "pbt", "perturbation_interval": 2}}`))
+	if err := env.GetWorkflowError(); err != nil {
+		t.Fatal(err)
+	}
+	var res spec.TuneResults
+	env.GetWorkflowResult(&res)
+	lrOf := func(cfg map[string]json.RawMessage) float64 {
+		var v float64
+		json.Unmarshal(cfg["hyper.lr"], &v)
+		return v
+	}
+	var before, after float64
+	exploited := 0
+	for _, r := range res.Trials {
+		first := started[r.WorkflowID]
+		before += first.Hyper.LR / 8
+		after += lrOf(r.Config) / 8
+		if r.Status != spec.TrialCompleted || r.Epochs != 10 {
+			t.Fatalf("trial %d: %s after %d epochs", r.Trial, r.Status, r.Epochs)
+		}
+		if r.Segment != len(r.Lineage) {
+			t.Fatalf("trial %d: %d segments, lineage %+v", r.Trial, r.Segment, r.Lineage)
+		}
+		for k, e := range r.Lineage {
+			exploited++
+			seg := started[fmt.Sprintf("%s-p%d", r.WorkflowID, k+1)]
+			if seg.ResumeFrom == "" || seg.Name != fmt.Sprintf("pbt-1-trial-%03d-p%d", r.Trial, k+1) {
+				t.Fatalf("trial %d segment %d started as %+v", r.Trial, k+1, seg)
+			}
+			if e.From == r.Trial || !strings.HasSuffix(e.Cloned, "/ckpt") || e.Epoch%2 != 0 {
+				t.Fatalf("trial %d exploit %+v", r.Trial, e)
+			}
+			t.Logf("trial %d at epoch %d took trial %d's %s, changed %s", r.Trial, e.Epoch, e.From, e.Cloned, spec.Config(e.Changed).JSON())
+		}
+	}
+	if exploited == 0 || len(clones) != exploited {
+		t.Fatalf("%d exploits, %d clones", exploited, len(clones))
+	}
+	for _, c := range clones {
+		if c.From.Run == "" || c.From.Epoch < 1 || !strings.Contains(c.Run, "-clone") {
+			t.Fatalf("clone input %+v", c)
+		}
+	}
+	t.Logf("mean lr: %.4f at the start, %.4f at the end; %d exploits; best trial %d", before, after, exploited, res.Best)
+	if !(after > before) {
+		t.Fatalf("PBT did not move the population to better learning rates: %.4f -> %.4f", before, after)
+	}
+	if w := *writtenTo; w == nil || w.Scheduler != "pbt" {
+		t.Fatalf("results written: %+v", w)
 	}
 }

@@ -3,6 +3,8 @@ package workflows
 // TuneWorkflow's decisions about trials, as pure functions (see policy.go).
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -23,18 +25,44 @@ func observe(t *spec.TrialStatus, r spec.TrialReport, metric, mode, scope string
 	return v
 }
 
-// finish records how a trial's workflow ended.
-func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, metric, mode, scope string) {
-	if p != nil {
-		t.Epochs = p.Epoch
-		if p.Latest != nil {
-			t.Checkpoint = p.Latest
-		}
-		// The trial's own history is complete; its last report may still be in flight.
-		for _, m := range p.Metrics {
-			t.Observe(m, metric, mode, scope)
+// absorb records what a trial's workflow (or segment) did: its epochs,
+// checkpoint and every epoch's value (its last report may still be in
+// flight; its own history is complete).
+func absorb(t *spec.TrialStatus, p *spec.Progress, metric, mode, scope string) {
+	if p == nil {
+		return
+	}
+	t.Epochs = p.Epoch
+	if p.Latest != nil {
+		t.Checkpoint = p.Latest
+	}
+	for _, m := range p.Metrics {
+		t.Observe(m, metric, mode, scope)
+	}
+}
+
+// changedValues are the values of next that differ from cur, by path.
+func changedValues(cur, next map[string]json.RawMessage) map[string]json.RawMessage {
+	out := map[string]json.RawMessage{}
+	for k, v := range next {
+		if !bytes.Equal(cur[k], v) {
+			out[k] = v
 		}
 	}
+	return out
+}
+
+// addLineage appends a PBT exploit to a trial's lineage, keeping the newest spec.MaxLineage.
+func addLineage(t *spec.TrialStatus, e spec.Exploit) {
+	t.Lineage = append(t.Lineage, e)
+	if len(t.Lineage) > spec.MaxLineage {
+		t.Lineage = append([]spec.Exploit(nil), t.Lineage[len(t.Lineage)-spec.MaxLineage:]...)
+	}
+}
+
+// finish records how a trial's workflow ended.
+func finish(t *spec.TrialStatus, p *spec.Progress, err error, byCriterion bool, metric, mode, scope string) {
+	absorb(t, p, metric, mode, scope)
 	stopped := p != nil && p.State == spec.StateStopped
 	var canceled *temporal.CanceledError
 	switch {
