@@ -1,12 +1,15 @@
 package activities
 
 import (
+	"context"
 	"encoding/csv"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -77,5 +80,66 @@ func TestResultsCSVHasTheScoreColumnUnderAScope(t *testing.T) {
 		if got := strings.Split(strings.TrimSpace(b.String()), "\n"); len(got) != 2 || got[0] != c.head || got[1] != c.row {
 			t.Errorf("scope %q: CSV %q; want %q and %q", c.scope, got, c.head, c.row)
 		}
+	}
+}
+
+// CloneCheckpoint copies the donor's reported checkpoint, or its newest
+// verified one once that is gone; with a pool key it clones only what the
+// pool signed and signs the clone; storage outside the roots is refused.
+func TestCloneCheckpointClonesOnlyVerifiedSignedCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	url := "file://" + dir + "?metadata=skip"
+	key := []byte(strings.Repeat("p", 32))
+	store, err := checkpoint.Open(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	store.Sign(key)
+	for epoch := 1; epoch <= 2; epoch++ {
+		w, _ := store.Begin(ctx, "donor", epoch, 0)
+		o, _ := w.Create(ctx, "state.bin")
+		o.Write([]byte(fmt.Sprintf("weights after epoch %d", epoch)))
+		o.Close()
+		if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := Results{Policy: policy.Policy{StorageRoots: []string{"file://" + dir + "/"}}, PoolKey: key}
+	out, err := r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: url, Run: "donor", ID: checkpoint.ID(1, 0)}, URL: url, Run: "trial-2-p1-clone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Source.ID != checkpoint.ID(1, 0) || out.Clone.Run != "trial-2-p1-clone" || out.Clone.Epoch != 1 {
+		t.Fatalf("cloned %+v", out)
+	}
+	c, err := store.LatestVerified(ctx, "trial-2-p1-clone") // verifies the signature too
+	if err != nil || c.Manifest.Signature == "" {
+		t.Fatalf("the clone: %v", err)
+	}
+	// The reported checkpoint was pruned: the newest verified one is cloned.
+	os.RemoveAll(filepath.Join(dir, "donor", checkpoint.ID(1, 0)))
+	out, err = r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: url, Run: "donor", ID: checkpoint.ID(1, 0)}, URL: url, Run: "trial-3-p1-clone"})
+	if err != nil || out.Source.ID != checkpoint.ID(2, 0) {
+		t.Fatalf("after the prune: %+v, %v", out, err)
+	}
+	// A checkpoint the pool did not sign is not laundered into a signed clone.
+	plain, _ := checkpoint.Open(ctx, url, nil)
+	defer plain.Close()
+	w, _ := plain.Begin(ctx, "forged", 5, 0)
+	o, _ := w.Create(ctx, "state.bin")
+	o.Write([]byte("not the pool's"))
+	o.Close()
+	w.Commit(ctx, checkpoint.Info{WorldSize: 1})
+	if _, err := r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: url, Run: "forged", ID: checkpoint.ID(5, 0)}, URL: url, Run: "trial-4-p1-clone"}); err == nil || !strings.Contains(err.Error(), "not signed") {
+		t.Fatalf("cloning an unsigned checkpoint: %v", err)
+	}
+	if _, err := store.LatestVerified(ctx, "trial-4-p1-clone"); err == nil {
+		t.Fatal("an unsigned checkpoint was cloned")
+	}
+	// Storage outside the worker's roots is refused, naming the field.
+	if _, err := r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: "file:///etc?metadata=skip", Run: "donor", ID: checkpoint.ID(2, 0)}, URL: url, Run: "x"}); err == nil || !strings.Contains(err.Error(), "checkpoint.url") {
+		t.Fatalf("a source outside the roots: %v", err)
 	}
 }

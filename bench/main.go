@@ -9,6 +9,7 @@
 //	bench contention   many runs at once on one simulated fleet: waits and busy slots
 //	bench tune         one search of many trials on a simulated fleet, within Temporal's limits
 //	bench search       TPE vs random search on the same budget of real trainings, seed by seed
+//	bench pbt          population-based training vs fixed hyperparameters, real trials on a simulated fleet
 //
 // Run `bench <table> -h` for its flags. The peers come from Debian's packages
 // (make deps-bench installs them).
@@ -31,6 +32,7 @@ var tables = map[string]func(args []string) error{
 	"contention": benchContention,
 	"tune":       benchTune,
 	"search":     benchSearch,
+	"pbt":        benchPBT,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"allreduce-host": allReduceHost,
@@ -39,7 +41,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune|search [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune|search|pbt [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {

@@ -8,7 +8,8 @@
 //   - its GPUs are go-nvml's mock of a DGX A100 (8 A100s) behind the same
 //     nvml.Interface the real library implements, found by
 //     gpuworker.DiscoverSlotsWith as real ones are;
-//   - the trainer is simulated: an epoch takes a set time and all-reduces a
+//   - the trainer is simulated (unless Options.Native lets runs name the
+//     real native trainer): an epoch takes a set time and all-reduces a
 //     small buffer for real over the collective: hierarchically by default
 //     (a host's ranks in memory, TCP around the ring of hosts), or over one
 //     TCP ring of every rank when the run's spec asks for "ring".
@@ -34,6 +35,7 @@ import (
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/trainer"
+	"github.com/durabletrain/durabletrain/trainer/native"
 )
 
 // Options shape a fleet.
@@ -49,7 +51,12 @@ type Options struct {
 	// mem:// bucket is one per opening, so hosts would not see each
 	// other's checkpoints). Default mem://, for runs that never restore.
 	StorageRoot string
-	Log         *zap.Logger
+	// Native also lets the fleet's ranks run the real native trainer
+	// (spec trainer "native") on data sets under DataRoot: real training
+	// on simulated hosts, as bench pbt runs it.
+	Native   bool
+	DataRoot string
+	Log      *zap.Logger
 }
 
 // Fleet is a running simulated fleet.
@@ -98,6 +105,12 @@ func Start(c client.Client, o Options) (*Fleet, error) {
 		f.Ranks.Add(1)
 		return &countingTrainer{simTrainer: simTrainer{comm: r.Comm, epochTime: o.EpochTime, weights: make([]float32, o.ReduceFloats)}, fleet: f}, nil
 	}))
+	if o.Native {
+		backends.Register(native.Name, trainer.BackendFunc(native.NewRank))
+		if o.DataRoot != "" {
+			roots = append(roots, o.DataRoot)
+		}
+	}
 	for h := range o.Hosts {
 		slots, gpus := gpuworker.DiscoverSlotsWith(fakeDGX(), 1, nil)
 		if gpus == nil || len(slots) < o.GPUsPerHost {
