@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
+	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -127,4 +128,119 @@ func deref(v *float64) float64 {
 		return -1
 	}
 	return *v
+}
+
+// TestPBTSurvivesLosingEveryWorkerMidExploit: a PBT search of 4 trials
+// that exploit every epoch, on real worker processes. While a trial is
+// exploiting (stopped, its donor's checkpoint being cloned) every worker
+// process is killed with SIGKILL and new ones start: the search goes on,
+// every trial completes its epochs, every segment ran once, and every
+// clone it made is a whole, verified checkpoint.
+func TestPBTSurvivesLosingEveryWorkerMidExploit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-pbt"
+	var first []*workerProc
+	first = append(first, startWorker(t, "ctl-1", "workflows", queue))
+	for i := range 4 {
+		first = append(first, startWorker(t, fmt.Sprintf("agent-%d", i+1), "agent", queue))
+	}
+	c := dial(t)
+	ckpt := t.TempDir()
+	search := map[string]any{
+		"name": "it-pbt-1",
+		"train": map[string]any{
+			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+			"hyper":      map[string]any{"epochs": 6},
+			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
+			"checkpoint": map[string]any{"url": "file://" + ckpt + "?metadata=skip"},
+			"failure":    map[string]any{"heartbeat_timeout": "3s"},
+		},
+		"param_space": map[string]any{"config.lr": map[string]any{"loguniform": []float64{1e-5, 3e-2}}},
+		"num_samples": 4, "metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 4, "seed": 2,
+		"scheduler": map[string]any{"type": "pbt", "perturbation_interval": 1},
+	}
+	raw, _ := json.Marshal(search)
+	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: "it-pbt-1", TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for caught := false; !caught; {
+		var r *spec.TuneResults
+		if v, err := c.QueryWorkflow(context.Background(), "it-pbt-1", "", spec.QueryResults); err == nil && v.Get(&r) == nil {
+			for _, tr := range r.Trials {
+				if tr.Status == spec.TrialExploiting {
+					t.Logf("trial %d is exploiting at epoch %d: killing every worker process", tr.Trial, tr.Epochs)
+					caught = true
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no trial ever exploited")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, w := range first {
+		w.cmd.Process.Signal(syscall.SIGKILL)
+		w.cmd.Wait()
+	}
+	startWorker(t, "ctl-2", "workflows", queue)
+	for i := range 4 {
+		startWorker(t, fmt.Sprintf("agent-%d", i+5), "agent", queue)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var res spec.TuneResults
+	if err := run.Get(ctx, &res); err != nil {
+		t.Fatal(err)
+	}
+	exploits := 0
+	for _, tr := range res.Trials {
+		t.Logf("trial %d %s epochs %d last %.4f segments %d config %s", tr.Trial, tr.Status, tr.Epochs, deref(tr.Last), tr.Segment, spec.Config(tr.Config).JSON())
+		if tr.Status != spec.TrialCompleted || tr.Epochs != 6 {
+			t.Errorf("trial %d: %s after %d epochs: %s", tr.Trial, tr.Status, tr.Epochs, tr.Reason)
+		}
+		for k, e := range tr.Lineage {
+			t.Logf("  epoch %d: took trial %d's %s, changed %s %s", e.Epoch, e.From, e.Cloned, spec.Config(e.Changed).JSON(), e.Reason)
+			if e.Cloned != "" {
+				exploits++
+			}
+			id := fmt.Sprintf("%s-p%d", tr.WorkflowID, k+1)
+			resp, err := c.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{Namespace: "default", Query: fmt.Sprintf("WorkflowId = '%s'", id)})
+			if err != nil || len(resp.Executions) != 1 {
+				t.Errorf("segment %s: %d executions, %v", id, len(resp.GetExecutions()), err)
+			}
+		}
+	}
+	if exploits == 0 {
+		t.Fatal("no exploit cloned a checkpoint")
+	}
+	// Every clone the search made is whole: each checkpoint under a clone run verifies.
+	store, err := checkpoint.Open(ctx, "file://"+ckpt+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	entries, _ := os.ReadDir(ckpt)
+	clones := 0
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), "-clone") {
+			continue
+		}
+		ids, err := store.IDs(ctx, e.Name())
+		if err != nil || len(ids) != 1 {
+			t.Errorf("clone run %s: checkpoints %v, %v; want one", e.Name(), ids, err)
+			continue
+		}
+		if _, err := store.Verify(ctx, e.Name(), ids[0]); err != nil {
+			t.Errorf("clone %s/%s does not verify: %v", e.Name(), ids[0], err)
+		}
+		clones++
+	}
+	if clones < exploits {
+		t.Fatalf("%d clone runs for %d exploits", clones, exploits)
+	}
+	t.Logf("%d exploits, %d verified clones; best trial %d (%.4f)", exploits, clones, res.Best, deref(res.BestTrial.Last))
 }
