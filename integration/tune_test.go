@@ -242,5 +242,6 @@ func TestPBTSurvivesLosingEveryWorkerMidExploit(t *testing.T) {
 	if clones < exploits {
 		t.Fatalf("%d clone runs for %d exploits", clones, exploits)
 	}
+	recordHistory(t, c, "it-pbt-1", "tune-pbt-every-worker-killed")
 	t.Logf("%d exploits, %d verified clones; best trial %d (%.4f)", exploits, clones, res.Best, deref(res.BestTrial.Last))
 }

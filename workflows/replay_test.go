@@ -17,6 +17,7 @@ import (
 var recordedIDs = map[string]string{
 	"tune-asha-every-worker-killed.json":    "it-tune-1",
 	"tune-cancelled-while-training.json":    "it-end-search-2",
+	"tune-pbt-every-worker-killed.json":     "it-pbt-1",
 	"v1-tune-asha-every-worker-killed.json": "it-tune-1",
 	"v1-tune-cancelled-while-training.json": "it-end-search-2",
 	"v2-tune-asha-every-worker-killed.json": "it-tune-1",
