@@ -109,7 +109,7 @@ func tuneTable(r *spec.TuneResults) string {
 	var b strings.Builder
 	counts := r.Counts()
 	var parts []string
-	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed, spec.TrialCancelled} {
+	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialExploiting, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed, spec.TrialCancelled} {
 		if counts[st] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[st], st))
 		}
@@ -117,13 +117,26 @@ func tuneTable(r *spec.TuneResults) string {
 	fmt.Fprintf(&b, "== search %s: %s (scheduler %s, %s %s) ==\n", r.Name, strings.Join(parts, ", "), r.Scheduler, r.Mode, r.Metric)
 	paths := r.ConfigPaths()
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "trial\tstatus\t%s\tepochs\tlast %s\tbest\n", strings.Join(paths, "\t"), r.Metric)
+	pbt := r.Scheduler == "pbt" // each trial's exploits, and the trial it took its weights from last
+	head := fmt.Sprintf("trial\tstatus\t%s\tepochs\tlast %s\tbest", strings.Join(paths, "\t"), r.Metric)
+	if pbt {
+		head += "\texploits\tlast exploit"
+	}
+	fmt.Fprintln(tw, head)
 	for _, t := range r.Trials {
 		var cfg []string
 		for _, p := range paths {
 			cfg = append(cfg, string(t.Config[p]))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.Trial, t.Status, strings.Join(cfg, "\t"), t.Epochs, metric(t.Last), metric(t.Best))
+		line := fmt.Sprintf("%d\t%s\t%s\t%d\t%s\t%s", t.Trial, t.Status, strings.Join(cfg, "\t"), t.Epochs, metric(t.Last), metric(t.Best))
+		if pbt {
+			last := "-"
+			if n := len(t.Lineage); n > 0 {
+				last = fmt.Sprintf("epoch %d from trial %d", t.Lineage[n-1].Epoch, t.Lineage[n-1].From)
+			}
+			line += fmt.Sprintf("\t%d\t%s", t.Segment, last)
+		}
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 	return b.String()
