@@ -464,3 +464,73 @@ func TestTuneWithPBT(t *testing.T) {
 		t.Fatalf("results written: %+v", w)
 	}
 }
+
+// TestTunePBTCarriesItsSegmentsAcrossContinueAsNew: the server suggests
+// continue-as-new while trials are exploiting. The search stops deciding,
+// clones what it was cloning, lets the other trials finish, and carries the
+// cloned segments: the next execution starts them first, and every trial
+// still trains all its epochs.
+func TestTunePBTCarriesItsSegmentsAcrossContinueAsNew(t *testing.T) {
+	var mu sync.Mutex
+	running, maxRunning := 0, 0
+	var written *spec.TuneResults
+	input := json.RawMessage(`{"name": "pbt-can", "train": {"hyper": {"epochs": 10}},
+		"param_space": {"hyper.lr": {"uniform": [0.001, 0.05]}}, "num_samples": 8, "seed": 7,
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 8,
+		"scheduler": {"type": "pbt", "perturbation_interval": 2}}`)
+	segmentsStarted := map[int][]string{} // execution -> segment workflow IDs started
+	executions := 0
+	for ; written == nil && executions < 5; executions++ {
+		var suite testsuite.WorkflowTestSuite
+		env := suite.NewTestWorkflowEnvironment()
+		env.SetTestTimeout(time.Minute)
+		env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
+		env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+			fakeResumeAt.Store(in.Run, in.From.Epoch)
+			return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
+		}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
+			written = in.Results
+			return "results.csv", nil
+		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
+		exec := executions
+		env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, _ converter.EncodedValues) {
+			if strings.Contains(info.WorkflowExecution.ID, "-p") {
+				segmentsStarted[exec] = append(segmentsStarted[exec], info.WorkflowExecution.ID)
+			}
+		})
+		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "pbt-can"})
+		if executions == 0 {
+			// Just after the first exploits were decided (epoch 2), before their clones finish.
+			env.RegisterDelayedCallback(func() { env.SetContinueAsNewSuggested(true) }, 2500*time.Millisecond)
+		} else {
+			env.SetContinuedExecutionRunID(fmt.Sprintf("run-%d", executions-1))
+		}
+		env.ExecuteWorkflow(spec.WorkflowTune, input)
+		err := env.GetWorkflowError()
+		var can *workflow.ContinueAsNewError
+		switch {
+		case errors.As(err, &can):
+			if err := converterDecode(can, &input); err != nil {
+				t.Fatal(err)
+			}
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if written == nil || executions != 2 {
+		t.Fatalf("%d executions, results %v; want 2", executions, written != nil)
+	}
+	carried := 0
+	for _, r := range written.Trials {
+		if r.Status != spec.TrialCompleted || r.Epochs != 10 || r.Segment != len(r.Lineage) {
+			t.Fatalf("trial %d: %s after %d epochs, %d segments, lineage %+v", r.Trial, r.Status, r.Epochs, r.Segment, r.Lineage)
+		}
+		carried += r.Segment
+	}
+	t.Logf("segments started: %v", segmentsStarted)
+	if carried == 0 || len(segmentsStarted[1]) != carried || len(segmentsStarted[0]) != 0 {
+		t.Fatalf("%d segments; started in the first execution %v, in the second %v: want every one carried to the second", carried, segmentsStarted[0], segmentsStarted[1])
+	}
+}
