@@ -117,3 +117,18 @@ func testPolicy() policy.Policy {
 	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
 	return policy.Policy{StorageRoots: []string{"file://" + filepath.Clean(os.TempDir()) + "/", "file://" + filepath.Dir(data) + "/", "mem://"}}
 }
+
+// keep_best ranks checkpoints by a metric the run must report: a score the
+// first epoch did not report fails the run as the user's error, naming
+// what it did report.
+func TestKeepBestByAMetricNeverReportedIsAUserError(t *testing.T) {
+	agents, peers := newAgents(t, 1)
+	s := spec.Training{Model: spec.Model{Hidden: []int{16}}, Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()}, Hyper: spec.Hyper{Epochs: 1},
+		Checkpoint: spec.Checkpoint{URL: "mem://", KeepBest: 1, Score: "f1"}}.WithDefaults()
+	_, errs := runEpochOnAll(t, agents, spec.EpochInput{Run: "r", Generation: 1, Peers: peers[:1], Secret: []byte("0123456789abcdef"), Spec: s})
+	var app *temporal.ApplicationError
+	if !errors.As(errs[0], &app) || app.Type() != spec.ErrUser || !app.NonRetryable() ||
+		!strings.Contains(errs[0].Error(), `checkpoint.score is "f1", but the run's epoch 0 reported only test_accuracy, test_loss, train_loss`) {
+		t.Fatalf("got %v, want a non-retryable user error naming checkpoint.score", errs[0])
+	}
+}

@@ -128,7 +128,13 @@ func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.Loca
 	}
 	res := spec.EpochResult{Rank: in.Rank, Restored: restored, Metrics: spec.EpochMetrics{
 		Epoch: epoch, Steps: m.Steps, TrainLoss: m.TrainLoss, TestLoss: e.TestLoss, TestAccuracy: e.TestAccuracy,
-		SamplesPerSecond: m.SamplesPerSecond, Seconds: m.Seconds}}
+		SamplesPerSecond: m.SamplesPerSecond, Seconds: m.Seconds, Other: e.Other, Absent: e.Absent}}
+	if c := in.Spec.Checkpoint; c.KeepBest > 0 {
+		// keep_best ranks checkpoints by a metric the run must report.
+		if err := res.Metrics.MissingMetric("checkpoint.score", c.Score); err != nil {
+			return spec.EpochResult{}, a.classify(ctx, key, in.Slot, userError(err), leave)
+		}
+	}
 	a.logEpoch(in, res.Metrics)
 	rep.metrics.epoch(res.Metrics.SamplesPerSecond, res.Metrics.Map())
 	a.writeEpochEvents(ctx, rep, in, res.Metrics)

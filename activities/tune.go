@@ -157,6 +157,17 @@ func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) er
 	if lineage {
 		head = append(head, "segments", "lineage")
 	}
+	// Every metric the trials last reported, a column each ("metric.f1").
+	names := map[string]bool{}
+	for _, t := range r.Trials {
+		for k := range t.Metrics {
+			names[k] = true
+		}
+	}
+	metricCols := slices.Sorted(maps.Keys(names))
+	for _, k := range metricCols {
+		head = append(head, "metric."+k)
+	}
 	c.Write(head)
 	num := func(v *float64) string {
 		if v == nil {
@@ -183,6 +194,13 @@ func writeCSV(w interface{ Write([]byte) (int, error) }, r *spec.TuneResults) er
 		row = append(row, ckpt, t.Reason)
 		if lineage {
 			row = append(row, strconv.Itoa(t.Segment), lineageText(t.Lineage))
+		}
+		for _, k := range metricCols {
+			if v, ok := t.Metrics[k]; ok {
+				row = append(row, strconv.FormatFloat(v, 'g', 6, 64))
+			} else {
+				row = append(row, "")
+			}
 		}
 		c.Write(row)
 	}

@@ -66,3 +66,31 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		t.Fatal("an exec run's config set hyper.lr")
 	}
 }
+
+// A run reports any metric: the three every backend may report, and any
+// other by name; one it did not report has no value, and an error that
+// needs it lists what it did report.
+func TestAnyMetric(t *testing.T) {
+	m := EpochMetrics{Epoch: 2, TrainLoss: 0.4, TestAccuracy: 0.9, Other: map[string]float64{"f1": 0.7, "samples": 1000}, Absent: []string{MetricTestLoss}}
+	if v, ok := m.Value("f1"); !ok || v != 0.7 {
+		t.Fatalf("f1: %v %v", v, ok)
+	}
+	if _, ok := m.Value(MetricTestLoss); ok {
+		t.Fatal("an absent test_loss has a value")
+	}
+	if got := strings.Join(m.Names(), ","); got != "f1,samples,test_accuracy,train_loss" {
+		t.Fatalf("names %s", got)
+	}
+	err := m.MissingMetric("checkpoint.score", "recall")
+	if err == nil || err.Error() != `checkpoint.score is "recall", but the run's epoch 2 reported only f1, samples, test_accuracy, train_loss; want one of them (or report "recall")` {
+		t.Fatalf("got %v", err)
+	}
+	if (EpochMetrics{}).MissingMetric("metric", MetricTestLoss) != nil {
+		t.Fatal("a native epoch's test_loss is missing")
+	}
+	for name, ok := range map[string]bool{"f1": true, "val/acc": false, "val.acc": true, "bleu-4": true, "": false, "4x": false, strings.Repeat("m", 65): false} {
+		if err := CheckMetricName("metric", name); (err == nil) != ok {
+			t.Errorf("%q: %v", name, err)
+		}
+	}
+}

@@ -200,6 +200,12 @@ type EpochMetrics struct {
 	TestAccuracy     float64 `json:"test_accuracy"`
 	SamplesPerSecond float64 `json:"samples_per_second"`
 	Seconds          float64 `json:"seconds"`
+	// Other holds what else the epoch reported, by name (an exec program's
+	// report beyond the three above: any metric), at most MaxOtherMetrics.
+	Other map[string]float64 `json:"other,omitempty"`
+	// Absent names the three above that the epoch did not report (an exec
+	// program's own choice): their fields are 0, and Value says so.
+	Absent []string `json:"absent,omitempty"`
 }
 
 // CheckpointsSkipped is what SignalCheckpointSkipped carries.

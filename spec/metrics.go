@@ -1,6 +1,12 @@
 package spec
 
-import "fmt"
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+)
 
 // Metric names a run reports every epoch: what checkpoint.score, a search's
 // metric and its stop criteria may name.
@@ -10,8 +16,16 @@ const (
 	MetricTrainLoss    = "train_loss"
 )
 
-// Metrics lists the metric names, in the order errors list them.
+// Metrics lists the metrics every backend may report in fields of their
+// own, in the order errors list them. A run may report any other metric
+// as well (EpochMetrics.Other).
 var Metrics = []string{MetricTestAccuracy, MetricTestLoss, MetricTrainLoss}
+
+// MaxOtherMetrics bounds the metrics an epoch reports beyond Metrics
+// (every epoch's travel through the run's history).
+const MaxOtherMetrics = 64
+
+var metricNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,63}$`)
 
 // Modes: whether a metric is better higher or lower.
 const (
@@ -19,26 +33,58 @@ const (
 	ModeMin = "min"
 )
 
-// Value is the named metric of an epoch; ok is false for a name not in Metrics.
+// Value is the named metric of an epoch; ok is false for one the epoch
+// did not report.
 func (m EpochMetrics) Value(name string) (v float64, ok bool) {
 	switch name {
 	case MetricTestAccuracy:
-		return m.TestAccuracy, true
+		v, ok = m.TestAccuracy, true
 	case MetricTestLoss:
-		return m.TestLoss, true
+		v, ok = m.TestLoss, true
 	case MetricTrainLoss:
-		return m.TrainLoss, true
+		v, ok = m.TrainLoss, true
+	default:
+		v, ok = m.Other[name]
+		return v, ok
 	}
-	return 0, false
+	return v, !slices.Contains(m.Absent, name)
 }
 
-// Map is the epoch's metrics by name, as checkpoint manifests record them.
+// Map is the epoch's metrics by name, as checkpoint manifests record them:
+// those it reported.
 func (m EpochMetrics) Map() map[string]float64 {
-	out := make(map[string]float64, len(Metrics))
+	out := make(map[string]float64, len(Metrics)+len(m.Other))
+	for k, v := range m.Other {
+		out[k] = v
+	}
 	for _, name := range Metrics {
-		out[name], _ = m.Value(name)
+		if v, ok := m.Value(name); ok {
+			out[name] = v
+		}
 	}
 	return out
+}
+
+// Names are the metrics the epoch reported, sorted.
+func (m EpochMetrics) Names() []string {
+	return slices.Sorted(maps.Keys(m.Map()))
+}
+
+// MissingMetric names the field when an epoch did not report the metric
+// it names, listing what it did report.
+func (m EpochMetrics) MissingMetric(field, name string) error {
+	if _, ok := m.Value(name); ok {
+		return nil
+	}
+	return fmt.Errorf("%s is %q, but the run's epoch %d reported only %s; want one of them (or report %q)", field, name, m.Epoch, strings.Join(m.Names(), ", "), name)
+}
+
+// CheckMetricName names the field when name cannot be a metric's.
+func CheckMetricName(field, name string) error {
+	if metricNamePattern.MatchString(name) {
+		return nil
+	}
+	return fmt.Errorf("%s is %q; want a metric's name: %s, or one your program reports (1-64 letters, digits, _, . or -, starting with a letter or _)", field, name, quoteList(Metrics))
 }
 
 // Better says whether a beats b under mode ("min": lower is better; anything
@@ -50,13 +96,9 @@ func Better(mode string, a, b float64) bool {
 	return a > b
 }
 
-// CheckMetric names the field when name is not a metric.
-func CheckMetric(field, name string) error {
-	if _, ok := (EpochMetrics{}).Value(name); ok {
-		return nil
-	}
-	return fmt.Errorf("%s is %q; want %s", field, name, quoteList(Metrics))
-}
+// CheckMetric names the field when name cannot be a metric's (whether a
+// run reports it is known at its first report: MissingMetric).
+func CheckMetric(field, name string) error { return CheckMetricName(field, name) }
 
 // CheckMode names the field when mode is neither "max" nor "min".
 func CheckMode(field, mode string) error {

@@ -49,6 +49,10 @@ type TrialStatus struct {
 	Seen       int            `json:"seen,omitempty"`
 	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
 	Reason     string         `json:"reason,omitempty"` // why it stopped early, or how it failed
+	// Metrics are the trial's latest report's metrics, by name: the
+	// searched one, then train_loss, test_loss, test_accuracy, then others
+	// by name, at most MaxRowMetrics.
+	Metrics map[string]float64 `json:"metrics,omitempty"`
 	// Segment counts the trial's exploits (PBT): each continues the trial as
 	// a new child workflow, "<workflow_id>-p<segment>", from a clone of a
 	// better trial's checkpoint. Lineage lists them, the newest
@@ -56,6 +60,9 @@ type TrialStatus struct {
 	Segment int       `json:"segment,omitempty"`
 	Lineage []Exploit `json:"lineage,omitempty"`
 }
+
+// MaxRowMetrics bounds the metrics a row keeps.
+const MaxRowMetrics = 16
 
 // MaxLineage bounds the exploits a row lists (Segment counts them all).
 const MaxLineage = 32

@@ -85,6 +85,11 @@ type EvalMetrics struct {
 	TestLoss     float64 `json:"test_loss"`
 	TestAccuracy float64 `json:"test_accuracy"`
 	Examples     int     `json:"examples"`
+	// Other is any other metric the backend measured for the epoch, by name
+	// (at most spec.MaxOtherMetrics); Absent names those of train_loss,
+	// test_loss and test_accuracy it did not (their fields are then 0).
+	Other  map[string]float64 `json:"other,omitempty"`
+	Absent []string           `json:"absent,omitempty"`
 }
 
 // Reducer is the collective a trainer needs; *collective.Group implements it.

@@ -113,8 +113,8 @@ func ParseSpec(raw []byte) (Spec, error) {
 		return s, fmt.Errorf("tune spec: the search has no trials")
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.Stop)) {
-		if k != TrainingIteration && !slices.Contains(spec.Metrics, k) {
-			return s, fmt.Errorf("tune spec: stop.%s: want %s or one of %s", boundKey(k), TrainingIteration, strings.Join(spec.Metrics, ", "))
+		if k != TrainingIteration && spec.CheckMetricName("stop."+boundKey(k), k) != nil {
+			return s, fmt.Errorf("tune spec: stop.%s: want %s, or a metric: %s, or one your program reports", boundKey(k), TrainingIteration, strings.Join(spec.Metrics, ", "))
 		}
 	}
 	if _, err := s.NewScheduler(); err != nil {

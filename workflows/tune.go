@@ -163,6 +163,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	plans := map[int]*exploitPlan{} // PBT: trials told to stop for an exploit
 	clones := 0                     // PBT: clone activities in flight
 	var carry []pendingSegment      // PBT: segments for the next execution
+	var badMetric error             // a report without a metric the search needs: the search fails
 	sel := workflow.NewSelector(ctx)
 	// list makes sure trial i has a row (rows are listed up to spec.MaxListedTrials ahead).
 	list := func(i int) *spec.TrialStatus {
@@ -324,6 +325,10 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		if t == nil || t.Status != spec.TrialRunning {
 			return // already stopping or ended: nothing more to decide
 		}
+		if err := missingMetric(s, r.Metrics); err != nil {
+			badMetric = fmt.Errorf("trial %d: %w", i, err)
+			return
+		}
 		v := observe(t, r, s.Metric, s.Mode, s.Scope)
 		if t.Epochs >= trials[i].Spec.WithDefaults().Hyper.Epochs {
 			return // its last epoch: it ends anyway
@@ -354,6 +359,12 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	for len(children) > 0 || clones > 0 {
 		before := done
 		sel.Select(ctx)
+		if badMetric != nil {
+			// Every trial reports the same metrics: none could be ranked. The
+			// trials are cancelled as the search closes (REQUEST_CANCEL),
+			// keeping their checkpoints.
+			return nil, temporal.NewNonRetryableApplicationError("tune spec: "+badMetric.Error(), spec.ErrUser, nil)
+		}
 		if bounded {
 			if done > before { // rows change status only when a trial ends
 				moveRows(ctx, res, url)

@@ -51,7 +51,8 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 				p.State = spec.StateCancelled
 				return p, err
 			}
-			m := spec.EpochMetrics{Epoch: e, TestAccuracy: s.Hyper.LR*10 + float64(e)/100, TestLoss: 1 - s.Hyper.LR}
+			m := spec.EpochMetrics{Epoch: e, TestAccuracy: s.Hyper.LR*10 + float64(e)/100, TestLoss: 1 - s.Hyper.LR,
+				Other: map[string]float64{"neg_lr": -s.Hyper.LR}} // a metric of its own
 			p.Metrics = append(p.Metrics, m)
 			p.Epoch = e + 1
 			p.Latest = &spec.CheckpointRef{Run: s.Name, ID: "ckpt", Epoch: e + 1}
@@ -532,5 +533,33 @@ func TestTunePBTCarriesItsSegmentsAcrossContinueAsNew(t *testing.T) {
 	t.Logf("segments started: %v", segmentsStarted)
 	if carried == 0 || len(segmentsStarted[1]) != carried || len(segmentsStarted[0]) != 0 {
 		t.Fatalf("%d segments; started in the first execution %v, in the second %v: want every one carried to the second", carried, segmentsStarted[0], segmentsStarted[1])
+	}
+}
+
+// A search ranks by any metric its trials report, and stops on one; a
+// metric no trial reports fails the search at the first report, naming it
+// and what was reported.
+func TestTuneByAnyMetric(t *testing.T) {
+	env, writtenTo, _ := searchEnv()
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"train": {"hyper": {"epochs": 3}},
+		"param_space": {"hyper.lr": {"grid_search": [0.003, 0.001, 0.002]}}, "max_concurrent_trials": 3,
+		"metric": "neg_lr", "mode": "max", "stop": {"neg_lr": -0.0015}}`))
+	if err := env.GetWorkflowError(); err != nil {
+		t.Fatal(err)
+	}
+	var res spec.TuneResults
+	env.GetWorkflowResult(&res)
+	if res.Best != 1 || res.Trials[1].Status != spec.TrialStopped || res.Trials[1].Metrics["neg_lr"] != -0.001 {
+		t.Fatalf("best %d; trial 1 %+v", res.Best, res.Trials[1])
+	}
+	if w := *writtenTo; w == nil || w.Trials[0].Metrics["test_accuracy"] == 0 {
+		t.Fatalf("rows written without their metrics: %+v", w)
+	}
+	env, _, _ = searchEnv()
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"train": {"hyper": {"epochs": 3}},
+		"param_space": {"hyper.lr": {"grid_search": [0.003, 0.001]}}, "max_concurrent_trials": 2, "metric": "f1"}`))
+	err := env.GetWorkflowError()
+	if err == nil || !strings.Contains(err.Error(), `the search's metric is "f1", but the run's epoch 0 reported only neg_lr, test_accuracy, test_loss, train_loss`) {
+		t.Fatalf("a metric never reported: %v", err)
 	}
 }

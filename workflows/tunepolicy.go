@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 
 	"go.temporal.io/sdk/temporal"
 
@@ -18,6 +20,7 @@ import (
 // observe records a trial's report in its row and returns the metric's value.
 func observe(t *spec.TrialStatus, r spec.TrialReport, metric, mode, scope string) float64 {
 	t.Epochs = r.Metrics.Epoch + 1
+	t.Metrics = rowMetrics(r.Metrics, metric)
 	v := t.Observe(r.Metrics, metric, mode, scope)
 	if r.Checkpoint != nil {
 		t.Checkpoint = r.Checkpoint
@@ -39,6 +42,23 @@ func absorb(t *spec.TrialStatus, p *spec.Progress, metric, mode, scope string) {
 	for _, m := range p.Metrics {
 		t.Observe(m, metric, mode, scope)
 	}
+	if n := len(p.Metrics); n > 0 {
+		t.Metrics = rowMetrics(p.Metrics[n-1], metric)
+	}
+}
+
+// rowMetrics is what a row keeps of a report: the searched metric, the
+// three every backend may report, then others by name, spec.MaxRowMetrics
+// in all (a search's rows travel in one payload).
+func rowMetrics(m spec.EpochMetrics, metric string) map[string]float64 {
+	all := m.Map()
+	out := map[string]float64{}
+	for _, name := range append([]string{metric}, append(slices.Clone(spec.Metrics), slices.Sorted(maps.Keys(all))...)...) {
+		if v, ok := all[name]; ok && len(out) < spec.MaxRowMetrics {
+			out[name] = v
+		}
+	}
+	return out
 }
 
 // changedValues are the values of next that differ from cur, by path.
@@ -88,13 +108,28 @@ func stopCriterion(stop map[string]float64, epochs int, m spec.EpochMetrics) str
 	if th, ok := stop[tune.TrainingIteration]; ok && float64(epochs) >= th {
 		return fmt.Sprintf("stop.%s: %v reached %v", tune.TrainingIteration, epochs, th)
 	}
-	for _, k := range spec.Metrics {
-		v, _ := m.Value(k)
-		if th, ok := stop[k]; ok && v >= th {
-			return fmt.Sprintf("stop.%s: %v reached %v", k, v, th)
+	for _, k := range slices.Sorted(maps.Keys(stop)) {
+		if v, ok := m.Value(k); ok && v >= stop[k] {
+			return fmt.Sprintf("stop.%s: %v reached %v", k, v, stop[k])
 		}
 	}
 	return ""
+}
+
+// missingMetric names the first metric a search needs (its metric, its
+// stop criteria's) that a trial's report does not have.
+func missingMetric(s tune.Spec, m spec.EpochMetrics) error {
+	if err := m.MissingMetric("the search's metric", s.Metric); err != nil {
+		return err
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Stop)) {
+		if k != tune.TrainingIteration {
+			if err := m.MissingMetric("stop."+k, k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // trialScore is what ranks a trial: its score under the search's scope,

@@ -275,7 +275,12 @@ func progressLine(p *spec.Progress, elapsed time.Duration) string {
 	line := fmt.Sprintf("%s %s epoch %d/%d", bar, p.State, p.Epoch, p.Epochs)
 	if n := len(p.Metrics); n > 0 {
 		m := p.Metrics[n-1]
-		line += fmt.Sprintf(" · train loss %.4f · test accuracy %.4f · %.0f samples/s", m.TrainLoss, m.TestAccuracy, m.SamplesPerSecond)
+		for _, name := range m.Names() { // what the run reported: the three, and any other
+			if name != spec.MetricTestLoss {
+				line += fmt.Sprintf(" · %s %.4f", strings.ReplaceAll(name, "_", " "), m.Map()[name])
+			}
+		}
+		line += fmt.Sprintf(" · %.0f samples/s", m.SamplesPerSecond)
 		if done > 0 && done < 1 {
 			eta := time.Duration(float64(elapsed) * (1 - done) / done)
 			line += fmt.Sprintf(" · ETA %s", eta.Round(time.Second))
@@ -295,7 +300,11 @@ func summary(p *spec.Progress, elapsed time.Duration) {
 		p.Run, p.State, p.Epoch, p.Epochs, elapsed.Round(time.Second), p.Generation, p.Failures, p.Preemptions)
 	if n := len(p.Metrics); n > 0 {
 		m := p.Metrics[n-1]
-		fmt.Printf("final: train loss %.4f, test loss %.4f, test accuracy %.4f\n", m.TrainLoss, m.TestLoss, m.TestAccuracy)
+		var parts []string
+		for _, name := range m.Names() {
+			parts = append(parts, fmt.Sprintf("%s %.4f", strings.ReplaceAll(name, "_", " "), m.Map()[name]))
+		}
+		fmt.Printf("final: %s\n", strings.Join(parts, ", "))
 	}
 	if p.Latest != nil {
 		fmt.Printf("latest checkpoint: %s/%s in %s\n", p.Latest.Run, p.Latest.ID, p.Latest.URL)

@@ -82,7 +82,7 @@ func Training() []Case {
 		{"keep_last -1", `{"checkpoint": {"keep_last": -1}}`, "checkpoint.keep_last is -1; want 0 (keep every checkpoint) or more"},
 		{"two GPUs per worker", `{"scaling": {"gpus_per_worker": 2}}`, "scaling.gpus_per_worker is 2"},
 		{"an unknown optimizer", `{"hyper": {"optimizer": "lbfgs"}}`, `hyper.optimizer is "lbfgs"; want "adam" or "sgd"`},
-		{"an unknown score", `{"checkpoint": {"score": "f1"}}`, `checkpoint.score is "f1"`},
+		{"a score that is no metric's name", `{"checkpoint": {"score": "f 1"}}`, `checkpoint.score is "f 1"; want a metric's name`},
 		{"an unknown mode", `{"checkpoint": {"mode": "up"}}`, `checkpoint.mode is "up"`},
 		// Names and sizes the server or a worker would refuse later
 		{"a 300-character name", `{"name": "` + repeat("a", 300) + `"}`, `name is "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"… (300 bytes); want 1-200 letters`},
@@ -153,7 +153,8 @@ func Tune() []Case {
 		{"a bad results_url", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "results_url": "results"}`, `results_url is "results"; want a blob URL`},
 		{"a bad train type", `{"train": {"hyper": {"epochs": "x"}}, "param_space": {"hyper.lr": {"choice": [0.1]}}}`, `train.hyper.epochs: want a whole number, got the string "x"`},
 		{"a bad train zero", `{"train": {"hyper": {"epochs": 0}}, "param_space": {"hyper.lr": {"choice": [0.1]}}}`, "train: spec: hyper.epochs is 0"},
-		{"an unknown stop", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "stop": {"accuracy": 0.9}}`, "stop.accuracy: want training_iteration or one of"},
+		{"a stop on no metric's name", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "stop": {"val acc": 0.9}}`, "stop.val acc: want training_iteration, or a metric"},
+		{"a metric that is no metric's name", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "metric": "val/acc"}`, `metric is "val/acc"; want a metric's name`},
 		{"an unknown scheduler", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "scheduler": {"type": "pbt2"}}`, "scheduler"},
 		{"an unknown searcher", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "search_alg": {"type": "hyperopt"}}`, `search_alg.type is "hyperopt"; want "random" (the default) or "tpe"`},
 		{"tpe over a grid", `{"param_space": {"hyper.lr": {"grid_search": [0.1, 0.2]}}, "search_alg": {"type": "tpe"}}`, `param_space.hyper.lr is a grid_search; search_alg "tpe" models every dimension`},

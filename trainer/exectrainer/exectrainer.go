@@ -19,10 +19,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -343,6 +345,9 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 	if err := t.expect(ctx, "report", &r); err != nil {
 		return trainer.EpochMetrics{}, err
 	}
+	if err := checkMetrics(epoch, r.Metrics); err != nil {
+		return trainer.EpochMetrics{}, err
+	}
 	if r.CheckpointDir != "" && t.cfg.Saves {
 		if err := t.keep(r.CheckpointDir, epoch); err != nil {
 			return trainer.EpochMetrics{}, err
@@ -390,8 +395,41 @@ func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
 	if t.last.Metrics == nil {
 		return trainer.EvalMetrics{}, errors.New("exec trainer: no epoch reported yet")
 	}
-	return trainer.EvalMetrics{TestLoss: t.last.Metrics[spec.MetricTestLoss], TestAccuracy: t.last.Metrics[spec.MetricTestAccuracy],
-		Examples: int(t.last.Metrics["test_examples"])}, nil
+	e := trainer.EvalMetrics{TestLoss: t.last.Metrics[spec.MetricTestLoss], TestAccuracy: t.last.Metrics[spec.MetricTestAccuracy],
+		Examples: int(t.last.Metrics["test_examples"])}
+	for name, v := range t.last.Metrics {
+		if !slices.Contains(spec.Metrics, name) {
+			if e.Other == nil {
+				e.Other = map[string]float64{}
+			}
+			e.Other[name] = v
+		}
+	}
+	for _, name := range spec.Metrics {
+		if _, ok := t.last.Metrics[name]; !ok {
+			e.Absent = append(e.Absent, name)
+		}
+	}
+	return e, nil
+}
+
+// checkMetrics refuses a report whose metrics could not travel: a name
+// that is not a metric's, or more than spec.MaxOtherMetrics beyond the three.
+func checkMetrics(epoch int, metrics map[string]float64) error {
+	other := 0
+	for _, name := range slices.Sorted(maps.Keys(metrics)) {
+		if err := spec.CheckMetricName(fmt.Sprintf("the program's report of epoch %d: a metric", epoch), name); err != nil {
+			return trainer.UserError(err)
+		}
+		if !slices.Contains(spec.Metrics, name) {
+			other++
+		}
+	}
+	if other > spec.MaxOtherMetrics {
+		return trainer.UserError(fmt.Errorf("the program's report of epoch %d has %d metrics beyond %s; want at most %d",
+			epoch, other, strings.Join(spec.Metrics, ", "), spec.MaxOtherMetrics))
+	}
+	return nil
 }
 
 // Save writes the last reported checkpoint directory, file by file, and the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -224,5 +225,52 @@ sys.exit(3)`
 	want := `config={"act": "gelu", "hidden": [64, 32], "lr": 0.00031} lr=0.00031 hidden=[64, 32] act=gelu env={"act":"gelu","hidden":[64,32],"lr":0.00031}`
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("the program printed: %v; want %s", err, want)
+	}
+}
+
+// Whatever a program reports reaches the epoch's metrics: the three by
+// their fields (those it did not report listed as absent), any other by
+// name. A name no metric may have is refused, naming it.
+func TestProgramReportsAnyMetric(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	py, _ := filepath.Abs("../../python")
+	run := func(metrics string) (*Trainer, error) {
+		prog := "import durabletrain as dt\nfor e in dt.epochs():\n    dt.report(" + metrics + ")\n"
+		tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, MasterAddr: "127.0.0.1", MasterPort: 1,
+			Epochs: 2, Scratch: t.TempDir(), PythonPath: py})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		if err := tr.Init(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+		return tr, err
+	}
+	tr, err := run(`{"train_loss": 0.25, "f1": 0.75, "val.bleu-4": 31.5}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := tr.Evaluate(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Other["f1"] != 0.75 || e.Other["val.bleu-4"] != 31.5 || len(e.Other) != 2 || strings.Join(e.Absent, ",") != "test_accuracy,test_loss" {
+		t.Fatalf("evaluation %+v", e)
+	}
+	_, err = run(`{"val acc": 0.5}`)
+	if err == nil || !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), `a metric is "val acc"; want a metric's name`) {
+		t.Fatalf("a bad metric name: %v", err)
+	}
+	many := "{"
+	for i := range 65 {
+		many += fmt.Sprintf(`"m%d": %d, `, i, i)
+	}
+	_, err = run(many + "}")
+	if err == nil || !strings.Contains(err.Error(), "has 65 metrics beyond test_accuracy, test_loss, train_loss; want at most 64") {
+		t.Fatalf("too many metrics: %v", err)
 	}
 }
