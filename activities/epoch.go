@@ -102,6 +102,14 @@ func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.Loca
 	defer cancel(nil)
 	defer a.slots.running(in.Slot, cancel)()
 	leave := a.watchStop(ctx, cancel, in)
+	// Between epochs, the slot's GPU must still be healthy: one that is not
+	// is withdrawn, and the run goes on without it.
+	if s, ok := a.slotAt(in.Slot); ok {
+		a.checkHealth([]Slot{s})
+		if reason := a.slotProblem(in.Slot); reason != "" {
+			return spec.EpochResult{}, a.classify(ctx, key, in.Slot, healthError(s, reason), leave)
+		}
+	}
 
 	rep, restored, err := a.replica(ctx, key, in, place, beat)
 	if err == nil && isClosed(leave) {

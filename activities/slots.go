@@ -25,6 +25,7 @@ type slotTable struct {
 	stops  map[int]context.CancelCauseFunc // stops the slot's running RunEpoch
 	refs   map[int]*spec.CheckpointRef     // the latest checkpoint the slot's gang committed
 	keys   map[int]*slotKey                // the identity of the slot's current hold
+	out    map[int]withdrawn               // slots out of service: their GPU is unhealthy
 	// changed, if set, is told the free and held counts whenever a slot is
 	// taken or freed (called with mu held: it must not call back).
 	changed func(free, held int)
@@ -32,14 +33,20 @@ type slotTable struct {
 
 func (t *slotTable) notify() {
 	if t.changed != nil {
-		t.changed(len(t.order)-len(t.busy), len(t.busy))
+		free := 0
+		for _, s := range t.order {
+			if _, out := t.out[s.Index]; !out && !t.busy[s.Index] {
+				free++
+			}
+		}
+		t.changed(free, len(t.busy))
 	}
 }
 
 func (t *slotTable) init(slots []Slot) {
 	t.order = slots
 	t.busy, t.epochs, t.refs, t.keys = map[int]bool{}, map[int]chan struct{}{}, map[int]*spec.CheckpointRef{}, map[int]*slotKey{}
-	t.stops = map[int]context.CancelCauseFunc{}
+	t.stops, t.out = map[int]context.CancelCauseFunc{}, map[int]withdrawn{}
 }
 
 // take reserves the first n free slots, all or none.
@@ -48,7 +55,7 @@ func (t *slotTable) take(n int) ([]Slot, bool) {
 	defer t.mu.Unlock()
 	var got []Slot
 	for _, s := range t.order {
-		if len(got) < n && !t.busy[s.Index] {
+		if _, out := t.out[s.Index]; len(got) < n && !t.busy[s.Index] && !out {
 			got = append(got, s)
 		}
 	}
@@ -157,9 +164,10 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 	if n > spec.MaxWorkersPerHost {
 		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("a hold of %d slots; want at most %d", n, spec.MaxWorkersPerHost), spec.ErrUser, nil)
 	}
+	a.checkHealth(a.Slots) // an unhealthy GPU is never offered
 	slots, ok := a.slots.take(n)
 	if !ok {
-		return temporal.NewApplicationError(fmt.Sprintf("no %d free slots on %s", n, a.Identity), spec.ErrNoSlot)
+		return temporal.NewApplicationError(fmt.Sprintf("no %d free healthy slots on %s", n, a.Identity), spec.ErrNoSlot)
 	}
 	key, err := newSlotKey(in.WorkflowID)
 	if err != nil {

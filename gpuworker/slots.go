@@ -46,7 +46,7 @@ func DiscoverSlotsWith(lib nvml.Interface, cpuSlots int, log *zap.Logger) ([]act
 		lib.Shutdown()
 		return cpu(fmt.Sprintf("NVML found %d GPUs (%s)", count, lib.ErrorString(ret)))
 	}
-	g := &GPUs{lib: lib, devices: map[int]nvml.Device{}, log: log}
+	g := &GPUs{lib: lib, devices: map[int]nvml.Device{}, xids: map[int]uint64{}, log: log}
 	slots := make([]activities.Slot, 0, count)
 	for i := range count {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
@@ -66,15 +66,19 @@ func DiscoverSlotsWith(lib nvml.Interface, cpuSlots int, log *zap.Logger) ([]act
 		lib.Shutdown()
 		return cpu("NVML could not open any GPU")
 	}
+	g.watchXIDs()
 	return slots, g
 }
 
 // GPUs reads the utilisation and memory of the GPUs behind a worker's slots
-// through NVML. It implements activities.DeviceStats.
+// through NVML, and their health. It implements activities.DeviceStats and
+// activities.DeviceHealth (health.go).
 type GPUs struct {
 	lib     nvml.Interface
 	mu      sync.Mutex
 	devices map[int]nvml.Device // by slot index
+	events  nvml.EventSet       // critical XID events of every device (nil where NVML has none)
+	xids    map[int]uint64      // slot -> the first fatal XID its GPU raised
 	closed  bool
 	log     *zap.Logger
 }
@@ -119,6 +123,9 @@ func (g *GPUs) Close() {
 	defer g.mu.Unlock()
 	if !g.closed {
 		g.closed = true
+		if g.events != nil {
+			safeReturn(g.events.Free)
+		}
 		g.lib.Shutdown()
 	}
 }
