@@ -185,16 +185,7 @@ func (d Domain) perturb(cur json.RawMessage, up bool, rng *rand.Rand) json.RawMe
 	if up {
 		factor = 1.2
 	}
-	v *= factor
-	var out any
-	switch d.Kind {
-	case "randint":
-		out = int64(min(max(math.Round(v), d.Lo), d.Hi-1))
-	default:
-		out = min(max(v, d.Lo), math.Nextafter(d.Hi, d.Lo))
-	}
-	b, _ := json.Marshal(out)
-	return b
+	return d.within(v * factor)
 }
 
 type pbtState struct {

@@ -165,16 +165,22 @@ func (d Domain) internal(raw json.RawMessage) (float64, bool) {
 
 // external is a modelled value back as the dimension's JSON value, within its range.
 func (d Domain) external(x float64) json.RawMessage {
-	var v any
-	switch d.Kind {
-	case "loguniform":
-		v = min(max(math.Exp(x), d.Lo), math.Nextafter(d.Hi, d.Lo))
-	case "randint":
-		v = int64(min(max(math.Round(x), d.Lo), d.Hi-1))
-	default:
-		v = min(max(x, d.Lo), math.Nextafter(d.Hi, d.Lo))
+	if d.Kind == "loguniform" {
+		x = math.Exp(x)
 	}
-	b, _ := json.Marshal(v)
+	return d.within(x)
+}
+
+// within is a number as the dimension's JSON value, kept in its range: an
+// integer in [lo, hi) for randint, else a float in [lo, hi).
+func (d Domain) within(v float64) json.RawMessage {
+	var out any
+	if d.Kind == "randint" {
+		out = int64(min(max(math.Round(v), d.Lo), d.Hi-1))
+	} else {
+		out = min(max(v, d.Lo), math.Nextafter(d.Hi, d.Lo))
+	}
+	b, _ := json.Marshal(out)
 	return b
 }
 

@@ -177,52 +177,18 @@ func TestTuneCancelledClosesItsTrials(t *testing.T) {
 // once, the best one found, and the parts handed to the CSV writer.
 func TestTuneContinuesAsNewAndMovesRows(t *testing.T) {
 	const n = spec.MaxListedTrials + 100
-	var mu sync.Mutex
-	running, maxRunning := 0, 0
 	parts := map[string][]spec.TrialStatus{}
-	var written *spec.TuneResults
 	input := json.RawMessage(fmt.Sprintf(`{"train": {"hyper": {"epochs": 2}},
 		"param_space": {"hyper.lr": {"uniform": [0.001, 0.01]}}, "num_samples": %d,
 		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 40}`, n))
-	executions := 0
-	for ; written == nil && executions < 40; executions++ {
-		var suite testsuite.WorkflowTestSuite
-		env := suite.NewTestWorkflowEnvironment()
-		env.SetTestTimeout(time.Minute)
-		env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-		env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	written, executions, maxRunning := runSearchExecutions(t, "big-search", input, 40, func(env *testsuite.TestWorkflowEnvironment, _ int) {
 		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneRowsInput) (string, error) {
 			key := fmt.Sprintf("%s/trials/part-%05d.jsonl", in.Name, in.Part)
 			parts[key] = in.Rows
 			return key, nil
 		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneRows})
-		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
-			written = in.Results
-			return "results.csv", nil
-		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
-		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "big-search"})
 		env.SetContinueAsNewSuggested(true)
-		if executions > 0 {
-			env.SetContinuedExecutionRunID(fmt.Sprintf("run-%d", executions-1))
-		}
-		env.ExecuteWorkflow(spec.WorkflowTune, input)
-		err := env.GetWorkflowError()
-		var can *workflow.ContinueAsNewError
-		switch {
-		case errors.As(err, &can):
-			if err := converterDecode(can, &input); err != nil {
-				t.Fatal(err)
-			}
-			if len(input) > 1<<20 {
-				t.Fatalf("execution %d carries %d bytes", executions, len(input))
-			}
-		case err != nil:
-			t.Fatal(err)
-		}
-	}
-	if written == nil {
-		t.Fatalf("the search did not end in %d executions", executions)
-	}
+	})
 	if executions < 10 || maxRunning > 40 {
 		t.Fatalf("%d executions, %d trials at once; want at least 10 (a drain every 40 trials) and at most 40", executions, maxRunning)
 	}
@@ -283,16 +249,18 @@ func TestTuneRanksByItsScope(t *testing.T) {
 	}
 }
 
-// runSearchExecutions runs a search to its end, continuing as new whenever
-// canEvery says (the server's suggestion), and returns the written results
-// and the executions it took.
-func runSearchExecutions(t *testing.T, input json.RawMessage, suggestCAN bool) (*spec.TuneResults, int) {
+// runSearchExecutions runs a search to its end over as many executions
+// as it continues as new (at most limit), its trials fakeTrial's; setup
+// prepares each execution's environment (more activities, the server's
+// suggestion). It returns the results written, the executions, and the
+// most trials that ran at once.
+func runSearchExecutions(t *testing.T, id string, input json.RawMessage, limit int, setup func(env *testsuite.TestWorkflowEnvironment, execution int)) (*spec.TuneResults, int, int) {
 	t.Helper()
 	var mu sync.Mutex
 	running, maxRunning := 0, 0
 	var written *spec.TuneResults
 	executions := 0
-	for ; written == nil && executions < 100; executions++ {
+	for ; written == nil && executions < limit; executions++ {
 		var suite testsuite.WorkflowTestSuite
 		env := suite.NewTestWorkflowEnvironment()
 		env.SetTestTimeout(time.Minute)
@@ -302,10 +270,12 @@ func runSearchExecutions(t *testing.T, input json.RawMessage, suggestCAN bool) (
 			written = in.Results
 			return "results.csv", nil
 		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
-		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "tpe-search"})
-		env.SetContinueAsNewSuggested(suggestCAN)
+		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: id})
 		if executions > 0 {
 			env.SetContinuedExecutionRunID(fmt.Sprintf("run-%d", executions-1))
+		}
+		if setup != nil {
+			setup(env, executions)
 		}
 		env.ExecuteWorkflow(spec.WorkflowTune, input)
 		err := env.GetWorkflowError()
@@ -315,6 +285,9 @@ func runSearchExecutions(t *testing.T, input json.RawMessage, suggestCAN bool) (
 			if err := converterDecode(can, &input); err != nil {
 				t.Fatal(err)
 			}
+			if len(input) > 1<<20 {
+				t.Fatalf("execution %d carries %d bytes", executions, len(input))
+			}
 		case err != nil:
 			t.Fatal(err)
 		}
@@ -322,8 +295,11 @@ func runSearchExecutions(t *testing.T, input json.RawMessage, suggestCAN bool) (
 	if written == nil {
 		t.Fatalf("the search did not end in %d executions", executions)
 	}
-	return written, executions
+	return written, executions, maxRunning
 }
+
+// suggestCAN has the server suggest continue-as-new in every execution.
+func suggestCAN(env *testsuite.TestWorkflowEnvironment, _ int) { env.SetContinueAsNewSuggested(true) }
 
 // TestTuneWithTPE: a TPE search chooses each trial's config as it starts,
 // from the trials that ended: after its random startup trials it moves to
@@ -335,7 +311,7 @@ func TestTuneWithTPE(t *testing.T) {
 		"param_space": {"hyper.lr": {"uniform": [0.001, 0.5]}, "hyper.optimizer": {"choice": ["adam", "sgd"]}}, "num_samples": 24,
 		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2, "seed": 4,
 		"search_alg": {"type": "tpe", "n_startup_trials": 6}}`)
-	once, executions := runSearchExecutions(t, input, false)
+	once, executions, _ := runSearchExecutions(t, "tpe-search", input, 100, nil)
 	if executions != 1 {
 		t.Fatalf("%d executions without a suggestion to continue as new", executions)
 	}
@@ -361,8 +337,8 @@ func TestTuneWithTPE(t *testing.T) {
 	}
 	// One trial at a time, a drain changes no trial's observations.
 	input = json.RawMessage(strings.Replace(string(input), `"max_concurrent_trials": 2`, `"max_concurrent_trials": 1`, 1))
-	once, _ = runSearchExecutions(t, input, false)
-	split, executions := runSearchExecutions(t, input, true)
+	once, _, _ = runSearchExecutions(t, "tpe-search", input, 100, nil)
+	split, executions, _ := runSearchExecutions(t, "tpe-search", input, 100, suggestCAN)
 	if executions < 10 {
 		t.Fatalf("%d executions; want a drain every few trials", executions)
 	}
@@ -472,54 +448,26 @@ func TestTuneWithPBT(t *testing.T) {
 // cloned segments: the next execution starts them first, and every trial
 // still trains all its epochs.
 func TestTunePBTCarriesItsSegmentsAcrossContinueAsNew(t *testing.T) {
-	var mu sync.Mutex
-	running, maxRunning := 0, 0
-	var written *spec.TuneResults
 	input := json.RawMessage(`{"name": "pbt-can", "train": {"hyper": {"epochs": 10}},
 		"param_space": {"hyper.lr": {"uniform": [0.001, 0.05]}}, "num_samples": 8, "seed": 7,
 		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 8,
 		"scheduler": {"type": "pbt", "perturbation_interval": 2}}`)
 	segmentsStarted := map[int][]string{} // execution -> segment workflow IDs started
-	executions := 0
-	for ; written == nil && executions < 5; executions++ {
-		var suite testsuite.WorkflowTestSuite
-		env := suite.NewTestWorkflowEnvironment()
-		env.SetTestTimeout(time.Minute)
-		env.RegisterWorkflowWithOptions(TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
-		env.RegisterWorkflowWithOptions(fakeTrial(&mu, &running, &maxRunning), workflow.RegisterOptions{Name: spec.WorkflowTraining})
+	written, executions, _ := runSearchExecutions(t, "pbt-can", input, 5, func(env *testsuite.TestWorkflowEnvironment, execution int) {
 		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
 			fakeResumeAt.Store(in.Run, in.From.Epoch)
 			return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
 		}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
-		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.WriteTuneResultsInput) (string, error) {
-			written = in.Results
-			return "results.csv", nil
-		}, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
-		exec := executions
 		env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, _ converter.EncodedValues) {
 			if strings.Contains(info.WorkflowExecution.ID, "-p") {
-				segmentsStarted[exec] = append(segmentsStarted[exec], info.WorkflowExecution.ID)
+				segmentsStarted[execution] = append(segmentsStarted[execution], info.WorkflowExecution.ID)
 			}
 		})
-		env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "pbt-can"})
-		if executions == 0 {
+		if execution == 0 {
 			// Just after the first exploits were decided (epoch 2), before their clones finish.
 			env.RegisterDelayedCallback(func() { env.SetContinueAsNewSuggested(true) }, 2500*time.Millisecond)
-		} else {
-			env.SetContinuedExecutionRunID(fmt.Sprintf("run-%d", executions-1))
 		}
-		env.ExecuteWorkflow(spec.WorkflowTune, input)
-		err := env.GetWorkflowError()
-		var can *workflow.ContinueAsNewError
-		switch {
-		case errors.As(err, &can):
-			if err := converterDecode(can, &input); err != nil {
-				t.Fatal(err)
-			}
-		case err != nil:
-			t.Fatal(err)
-		}
-	}
+	})
 	if written == nil || executions != 2 {
 		t.Fatalf("%d executions, results %v; want 2", executions, written != nil)
 	}
