@@ -92,11 +92,15 @@ func benchPBT(args []string) error {
 				}
 				fmt.Println()
 			}
-			row = append(row, f4(best), f4(mean), strconv.Itoa(exploits), fmt.Sprintf("%.0f", time.Since(start).Seconds()))
+			row = append(row, f4(best), f4(mean))
+			if res.Scheduler == "pbt" {
+				row = append(row, strconv.Itoa(exploits))
+			}
+			row = append(row, fmt.Sprintf("%.0f", time.Since(start).Seconds()))
 		}
 		rows = append(rows, row)
 	}
 	fmt.Println()
-	table([]string{"seed", "fixed: best test accuracy", "fixed: mean", "exploits", "fixed wall s", "pbt: best test accuracy", "pbt: mean", "pbt exploits", "pbt wall s"}, rows)
+	table([]string{"seed", "fixed: best test accuracy", "fixed: mean", "fixed wall s", "pbt: best test accuracy", "pbt: mean", "pbt exploits", "pbt wall s"}, rows)
 	return nil
 }
