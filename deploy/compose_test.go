@@ -21,6 +21,7 @@ func TestComposeTrainsAcrossContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds an image and starts containers")
 	}
+	t.Parallel() // beside the PyTorch one: their images build at once
 	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
 		t.Skipf("no Docker engine answers (docker info: %v: %s): skipping the compose test", err, strings.TrimSpace(string(out)))
 	}
@@ -100,4 +101,89 @@ func run(t *testing.T, cmd *exec.Cmd, env ...string) string {
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestComposeTrainsPyTorchAcrossContainers builds the PyTorch image (our
+// binaries with Debian's python3-torch, PYTORCH=1 build-images.sh), brings
+// up the dev server, a workflow worker and the two PyTorch agents of
+// docker-compose.local.yml (profile "pytorch"), and trains
+// examples/pytorch/compose.json: the PyTorch example as an exec run of 2
+// ranks, one per container, DDP over gloo between them, 2 epochs on the
+// full Fashion-MNIST.
+func TestComposeTrainsPyTorchAcrossContainers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds images and starts containers")
+	}
+	t.Parallel()
+	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("no Docker engine answers (docker info: %v: %s): skipping the compose test", err, strings.TrimSpace(string(out)))
+	}
+	if _, err := exec.LookPath("docker-compose"); err != nil {
+		t.Skip("docker-compose is not installed: skipping the compose test")
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch) to build the image from: skipping")
+	}
+	raw, err := os.ReadFile("../examples/pytorch/compose.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := spec.Parse(raw); err != nil {
+		t.Fatalf("examples/pytorch/compose.json: %v", err)
+	}
+	tag := fmt.Sprintf("durabletrain:e2e-py-%d", os.Getpid())
+	pytag := fmt.Sprintf("durabletrain-pytorch:e2e-%d", os.Getpid())
+	out := run(t, exec.Command("./build-images.sh"), "TAG="+tag, "PYTORCH=1", "TAG_PYTORCH="+pytag)
+	t.Logf("%s", lastLines(out, 3))
+	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag, pytag).Run() })
+
+	project := fmt.Sprintf("dte2epy%d", os.Getpid())
+	compose := func(args ...string) *exec.Cmd {
+		cmd := exec.Command("docker-compose", append([]string{"-p", project, "-f", "../docker-compose.local.yml", "--profile", "pytorch"}, args...)...)
+		cmd.Env = append(os.Environ(), "DURABLETRAIN_IMAGE="+tag, "DURABLETRAIN_PYTORCH_IMAGE="+pytag)
+		return cmd
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := compose("logs", "--no-color", "--tail", "40").CombinedOutput()
+			t.Logf("container logs:\n%s", out)
+		}
+		if out, err := compose("down", "-v", "--remove-orphans").CombinedOutput(); err != nil {
+			t.Logf("docker-compose down: %v\n%s", err, out)
+		}
+	})
+	run(t, compose("up", "-d", "devserver", "workflows", "agent-py-1", "agent-py-2"))
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := compose("run", "--rm", "starter-py", "list").CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dev server never answered the starter: %v\n%s", err, out)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	start := time.Now()
+	out = run(t, compose("run", "--rm", "starter-py", "train", "-id", "e2e-py", "-f", "/usr/local/share/durabletrain/examples/pytorch/compose.json", "-wait"))
+	t.Logf("trained in %v:\n%s", time.Since(start).Round(time.Millisecond), lastLines(out, 4))
+	var p spec.Progress
+	status := run(t, compose("run", "--rm", "starter-py", "status", "-id", "e2e-py", "-json"))
+	if err := json.Unmarshal([]byte(status[strings.Index(status, "{"):]), &p); err != nil {
+		t.Fatalf("starter status -json: %v\n%s", err, status)
+	}
+	if p.State != spec.StateCompleted || p.Epoch != 2 || len(p.Metrics) != 2 || p.Failures != 0 || p.Latest == nil {
+		t.Fatalf("progress %+v", p)
+	}
+	// Each rank ran in its own container: the gang's two hosts are the two agents.
+	logs := run(t, compose("logs", "--no-color", "agent-py-1", "agent-py-2"))
+	for _, agent := range []string{"agent-py-1", "agent-py-2"} {
+		if !strings.Contains(logs, agent) || !strings.Contains(logs, `"rank"`) {
+			t.Fatalf("no rank of the run in %s's log:\n%s", agent, lastLines(logs, 20))
+		}
+	}
+	if acc := p.Metrics[1].TestAccuracy; acc < 0.80 {
+		t.Fatalf("test accuracy %.4f after 2 epochs; want at least 0.80", acc)
+	}
+	t.Logf("2 epochs of the PyTorch example across two containers: test accuracy %.4f", p.Metrics[1].TestAccuracy)
 }

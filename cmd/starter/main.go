@@ -277,7 +277,7 @@ func progressLine(p *spec.Progress, elapsed time.Duration) string {
 		m := p.Metrics[n-1]
 		for _, name := range m.Names() { // what the run reported: the three, and any other
 			if name != spec.MetricTestLoss {
-				line += fmt.Sprintf(" · %s %.4f", strings.ReplaceAll(name, "_", " "), m.Map()[name])
+				line += fmt.Sprintf(" · %s %.4g", strings.ReplaceAll(name, "_", " "), m.Map()[name])
 			}
 		}
 		line += fmt.Sprintf(" · %.0f samples/s", m.SamplesPerSecond)
@@ -302,7 +302,7 @@ func summary(p *spec.Progress, elapsed time.Duration) {
 		m := p.Metrics[n-1]
 		var parts []string
 		for _, name := range m.Names() {
-			parts = append(parts, fmt.Sprintf("%s %.4f", strings.ReplaceAll(name, "_", " "), m.Map()[name]))
+			parts = append(parts, fmt.Sprintf("%s %.4g", strings.ReplaceAll(name, "_", " "), m.Map()[name]))
 		}
 		fmt.Printf("final: %s\n", strings.Join(parts, ", "))
 	}
