@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -45,7 +47,10 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 3)
 	s.Trainer = "exec"
-	s.Exec = &spec.Exec{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "64"},
+	// A marker of this run's own in its command line: other tests (other
+	// packages, at the same time) run the same script.
+	marker := fmt.Sprintf("ckpt-it-exec-1-%d-%%(rank)s", os.Getpid())
+	s.Exec = &spec.Exec{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "64", "--checkpoint-dir", marker},
 		Env: map[string]string{"OMP_NUM_THREADS": "1"}, Dir: t.TempDir()}
 	run := startRun(t, c, "it-exec-1", queue, s)
 
@@ -54,7 +59,7 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	for killed == 0 && time.Now().Before(deadline) {
 		p := progress(t, c, "it-exec-1")
 		if p != nil && p.Epoch >= 1 && p.State == spec.StateTraining {
-			out, _ := exec.Command("pgrep", "-f", script).Output()
+			out, _ := exec.Command("pgrep", "-f", strings.TrimSuffix(marker, "%(rank)s")).Output()
 			if pids := strings.Fields(string(out)); len(pids) > 0 {
 				pid, _ := strconv.Atoi(pids[len(pids)-1])
 				if syscall.Kill(pid, syscall.SIGKILL) == nil {

@@ -348,7 +348,10 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			return
 		}
 		if donor := pbt.Exploit(tune.Result{Trial: i, Iteration: t.Epochs, Value: v}); donor >= 0 {
-			if d := res.Row(donor); d != nil && d.Checkpoint != nil && d.Status == spec.TrialRunning {
+			// A donor's checkpoint must leave epochs to train: one at the
+			// run's end would end the trial (it cannot train past its epochs).
+			if d := res.Row(donor); d != nil && d.Checkpoint != nil && d.Status == spec.TrialRunning &&
+				d.Checkpoint.Epoch < trials[i].Spec.WithDefaults().Hyper.Epochs {
 				plans[i] = &exploitPlan{Donor: donor, From: *d.Checkpoint, Config: pbt.Explore(i, t.Epochs, d.Config), Epoch: t.Epochs}
 				pbt.Cloned(i, donor)
 				t.Status = spec.TrialExploiting
