@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -137,9 +138,12 @@ func bound(s string) string {
 func (t *Training) applyNativeConfig() {
 	for _, k := range slices.Sorted(maps.Keys(t.Config)) {
 		if target := nativeTarget(t, k); target != nil {
+			// Decoded into a value of its own, then set: decoding into the
+			// field itself would reuse a slice's array that copies of the
+			// spec share.
 			var scratch Training
-			if json.Unmarshal(t.Config[k], nativeTarget(&scratch, k)) == nil {
-				json.Unmarshal(t.Config[k], target)
+			if decoded := nativeTarget(&scratch, k); json.Unmarshal(t.Config[k], decoded) == nil {
+				reflect.ValueOf(target).Elem().Set(reflect.ValueOf(decoded).Elem())
 			}
 		}
 	}

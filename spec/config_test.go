@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -23,6 +24,11 @@ func TestNativeTrainerReadsItsConfig(t *testing.T) {
 	}
 	if again := s.WithDefaults(); again.Hyper.LR != 0.003 {
 		t.Fatalf("defaults twice: lr %v", again.Hyper.LR)
+	}
+	// A copy's defaults leave the original's model.hidden as it was.
+	orig := Training{Model: Model{Hidden: []int{64, 32}}, Config: Config{"hidden": json.RawMessage(`[16]`)}}
+	if got := orig.WithDefaults().Model.Hidden; len(got) != 1 || got[0] != 16 || orig.Model.Hidden[0] != 64 {
+		t.Fatalf("defaults %v; the original's model.hidden became %v", got, orig.Model.Hidden)
 	}
 }
 
