@@ -22,45 +22,12 @@ func TestComposeTrainsAcrossContainers(t *testing.T) {
 		t.Skip("builds an image and starts containers")
 	}
 	t.Parallel() // beside the PyTorch one: their images build at once
-	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-		t.Skipf("no Docker engine answers (docker info: %v: %s): skipping the compose test", err, strings.TrimSpace(string(out)))
-	}
-	if _, err := exec.LookPath("docker-compose"); err != nil {
-		t.Skip("docker-compose is not installed: skipping the compose test")
-	}
+	needDocker(t)
 	tag := fmt.Sprintf("durabletrain:e2e-%d", os.Getpid())
 	run(t, exec.Command("./build-images.sh"), "TAG="+tag)
 	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag).Run() })
-
-	project := fmt.Sprintf("dte2e%d", os.Getpid())
-	compose := func(args ...string) *exec.Cmd {
-		cmd := exec.Command("docker-compose", append([]string{"-p", project, "-f", "../docker-compose.local.yml"}, args...)...)
-		cmd.Env = append(os.Environ(), "DURABLETRAIN_IMAGE="+tag)
-		return cmd
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := compose("logs", "--no-color", "--tail", "40").CombinedOutput()
-			t.Logf("container logs:\n%s", out)
-		}
-		if out, err := compose("down", "-v", "--remove-orphans").CombinedOutput(); err != nil {
-			t.Logf("docker-compose down: %v\n%s", err, out)
-		}
-	})
-	run(t, compose("up", "-d", "devserver", "workflows", "agent-1", "agent-2"))
-
-	// The workers restart until the dev server answers; so does the starter here.
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		out, err := compose("run", "--rm", "starter", "list").CombinedOutput()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the dev server never answered the starter: %v\n%s", err, out)
-		}
-		time.Sleep(2 * time.Second)
-	}
+	compose := upCompose(t, fmt.Sprintf("dte2e%d", os.Getpid()), nil, []string{"DURABLETRAIN_IMAGE=" + tag},
+		"starter", "devserver", "workflows", "agent-1", "agent-2")
 	start := time.Now()
 	out := run(t, compose("run", "--rm", "starter", "train", "-id", "e2e", "-workers", "2", "-epochs", "3", "-wait"))
 	t.Logf("trained in %v:\n%s", time.Since(start).Round(time.Millisecond), lastLines(out, 4))
@@ -83,6 +50,53 @@ func TestComposeTrainsAcrossContainers(t *testing.T) {
 	cps := run(t, compose("exec", "-T", "agent-1", "/usr/local/bin/starter", "checkpoints", "-address", "devserver:7233", "-id", "e2e"))
 	if !strings.Contains(cps, "ckpt-e000003-s000000000") || strings.Contains(cps, "NOT USABLE") {
 		t.Fatalf("checkpoints seen from agent-1:\n%s", cps)
+	}
+}
+
+// needDocker skips a test where no Docker engine or docker-compose answers.
+func needDocker(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("no Docker engine answers (docker info: %v: %s): skipping the compose test", err, strings.TrimSpace(string(out)))
+	}
+	if _, err := exec.LookPath("docker-compose"); err != nil {
+		t.Skip("docker-compose is not installed: skipping the compose test")
+	}
+}
+
+// upCompose brings up services of docker-compose.local.yml as project
+// (flags such as a profile, env such as the images), takes them down with
+// their volumes when the test ends (with the containers' logs if it
+// failed), and waits until the dev server answers the starter service. It
+// returns the docker-compose command of the project.
+func upCompose(t *testing.T, project string, flags, env []string, starter string, services ...string) func(args ...string) *exec.Cmd {
+	t.Helper()
+	compose := func(args ...string) *exec.Cmd {
+		cmd := exec.Command("docker-compose", append(append([]string{"-p", project, "-f", "../docker-compose.local.yml"}, flags...), args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		return cmd
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := compose("logs", "--no-color", "--tail", "40").CombinedOutput()
+			t.Logf("container logs:\n%s", out)
+		}
+		if out, err := compose("down", "-v", "--remove-orphans").CombinedOutput(); err != nil {
+			t.Logf("docker-compose down: %v\n%s", err, out)
+		}
+	})
+	run(t, compose(append([]string{"up", "-d"}, services...)...))
+	// The workers restart until the dev server answers; so does the starter here.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := compose("run", "--rm", starter, "list").CombinedOutput()
+		if err == nil {
+			return compose
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dev server never answered the starter: %v\n%s", err, out)
+		}
+		time.Sleep(2 * time.Second)
 	}
 }
 
@@ -115,15 +129,7 @@ func TestComposeTrainsPyTorchAcrossContainers(t *testing.T) {
 		t.Skip("builds images and starts containers")
 	}
 	t.Parallel()
-	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-		t.Skipf("no Docker engine answers (docker info: %v: %s): skipping the compose test", err, strings.TrimSpace(string(out)))
-	}
-	if _, err := exec.LookPath("docker-compose"); err != nil {
-		t.Skip("docker-compose is not installed: skipping the compose test")
-	}
-	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
-		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch) to build the image from: skipping")
-	}
+	needDocker(t)
 	raw, err := os.ReadFile("../examples/pytorch/compose.json")
 	if err != nil {
 		t.Fatal(err)
@@ -137,33 +143,8 @@ func TestComposeTrainsPyTorchAcrossContainers(t *testing.T) {
 	t.Logf("%s", lastLines(out, 3))
 	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag, pytag).Run() })
 
-	project := fmt.Sprintf("dte2epy%d", os.Getpid())
-	compose := func(args ...string) *exec.Cmd {
-		cmd := exec.Command("docker-compose", append([]string{"-p", project, "-f", "../docker-compose.local.yml", "--profile", "pytorch"}, args...)...)
-		cmd.Env = append(os.Environ(), "DURABLETRAIN_IMAGE="+tag, "DURABLETRAIN_PYTORCH_IMAGE="+pytag)
-		return cmd
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := compose("logs", "--no-color", "--tail", "40").CombinedOutput()
-			t.Logf("container logs:\n%s", out)
-		}
-		if out, err := compose("down", "-v", "--remove-orphans").CombinedOutput(); err != nil {
-			t.Logf("docker-compose down: %v\n%s", err, out)
-		}
-	})
-	run(t, compose("up", "-d", "devserver", "workflows", "agent-py-1", "agent-py-2"))
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		out, err := compose("run", "--rm", "starter-py", "list").CombinedOutput()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the dev server never answered the starter: %v\n%s", err, out)
-		}
-		time.Sleep(2 * time.Second)
-	}
+	compose := upCompose(t, fmt.Sprintf("dte2epy%d", os.Getpid()), []string{"--profile", "pytorch"},
+		[]string{"DURABLETRAIN_IMAGE=" + tag, "DURABLETRAIN_PYTORCH_IMAGE=" + pytag}, "starter-py", "devserver", "workflows", "agent-py-1", "agent-py-2")
 	start := time.Now()
 	out = run(t, compose("run", "--rm", "starter-py", "train", "-id", "e2e-py", "-f", "/usr/local/share/durabletrain/examples/pytorch/compose.json", "-wait"))
 	t.Logf("trained in %v:\n%s", time.Since(start).Round(time.Millisecond), lastLines(out, 4))

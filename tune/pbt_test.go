@@ -30,7 +30,6 @@ func TestPBTExploitsFromTheTopQuantile(t *testing.T) {
 			t.Fatalf("trial %d exploited %d before its perturbation interval", trial, d)
 		}
 	}
-	donors := map[int]bool{}
 	for trial := range 8 {
 		p.OnResult(Result{Trial: trial, Iteration: 2, Value: float64(trial) / 10})
 		d := p.Exploit(Result{Trial: trial, Iteration: 2})
@@ -40,7 +39,6 @@ func TestPBTExploitsFromTheTopQuantile(t *testing.T) {
 		case trial >= 2 && d != -1:
 			t.Fatalf("trial %d exploits %d; only the bottom quarter does", trial, d)
 		}
-		donors[d] = true
 		if again := p.Exploit(Result{Trial: trial, Iteration: 3}); again != -1 {
 			t.Fatalf("trial %d considered again one epoch later", trial)
 		}
