@@ -264,7 +264,7 @@ func (r Results) CloneCheckpoint(ctx context.Context, in spec.CloneCheckpointInp
 	if err != nil {
 		latest, lerr := src.LatestVerified(ctx, in.From.Run)
 		if lerr != nil {
-			return nil, fmt.Errorf("%w; and no other: %v", err, lerr)
+			return nil, fmt.Errorf("cloning trial checkpoint %s/%s: %w; and its run has no other verified checkpoint: %v", in.From.Run, in.From.ID, err, lerr)
 		}
 		from = latest
 	}

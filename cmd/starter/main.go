@@ -275,9 +275,10 @@ func progressLine(p *spec.Progress, elapsed time.Duration) string {
 	line := fmt.Sprintf("%s %s epoch %d/%d", bar, p.State, p.Epoch, p.Epochs)
 	if n := len(p.Metrics); n > 0 {
 		m := p.Metrics[n-1]
-		for _, name := range m.Names() { // what the run reported: the three, and any other
+		reported := m.Map() // what the run reported: the three, and any other
+		for _, name := range m.Names() {
 			if name != spec.MetricTestLoss {
-				line += fmt.Sprintf(" · %s %.4g", strings.ReplaceAll(name, "_", " "), m.Map()[name])
+				line += fmt.Sprintf(" · %s %.4g", strings.ReplaceAll(name, "_", " "), reported[name])
 			}
 		}
 		line += fmt.Sprintf(" · %.0f samples/s", m.SamplesPerSecond)
@@ -301,8 +302,9 @@ func summary(p *spec.Progress, elapsed time.Duration) {
 	if n := len(p.Metrics); n > 0 {
 		m := p.Metrics[n-1]
 		var parts []string
+		reported := m.Map()
 		for _, name := range m.Names() {
-			parts = append(parts, fmt.Sprintf("%s %.4g", strings.ReplaceAll(name, "_", " "), m.Map()[name]))
+			parts = append(parts, fmt.Sprintf("%s %.4g", strings.ReplaceAll(name, "_", " "), reported[name]))
 		}
 		fmt.Printf("final: %s\n", strings.Join(parts, ", "))
 	}
