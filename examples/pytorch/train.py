@@ -3,7 +3,11 @@
 Through durabletrain (spec trainer "exec", exec.command ["python3", "train.py"]):
 the worker sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and
 CUDA_VISIBLE_DEVICES, restores the checkpoint directory before starting, and
-asks for one epoch at a time. By hand, with plain torchrun-style variables:
+asks for one epoch at a time; within an epoch the gang may stop at any step
+(checkpoint.every_steps, or a worker shutting down): every rank saves there
+(save()) and the run resumes at that step, on exactly the samples not yet
+trained (durabletrain.ShardSampler). By hand, with plain torchrun-style
+variables:
 
     RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
         PYTHONPATH=../../python DURABLETRAIN_EPOCHS=3 python3 train.py
@@ -59,6 +63,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", default="256,128", help="hidden layer widths")
     p.add_argument("--checkpoint-dir", default="ckpt-%(rank)s")
+    p.add_argument("--report-every", type=int, default=50, help="report the running train_loss every this many steps (0: never)")
     a = p.parse_args()
     config = dt.config()
     lr = float(config.get("lr", a.lr))
@@ -79,58 +84,88 @@ def main():
         width = w
     model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    xtr, ytr = load(a.data, "train")
+    xte, yte = load(a.data, "test")
+    # This rank's samples of each epoch, as DistributedSampler(drop_last=True)
+    # orders them; resumed mid-epoch, only those not yet trained.
+    sampler = dt.ShardSampler(len(xtr), batch_size=batch_size, seed=seed)
+    out_dir = a.checkpoint_dir % {"rank": rank}
+    # The epoch under way: its loss so far, and the steps it was summed over
+    # (saved mid-epoch, so a resumed epoch reports what an unbroken one does).
+    run = {"loss_sum": 0.0, "loss_steps": 0}
+
     ckpt = dt.get_checkpoint()
     if ckpt:
         # Tensors only, loaded with weights_only=True: a checkpoint is data,
         # and unpickling arbitrary objects from it would run its code. The
-        # rest (epoch, the optimizer's hyperparameters) is JSON.
+        # rest (where it stands, the optimizer's hyperparameters) is JSON.
         state = torch.load(os.path.join(ckpt, "state.pt"), map_location=device, weights_only=True)
         with open(os.path.join(ckpt, "meta.json")) as f:
             meta = json.load(f)
+        if (meta["epoch"], meta.get("step", 0)) != (ckpt.epoch, ckpt.step):
+            raise SystemExit("train.py: %s holds epoch %s step %s, but the worker resumes at epoch %d step %d"
+                             % (ckpt, meta["epoch"], meta.get("step", 0), ckpt.epoch, ckpt.step))
         model.load_state_dict(state["model"])
         opt.load_state_dict({"state": state["optimizer_state"], "param_groups": meta["param_groups"]})
-        print("rank %d: resumed from %s at epoch %d" % (rank, ckpt, meta["epoch"]), file=sys.stderr)
+        if ckpt.step > 0:
+            run["loss_sum"], run["loss_steps"] = meta["loss_sum"], meta["loss_steps"]
+        print("rank %d: resumed from %s at epoch %d step %d" % (rank, ckpt, ckpt.epoch, ckpt.step), file=sys.stderr)
     ddp = DDP(model)
 
-    xtr, ytr = load(a.data, "train")
-    xte, yte = load(a.data, "test")
-    n = len(xtr) // world * world  # DistributedSampler(drop_last=True)
-    out_dir = a.checkpoint_dir % {"rank": rank}
+    def save_at(epoch, step):
+        """This rank's whole state, at step of epoch, in out_dir."""
+        os.makedirs(out_dir, exist_ok=True)
+        optim = opt.state_dict()
+        torch.save({"model": model.state_dict(), "optimizer_state": optim["state"]}, os.path.join(out_dir, "state.pt"))
+        meta = {"epoch": epoch, "step": step, "param_groups": optim["param_groups"], "config": config}
+        if step > 0:
+            # Every rank saves at this step: the gang's mean loss so far is
+            # the same on all of them (and sums as theirs did at the end).
+            total = torch.tensor([run["loss_sum"]], dtype=torch.float64, device=device)
+            dist.all_reduce(total)
+            run["loss_sum"] = total.item() / world
+            meta.update(run)
+        with open(os.path.join(out_dir, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        return out_dir
+
+    def save():  # asked mid-epoch, at the step the gang stopped at
+        return save_at(*dt.position())
 
     for epoch in dt.epochs():
         start = time.time()
-        g = torch.Generator().manual_seed(seed * 1000003 + epoch)
-        perm = torch.randperm(len(xtr), generator=g)[:n]
-        shard = perm[rank::world]
+        sampler.set_epoch(epoch)
+        shard = list(sampler)
+        if dt.start_step() == 0:
+            run["loss_sum"], run["loss_steps"] = 0.0, 0
+        samples = 0
+        batches = [torch.tensor(shard[i:i + batch_size]) for i in range(0, len(shard), batch_size)]
         ddp.train()
-        total, steps = 0.0, 0
-        for i in range(0, len(shard), batch_size):
-            idx = shard[i:i + batch_size]
+        for step, idx in dt.steps(batches, save=save):
             x, y = xtr[idx].to(device), ytr[idx].to(device)
             opt.zero_grad()
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()
             opt.step()
-            total += loss.item()
-            steps += 1
+            run["loss_sum"] += loss.item()
+            run["loss_steps"] += 1
+            samples += len(idx) * world
+            if a.report_every and (step + 1) % a.report_every == 0:
+                dt.report({"train_loss": run["loss_sum"] / run["loss_steps"]})
         # Every rank scores its slice of the test set; the sums make the whole.
         ddp.eval()
         lo, hi = rank * len(xte) // world, (rank + 1) * len(xte) // world
         with torch.no_grad():
             logits = model(xte[lo:hi].to(device))
             sums = torch.tensor([F.cross_entropy(logits, yte[lo:hi].to(device), reduction="sum").item(),
-                                 (logits.argmax(1).cpu() == yte[lo:hi]).sum().item(), float(hi - lo), total, float(steps)],
+                                 (logits.argmax(1).cpu() == yte[lo:hi]).sum().item(), float(hi - lo), run["loss_sum"]],
                                 dtype=torch.float64, device=device)
         dist.all_reduce(sums)
-        test_loss, correct, examples, loss_sum, step_sum = sums.tolist()
-        os.makedirs(out_dir, exist_ok=True)
-        optim = opt.state_dict()
-        torch.save({"model": model.state_dict(), "optimizer_state": optim["state"]}, os.path.join(out_dir, "state.pt"))
-        with open(os.path.join(out_dir, "meta.json"), "w") as f:
-            json.dump({"epoch": epoch + 1, "param_groups": optim["param_groups"], "config": config}, f)
-        dt.report({"train_loss": loss_sum / step_sum, "test_loss": test_loss / examples,
-                   "test_accuracy": correct / examples, "test_examples": examples, "samples": len(shard) * world,
-                   "seconds": time.time() - start}, checkpoint_dir=out_dir)
+        test_loss, correct, examples, loss_sum = sums.tolist()
+        train_loss = loss_sum / world / max(1, run["loss_steps"])
+        dt.report({"train_loss": train_loss, "test_loss": test_loss / examples,
+                   "test_accuracy": correct / examples, "test_examples": examples, "samples": samples,
+                   "seconds": time.time() - start}, checkpoint_dir=save_at(epoch + 1, 0))
     dist.destroy_process_group()
 
 

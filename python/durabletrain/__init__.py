@@ -5,34 +5,59 @@ environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_RUN_ID,
 TORCHELASTIC_RESTART_COUNT, MASTER_ADDR, MASTER_PORT) and CUDA_VISIBLE_DEVICES
 set to the rank's own GPU, so torch.distributed.init_process_group works
-unchanged, and drives it one epoch
-at a time over a local control socket:
+unchanged, and drives it over a local control socket, step by step:
 
     import durabletrain as dt
 
-    lr = dt.config().get("lr", 1e-3)      # the run's config (a trial's hyperparameters)
-    ckpt = dt.get_checkpoint()           # a directory restored for you, or None
-    start = load(ckpt) if ckpt else 0
-    for epoch in dt.epochs():            # the epochs the run asks for, in order
-        train_one_epoch(epoch)
+    lr = dt.config().get("lr", 1e-3)     # the run's config (a trial's hyperparameters)
+    ckpt = dt.get_checkpoint()          # a directory restored for you, or None;
+    if ckpt:                            # ckpt.epoch and ckpt.step say where it stands
+        load(ckpt)
+    sampler = dt.ShardSampler(len(data), batch_size=64, seed=0)
+
+    def save():                         # the worker asks for a checkpoint mid-epoch
+        write_state_to(out_dir)         # (checkpoint.every_steps, preemption)
+        return out_dir
+
+    for epoch in dt.epochs():           # the epochs the run asks for, in order
+        sampler.set_epoch(epoch)        # this rank's samples, less those already trained
+        for step, batch in dt.steps(batches(sampler), save=save):
+            loss = train_step(batch)
+            if step % 50 == 0:
+                dt.report({"train_loss": loss})   # metrics at any step
         dt.report({"train_loss": ..., "test_loss": ..., "test_accuracy": ...},
-                  checkpoint_dir=save_to_a_directory())   # rank 0's is uploaded
+                  checkpoint_dir=save())          # the epoch's report; rank 0's is uploaded
+
+A report with a checkpoint_dir inside the steps loop is a checkpoint at that
+step, as in Ray Train; every rank must then report at the same steps, as
+every rank must break out of the loop together. The gang stops only between
+steps, at a step every rank agrees on: when a worker is told to shut down,
+every rank of its gang saves at the same step (save=) and leaves; the run
+resumes there, exactly (ShardSampler skips the samples already trained).
 
 Run without a worker (DURABLETRAIN_CONTROL unset), epochs() yields
-range(DURABLETRAIN_EPOCHS or 1) and report() prints, so the same script runs
-by hand with plain environment variables.
+range(DURABLETRAIN_START_EPOCH or 0, DURABLETRAIN_EPOCHS or 1), steps() every
+step from DURABLETRAIN_START_STEP, and report() prints, so the same script
+runs by hand with plain environment variables.
 """
 
 import json
 import os
+import random
 import socket
 import sys
 
-__all__ = ["config", "epochs", "report", "get_checkpoint", "world_rank", "world_size"]
+__all__ = ["config", "epochs", "steps", "report", "get_checkpoint", "start_step", "position", "Checkpoint", "ShardSampler",
+           "world_rank", "world_size"]
 
 _sock = None
 _reader = None
-_current = None
+_epoch = None       # the epoch being trained
+_start = 0          # the step the current epoch began at (above 0 when it resumed mid-way)
+_step = 0           # steps of the current epoch done
+_sync = 0           # the next step the gang synchronises at; 0: none this epoch
+_in_steps = False   # inside a steps() loop that has not ended
+_steps_total = 0    # the epoch's steps, when steps() knows them
 
 
 def _channel():
@@ -56,6 +81,16 @@ def _receive():
     if not line:
         raise SystemExit("durabletrain: the worker closed the control channel")
     return json.loads(line)
+
+
+def _env_int(name, default):
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit("durabletrain: %s is %r; want a whole number" % (name, raw))
 
 
 def config():
@@ -84,19 +119,53 @@ def world_size():
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+class Checkpoint(str):
+    """The directory of a restored checkpoint (a str: open files under it),
+    with where training stood when it was saved: .epoch and .step (steps of
+    that epoch already done; 0 at an epoch's start)."""
+
+    def __new__(cls, path, epoch, step):
+        c = str.__new__(cls, path)
+        c.epoch, c.step = epoch, step
+        return c
+
+    @property
+    def path(self):
+        return str(self)
+
+
 def get_checkpoint():
-    """The directory of the checkpoint this rank resumes from, or None."""
+    """The checkpoint this rank resumes from (a Checkpoint: the directory,
+    with .epoch and .step), or None for a fresh start."""
     d = os.environ.get("DURABLETRAIN_CHECKPOINT_DIR")
-    return d if d and os.path.isdir(d) else None
+    if not d or not os.path.isdir(d):
+        return None
+    return Checkpoint(d, _env_int("DURABLETRAIN_START_EPOCH", 0), _env_int("DURABLETRAIN_START_STEP", 0))
+
+
+def position():
+    """(epoch, steps of it done): where this rank's training stands, within
+    epochs(). In a save() callback, the step the state is saved at."""
+    return _epoch, _step
+
+
+def start_step():
+    """The step the current epoch starts at: the steps already trained when
+    the run resumed mid-epoch, else 0. Within epochs()."""
+    return _start
+
+
+def _begin(epoch, start, sync):
+    global _epoch, _start, _step, _sync, _in_steps, _steps_total
+    _epoch, _start, _step, _sync, _in_steps, _steps_total = epoch, start, start, sync, False, 0
 
 
 def epochs():
     """Yields each epoch the run asks this rank to train, until it is done."""
-    global _current
     if _channel() is None:
-        first = int(os.environ.get("DURABLETRAIN_START_EPOCH", "0"))
-        for e in range(first, int(os.environ.get("DURABLETRAIN_EPOCHS", "1"))):
-            _current = e
+        first = _env_int("DURABLETRAIN_START_EPOCH", 0)
+        for e in range(first, _env_int("DURABLETRAIN_EPOCHS", 1)):
+            _begin(e, _env_int("DURABLETRAIN_START_STEP", 0) if e == first else 0, 0)
             yield e
         return
     while True:
@@ -104,23 +173,167 @@ def epochs():
         msg = _receive()
         if msg.get("op") != "epoch":
             return
-        _current = int(msg["epoch"])
-        yield _current
+        _begin(int(msg.get("epoch", 0)), int(msg.get("start_step", 0)), int(msg.get("sync", 0)))
+        yield _epoch
+
+
+def steps(batches, save=None):
+    """Yields the steps of the current epoch from start_step(): given a
+    number of steps n, each step's index (start_step() .. n-1); given an
+    iterable (a DataLoader, a list of batches) of the steps still to train,
+    (step, batch) pairs. The worker may stop the loop between two steps, at a
+    step every rank agrees on: for a checkpoint (checkpoint.every_steps) or
+    because a worker is shutting down. It then calls save(), which must
+    write this rank's whole state at that step and return its directory, and
+    either goes on or ends the program. Without save=, such a stop fails the
+    rank, and the run resumes from its latest checkpoint."""
+    global _step, _in_steps, _steps_total
+    if _epoch is None:
+        raise RuntimeError("durabletrain.steps() is called within an epoch of durabletrain.epochs()")
+    if isinstance(batches, int):
+        items, _steps_total = None, batches
+        indices = range(_start, batches)
+    else:
+        items = iter(batches)
+        try:
+            _steps_total = _start + len(batches)
+        except TypeError:
+            _steps_total = 0
+        indices = None
+    _in_steps = True
+    try:
+        step = _start
+        while True:
+            # The body trains step `step`: from its start, the position is
+            # after it (what a report or save in the body is at).
+            if indices is not None:
+                if step >= _steps_total:
+                    return
+                _step = step + 1
+                yield step
+            else:
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+                _step = step + 1
+                yield step, item
+            step += 1
+            if _sync and step >= _sync and _sock is not None:
+                _synchronise(save)
+    finally:
+        _in_steps = False
+
+
+def _synchronise(save):
+    """The gang's vote at an agreed step: go on (and till when), or save here."""
+    _send({"op": "sync", "epoch": _epoch, "step": _step, "steps": _steps_total})
+    _await_go(save)
+
+
+def _await_go(save):
+    global _sync
+    while True:
+        msg = _receive()
+        op = msg.get("op")
+        if op == "go":
+            _sync = int(msg.get("sync", 0))
+            return
+        if op == "save":
+            if save is None:
+                _send({"op": "saved", "epoch": _epoch, "step": _step, "checkpoint_dir": None})
+                continue
+            d = save()
+            if not d or not os.path.isdir(d):
+                raise SystemExit("durabletrain: save() returned %r; want the directory it wrote the checkpoint to" % (d,))
+            _send({"op": "saved", "epoch": _epoch, "step": _step, "checkpoint_dir": os.path.abspath(d)})
+            continue
+        if op == "exit":
+            raise SystemExit(0)
+        raise SystemExit("durabletrain: unexpected message from the worker: %r" % (msg,))
 
 
 def report(metrics, checkpoint_dir=None):
-    """Reports the epoch's metrics (train_loss, test_loss, test_accuracy, and
-    any others) and, optionally, a directory holding this rank's checkpoint.
-    Returns once the worker has taken the checkpoint: the directory may then
-    be reused."""
+    """Reports metrics (train_loss, test_loss, test_accuracy, and any others
+    by name) and, optionally, a directory holding this rank's checkpoint.
+
+    Inside a steps() loop it reports at the step just done: metrics alone
+    are sent without waiting; with a checkpoint_dir the gang checkpoints at
+    this step (every rank must report one at the same steps). After the
+    loop (or without one) it is the epoch's report. Returns once the worker
+    has taken the checkpoint: the directory may then be reused."""
     metrics = {k: float(v) for k, v in metrics.items()}
     if _channel() is None:
-        print("durabletrain: epoch %s: %s%s" % (_current, json.dumps(metrics),
+        where = "epoch %s" % _epoch if not _in_steps else "epoch %s step %s" % (_epoch, _step)
+        print("durabletrain: %s: %s%s" % (where, json.dumps(metrics),
               " (checkpoint %s)" % checkpoint_dir if checkpoint_dir else ""), file=sys.stderr)
         return
     if checkpoint_dir is not None:
         checkpoint_dir = os.path.abspath(checkpoint_dir)
-    _send({"op": "report", "epoch": _current, "metrics": metrics, "checkpoint_dir": checkpoint_dir})
+    if _in_steps:
+        if checkpoint_dir is None:
+            _send({"op": "metrics", "epoch": _epoch, "step": _step, "metrics": metrics})
+            return
+        _send({"op": "report", "epoch": _epoch, "step": _step, "steps": _steps_total, "metrics": metrics,
+               "checkpoint_dir": checkpoint_dir})
+        _await_go(None)
+        return
+    _send({"op": "report", "epoch": _epoch, "step": _step, "steps": _steps_total, "metrics": metrics,
+           "checkpoint_dir": checkpoint_dir, "end": True})
     msg = _receive()
     if msg.get("op") != "ack":
         raise SystemExit("durabletrain: unexpected answer to a report: %r" % (msg,))
+
+
+class ShardSampler:
+    """This rank's share of a data set's indices for an epoch, in the order
+    torch's DistributedSampler(shuffle, seed, drop_last=True) gives them
+    (torch.randperm seeded with seed + epoch; without torch, Python's own
+    shuffle, seeded the same), less the samples of the steps the epoch has
+    already trained when it resumed mid-way: start_step() × batch_size. So a
+    run stopped at any step resumes on exactly the samples it had not seen.
+
+        sampler = dt.ShardSampler(len(train_set), batch_size=64, seed=0)
+        loader = DataLoader(train_set, batch_size=64, sampler=sampler)
+        for epoch in dt.epochs():
+            sampler.set_epoch(epoch)
+            for step, (x, y) in dt.steps(loader, save=save): ...
+    """
+
+    def __init__(self, size, batch_size, seed=0, shuffle=True, rank=None, world=None):
+        if size < 0 or batch_size < 1:
+            raise ValueError("ShardSampler: size %r and batch_size %r; want size >= 0 and batch_size >= 1" % (size, batch_size))
+        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        self.rank = world_rank() if rank is None else rank
+        self.world = world_size() if world is None else world
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch, start=None):
+        """Chooses the epoch's order, and skips the steps already trained
+        (start, or start_step() when the epoch is the current one)."""
+        self.epoch = epoch
+        if start is None:
+            start = _start if epoch == _epoch else 0
+        self.skip = start * self.batch_size
+
+    def indices(self):
+        """This rank's whole shard of the epoch, before skipping."""
+        n = self.size // self.world * self.world
+        if not self.shuffle:
+            order = list(range(self.size))
+        else:
+            try:
+                import torch
+                g = torch.Generator()
+                g.manual_seed(self.seed + self.epoch)
+                order = torch.randperm(self.size, generator=g).tolist()
+            except ImportError:
+                order = list(range(self.size))
+                random.Random(self.seed + self.epoch).shuffle(order)
+        return order[:n][self.rank:n:self.world]
+
+    def __iter__(self):
+        return iter(self.indices()[self.skip:])
+
+    def __len__(self):
+        return max(0, self.size // self.world - self.skip)

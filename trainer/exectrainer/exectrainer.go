@@ -3,10 +3,13 @@
 // per gang with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_*, TORCHELASTIC_*,
 // MASTER_ADDR, MASTER_PORT) and CUDA_VISIBLE_DEVICES from the rank's slot, so
-// torch.distributed works unchanged, and driven one epoch at a time over a
-// local control socket by the Python module in python/durabletrain. The
-// checkpoint directory the program reports is saved as the checkpoint's
-// objects, and restored into a directory before the program starts.
+// torch.distributed works unchanged, and driven over a local control socket
+// (protocol.go) by the Python module in python/durabletrain: epoch by epoch,
+// and within an epoch between steps, at steps the gang's workers agree on
+// over the gang's collective, so that every rank's program stops, saves and
+// resumes at the same step. The checkpoint directory the program reports is
+// saved as the checkpoint's objects, and restored into a directory before
+// the program starts.
 package exectrainer
 
 import (
@@ -70,6 +73,19 @@ type Config struct {
 	Log        *zap.Logger
 	// StartTimeout bounds how long the program may take to connect; default 2m.
 	StartTimeout time.Duration
+	// Comm is the gang's collective, over which the ranks' workers agree
+	// where the programs stop (see TrainEpoch); nil: a gang of one.
+	Comm trainer.Reducer
+	// SyncEvery is about how often, in training time, the gang's programs
+	// stop between two steps to agree whether to go on (default 100ms): the
+	// most a preempted gang trains on before it stops, and one small
+	// all-reduce each time. 1ns: after every step.
+	SyncEvery time.Duration
+	// VoteTimeout bounds how long a rank waits at a step for the gang's
+	// other ranks to reach it (default 10m, or 20 times the slowest stretch
+	// between two agreements, if longer): a program whose ranks report at
+	// different steps fails instead of waiting forever.
+	VoteTimeout time.Duration
 }
 
 // Trainer drives one rank's program.
@@ -81,18 +97,17 @@ type Trainer struct {
 	exited  chan struct{}
 	exitErr error
 	conn    net.Conn
-	lines   *bufio.Reader
+	in      *inbox
 	tail    *tailBuffer
 
-	last     report
-	savedDir string // a copy of the last checkpoint directory the program reported
-}
+	// paused: the program waits between two steps for word to go on (it
+	// stopped at a step the gang agreed on, and saved there).
+	paused bool
+	epoch  epochPace
 
-type report struct {
-	Op            string             `json:"op"`
-	Epoch         int                `json:"epoch"`
-	Metrics       map[string]float64 `json:"metrics"`
-	CheckpointDir string             `json:"checkpoint_dir"`
+	last     message // the last epoch's report
+	savedDir string  // a copy of the last checkpoint directory the program reported
+	saved    trainer.Cursor
 }
 
 var _ trainer.Trainer = (*Trainer)(nil)
@@ -118,6 +133,15 @@ func New(cfg Config) (*Trainer, error) {
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 2 * time.Minute
+	}
+	if cfg.Comm == nil {
+		cfg.Comm = trainer.Local{}
+	}
+	if cfg.SyncEvery == 0 {
+		cfg.SyncEvery = 100 * time.Millisecond
+	}
+	if cfg.VoteTimeout == 0 {
+		cfg.VoteTimeout = 10 * time.Minute
 	}
 	if err := os.MkdirAll(cfg.Scratch, 0o755); err != nil {
 		return nil, err
@@ -154,7 +178,7 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 	if t.cmd != nil {
 		t.stop()
 	}
-	t.cursor = st.Cursor
+	t.cursor, t.saved, t.savedDir = st.Cursor, st.Cursor, ""
 	if len(st.Files) == 0 { // saved before any epoch: a fresh start
 		os.RemoveAll(dir)
 		return t.start(ctx, "")
@@ -220,7 +244,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		"ROLE_WORLD_SIZE="+strconv.Itoa(t.cfg.World), "TORCHELASTIC_RUN_ID="+t.cfg.RunID, "TORCHELASTIC_RESTART_COUNT="+strconv.Itoa(t.cfg.Restarts),
 		"MASTER_ADDR="+t.cfg.MasterAddr, "MASTER_PORT="+strconv.Itoa(t.cfg.MasterPort),
 		"DURABLETRAIN_CONTROL="+sock, "DURABLETRAIN_EPOCHS="+strconv.Itoa(t.cfg.Epochs),
-		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "DURABLETRAIN_CONFIG="+cmp.Or(t.cfg.Hyper, "{}"), "PYTHONUNBUFFERED=1")
+		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "DURABLETRAIN_START_STEP="+strconv.Itoa(t.cursor.Step), "DURABLETRAIN_CONFIG="+cmp.Or(t.cfg.Hyper, "{}"), "PYTHONUNBUFFERED=1")
 	if checkpointDir != "" {
 		env = append(env, "DURABLETRAIN_CHECKPOINT_DIR="+checkpointDir)
 	}
@@ -241,7 +265,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		// exec section is wrong, and no retry on any worker will start it.
 		return trainer.UserError(fmt.Errorf("exec trainer: cannot start exec.command %s: %w", quotedCommand(t.cfg.Command), err))
 	}
-	t.cmd, t.exited, t.exitErr = cmd, make(chan struct{}), nil
+	t.cmd, t.exited, t.exitErr, t.paused = cmd, make(chan struct{}), nil, false
 	var streams sync.WaitGroup
 	for name, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
 		streams.Go(func() {
@@ -272,7 +296,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	defer timer.Stop()
 	select {
 	case c := <-accepted:
-		t.conn, t.lines = c, bufio.NewReader(c)
+		t.conn, t.in = c, readMessages(c)
 		return nil
 	case <-t.exited:
 		return t.exitError("exited before it connected to the control socket (does it import durabletrain and call epochs()?)")
@@ -325,71 +349,6 @@ func (e *ExitError) Killed() bool {
 	return false
 }
 
-// TrainEpoch has the program train the epoch and waits for its report. The
-// program ends epochs only at their end: Leave and UntilStep do not apply.
-func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochOptions) (trainer.EpochMetrics, error) {
-	if t.conn == nil {
-		return trainer.EpochMetrics{}, errors.New("exec trainer: the program is not running (call Init or Restore)")
-	}
-	if epoch != t.cursor.Epoch {
-		return trainer.EpochMetrics{}, fmt.Errorf("exec trainer: asked to train epoch %d but the state is at epoch %d", epoch, t.cursor.Epoch)
-	}
-	start := time.Now()
-	if err := t.expect(ctx, "ready", nil); err != nil {
-		return trainer.EpochMetrics{}, err
-	}
-	if err := t.send(map[string]any{"op": "epoch", "epoch": epoch}); err != nil {
-		return trainer.EpochMetrics{}, err
-	}
-	var r report
-	if err := t.expect(ctx, "report", &r); err != nil {
-		return trainer.EpochMetrics{}, err
-	}
-	if err := checkMetrics(epoch, r.Metrics); err != nil {
-		return trainer.EpochMetrics{}, err
-	}
-	if r.CheckpointDir != "" && t.cfg.Saves {
-		if err := t.keep(r.CheckpointDir, epoch); err != nil {
-			return trainer.EpochMetrics{}, err
-		}
-	}
-	if err := t.send(map[string]any{"op": "ack"}); err != nil {
-		return trainer.EpochMetrics{}, err
-	}
-	t.last = r
-	t.cursor = trainer.Cursor{Epoch: epoch + 1}
-	m := trainer.EpochMetrics{Epoch: epoch, Steps: 1, TrainLoss: r.Metrics["train_loss"], Seconds: time.Since(start).Seconds(),
-		Samples: int(r.Metrics["samples"])}
-	if m.Seconds > 0 {
-		m.SamplesPerSecond = float64(m.Samples) / m.Seconds
-	}
-	if opts.Progress != nil {
-		opts.Progress(trainer.Progress{Epoch: epoch, Step: 1, Steps: 1, Loss: m.TrainLoss})
-	}
-	return m, nil
-}
-
-// keep copies the reported checkpoint directory, so the program may reuse its own.
-func (t *Trainer) keep(dir string, epoch int) error {
-	dst := filepath.Join(t.cfg.Scratch, fmt.Sprintf("saved-%06d", epoch))
-	os.RemoveAll(dst)
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, path)
-		return copyFile(path, filepath.Join(dst, rel))
-	})
-	if err != nil {
-		return fmt.Errorf("exec trainer: taking the checkpoint directory %s: %w", dir, err)
-	}
-	if t.savedDir != "" && t.savedDir != dst {
-		os.RemoveAll(t.savedDir)
-	}
-	t.savedDir = dst
-	return nil
-}
-
 // Evaluate returns what the program reported for the epoch: it evaluates itself.
 func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
 	if t.last.Metrics == nil {
@@ -435,7 +394,11 @@ func checkMetrics(epoch int, metrics map[string]float64) error {
 // Save writes the last reported checkpoint directory, file by file, and the
 // list of files with their SHA-256 and the cursor.
 func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
-	st := state{Cursor: t.cursor, Files: map[string]string{}}
+	st := state{Cursor: t.saved, Files: map[string]string{}}
+	if t.savedDir != "" && t.saved != t.cursor {
+		return trainer.UserError(fmt.Errorf("exec trainer: a checkpoint is due at epoch %d step %d, but the program's latest checkpoint_dir is of epoch %d step %d: "+
+			"report a checkpoint_dir with every epoch's report, and pass save= to durabletrain.steps()", t.cursor.Epoch, t.cursor.Step, t.saved.Epoch, t.saved.Step))
+	}
 	if t.savedDir == "" {
 		if !t.cfg.Saves {
 			return fmt.Errorf("exec trainer: rank %d was not configured to save (Config.Saves)", t.cfg.Rank)
@@ -443,7 +406,7 @@ func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 		if t.cursor != (trainer.Cursor{}) {
 			return errors.New("exec trainer: the program has reported no checkpoint_dir to save: call durabletrain.report(metrics, checkpoint_dir=...)")
 		}
-		return writeState(ctx, to, st) // nothing trained yet
+		return writeState(ctx, to, state{Files: map[string]string{}}) // nothing trained yet
 	}
 	err := filepath.WalkDir(t.savedDir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -484,9 +447,12 @@ func (t *Trainer) Close() error {
 
 func (t *Trainer) stop() {
 	if t.conn != nil {
-		t.send(map[string]any{"op": "exit"})
+		t.send(message{Op: "exit"})
 		t.conn.Close()
 		t.conn = nil
+	}
+	if t.in != nil {
+		t.in.close()
 	}
 	select {
 	case <-t.exited:
@@ -495,50 +461,6 @@ func (t *Trainer) stop() {
 		<-t.exited
 	}
 	t.cmd = nil
-}
-
-func (t *Trainer) send(msg any) error {
-	b, _ := json.Marshal(msg)
-	_, err := t.conn.Write(append(b, '\n'))
-	if err != nil {
-		return t.exitError("closed its control socket")
-	}
-	return nil
-}
-
-// expect reads the program's next message, which must be op; a cancelled
-// context kills the process group.
-func (t *Trainer) expect(ctx context.Context, op string, into *report) error {
-	type line struct {
-		b   []byte
-		err error
-	}
-	got := make(chan line, 1)
-	go func() {
-		b, err := t.lines.ReadBytes('\n')
-		got <- line{b, err}
-	}()
-	select {
-	case l := <-got:
-		if l.err != nil {
-			<-t.exited
-			return t.exitError(fmt.Sprintf("ended while it should %s", map[string]string{"ready": "ask for an epoch", "report": "train and report an epoch"}[op]))
-		}
-		var r report
-		if err := json.Unmarshal(l.b, &r); err != nil || r.Op != op {
-			return fmt.Errorf("exec trainer: rank %d sent %q where %q was due", t.cfg.Rank, strings.TrimSpace(string(l.b)), op)
-		}
-		if into != nil {
-			*into = r
-		}
-		return nil
-	case <-ctx.Done():
-		syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
-		<-t.exited
-		t.conn.Close()
-		t.conn, t.cmd = nil, nil
-		return ctx.Err()
-	}
 }
 
 func readJSON(ctx context.Context, from trainer.StateReader, name string, v any) error {

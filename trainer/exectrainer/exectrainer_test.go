@@ -168,15 +168,16 @@ func TestConformance(t *testing.T) {
 				t.Fatal("no free port for MASTER_PORT")
 			}
 		}
-		tr, err := New(Config{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "256"}, Dir: t.TempDir(),
+		// Stopping after every step, so that the suite sees and steers every step.
+		tr, err := New(Config{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "256", "--report-every", "1"}, Dir: t.TempDir(),
 			Env: map[string]string{"OMP_NUM_THREADS": "1"}, Rank: comm.Rank(), World: comm.World(), MasterAddr: "127.0.0.1",
-			MasterPort: port, Epochs: 10, Scratch: t.TempDir(), PythonPath: py, Saves: true})
+			MasterPort: port, Epochs: 10, Scratch: t.TempDir(), PythonPath: py, Saves: true, Comm: comm, SyncEvery: time.Nanosecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { tr.Close() })
 		return tr
-	}, trainertest.Options{EpochGranular: true})
+	})
 }
 
 // A rank's program gets torchrun's whole environment: where it sits on its

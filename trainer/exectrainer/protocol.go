@@ -1,0 +1,256 @@
+package exectrainer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// The control protocol, one JSON object per line over the rank's Unix
+// socket (python/durabletrain is the program's side):
+//
+//	program → worker                          worker → program
+//	ready                                     epoch {epoch, start_step, sync} | exit
+//	metrics {epoch, step, metrics}            (none: metrics at a step)
+//	sync {epoch, step, steps}                 go {sync} | save
+//	saved {epoch, step, checkpoint_dir}       go {sync} | exit
+//	report {…, checkpoint_dir} in steps()     go {sync} | exit
+//	report {…, end: true}                     ack
+//
+// sync is the step (steps done in the epoch) at which the program next
+// stops to ask whether to go on; 0: not again this epoch. The gang's
+// workers agree on it, so every rank's program stops at the same steps.
+type message struct {
+	Op            string             `json:"op"`
+	Epoch         int                `json:"epoch"`
+	Step          int                `json:"step,omitempty"`
+	Steps         int                `json:"steps,omitempty"`
+	StartStep     int                `json:"start_step,omitempty"`
+	Sync          int                `json:"sync,omitempty"`
+	Metrics       map[string]float64 `json:"metrics,omitempty"`
+	CheckpointDir string             `json:"checkpoint_dir,omitempty"`
+	End           bool               `json:"end,omitempty"`
+}
+
+// maxLine bounds one message from the program.
+const maxLine = 1 << 20
+
+// inbox is the program's messages, read as they come.
+type inbox struct {
+	lines chan []byte
+	done  chan struct{}
+	err   error // why reading stopped; set before lines closes
+}
+
+func readMessages(c net.Conn) *inbox {
+	in := &inbox{lines: make(chan []byte), done: make(chan struct{})}
+	go func() {
+		defer close(in.lines)
+		sc := bufio.NewScanner(c)
+		sc.Buffer(make([]byte, 64<<10), maxLine)
+		for sc.Scan() {
+			select {
+			case in.lines <- bytes.Clone(sc.Bytes()):
+			case <-in.done:
+				return
+			}
+		}
+		in.err = sc.Err()
+	}()
+	return in
+}
+
+func (in *inbox) close() {
+	select {
+	case <-in.done:
+	default:
+		close(in.done)
+	}
+}
+
+func (t *Trainer) send(msg message) error {
+	b, _ := json.Marshal(msg)
+	if _, err := t.conn.Write(append(b, '\n')); err != nil {
+		return t.exitError("closed its control socket")
+	}
+	return nil
+}
+
+// next is the program's next message; a cancelled context kills its
+// process group. doing says what the program should be doing, for the
+// error if it ends instead.
+func (t *Trainer) next(ctx context.Context, doing string) (message, error) {
+	select {
+	case b, ok := <-t.in.lines:
+		if !ok {
+			if errors.Is(t.in.err, bufio.ErrTooLong) {
+				t.kill()
+				return message{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent a message longer than %d bytes", t.cfg.Rank, maxLine))
+			}
+			<-t.exited
+			return message{}, t.exitError("ended while it should " + doing)
+		}
+		var m message
+		if err := json.Unmarshal(b, &m); err != nil || m.Op == "" {
+			t.kill()
+			return message{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent %q, not a message of durabletrain's protocol", t.cfg.Rank, clip(string(b))))
+		}
+		return m, nil
+	case <-ctx.Done():
+		t.kill()
+		return message{}, ctx.Err()
+	}
+}
+
+// expect is the program's next message, which must be op.
+func (t *Trainer) expect(ctx context.Context, op, doing string) (message, error) {
+	m, err := t.next(ctx, doing)
+	if err == nil && m.Op != op {
+		t.kill()
+		return m, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent %q where %q was due (it should %s)", t.cfg.Rank, m.Op, op, doing))
+	}
+	return m, err
+}
+
+// kill ends the program's whole process group at once.
+func (t *Trainer) kill() {
+	if t.cmd == nil {
+		return
+	}
+	syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
+	<-t.exited
+	t.in.close()
+	t.conn.Close()
+	t.conn, t.cmd, t.paused = nil, nil, false
+}
+
+func clip(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
+}
+
+// The events the gang's workers vote on: every rank's program must reach
+// the same events at the same steps.
+const (
+	atSync       = 1 // steps() stopped at the agreed step
+	atCheckpoint = 2 // report(checkpoint_dir=…) inside steps()
+	atEpochEnd   = 3 // the epoch's report
+)
+
+var eventNames = map[int]string{atSync: "agreed stop", atCheckpoint: "checkpoint report", atEpochEnd: "epoch's report"}
+
+// vote is the gang's agreement at an event: one all-reduce of four
+// numbers among the ranks' workers. It says whether any rank's worker is
+// leaving, checks that this rank's program is at rank 0's event and step,
+// and carries rank 0's choice of the next step to stop at (proposal).
+func (t *Trainer) vote(ctx context.Context, event, step, proposal int, leave <-chan struct{}) (leaving bool, next int, err error) {
+	buf := []float32{0, 0, 0, 0}
+	select {
+	case <-leave:
+		buf[0] = 1
+	default:
+	}
+	if t.cfg.Comm.Rank() == 0 {
+		buf[1], buf[2], buf[3] = float32(event), float32(step), float32(proposal)
+	}
+	timeout := max(t.cfg.VoteTimeout, 20*t.epoch.slowest)
+	vctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := t.cfg.Comm.AllReduce(vctx, buf); err != nil {
+		if ctx.Err() == nil && vctx.Err() != nil {
+			t.kill()
+			return false, 0, fmt.Errorf("exec trainer: rank %d's program is at its %s at epoch %d step %d, and the gang's other ranks did not get there within %v: "+
+				"every rank must report a checkpoint at the same steps and leave durabletrain.steps() together", t.cfg.Rank, eventNames[event], t.cursor.Epoch, step, timeout)
+		}
+		return false, 0, fmt.Errorf("exec trainer: the gang broke at epoch %d step %d: %w", t.cursor.Epoch, step, err)
+	}
+	if int(buf[1]) != event || int(buf[2]) != step {
+		t.kill()
+		return false, 0, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program is at its %s at epoch %d step %d, but rank 0's is at its %s at step %d: "+
+			"every rank must report a checkpoint at the same steps and leave durabletrain.steps() together",
+			t.cfg.Rank, eventNames[event], t.cursor.Epoch, step, eventNames[int(buf[1])], int(buf[2])))
+	}
+	return buf[0] > 0, int(buf[3]), nil
+}
+
+// epochPace is what the worker knows of the epoch under way.
+type epochPace struct {
+	steps    int     // the epoch's steps, once the program says
+	loss     float64 // the newest train_loss the program reported
+	lastAt   time.Time
+	lastStep int
+	perStep  time.Duration // the newest time per step
+	slowest  time.Duration // the longest stretch between two agreements
+	reported int           // the newest step Progress was given
+}
+
+// observe notes that the program reached step at now.
+func (p *epochPace) observe(step int, now time.Time) {
+	if !p.lastAt.IsZero() && step > p.lastStep {
+		d := now.Sub(p.lastAt)
+		p.perStep = d / time.Duration(step-p.lastStep)
+		p.slowest = max(p.slowest, d)
+	}
+	p.lastAt, p.lastStep = now, step
+}
+
+// proposal is the next step to stop at after step: about SyncEvery of
+// training on, never past until (a step the caller must stop at), and 0
+// when the epoch ends first.
+func (t *Trainer) proposal(step, until int) int {
+	n := 1
+	if t.epoch.perStep > 0 {
+		n = int(min(int64(t.cfg.SyncEvery/t.epoch.perStep), 1<<20))
+	}
+	next := step + max(1, n)
+	if until > step {
+		next = min(next, until)
+	}
+	if t.epoch.steps > 0 && next >= t.epoch.steps {
+		return 0 // the epoch's report comes first
+	}
+	return next
+}
+
+// keep copies a checkpoint directory the program reported at cursor c, so
+// the program may reuse its own. Ranks that do not save copy nothing.
+func (t *Trainer) keep(dir string, c trainer.Cursor) error {
+	t.saved = c
+	if !t.cfg.Saves {
+		return nil
+	}
+	if dir == "" {
+		return fmt.Errorf("exec trainer: rank %d's program reported no checkpoint_dir at epoch %d step %d", t.cfg.Rank, c.Epoch, c.Step)
+	}
+	dst := filepath.Join(t.cfg.Scratch, fmt.Sprintf("saved-%06d-%09d", c.Epoch, c.Step))
+	os.RemoveAll(dst)
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		return copyFile(path, filepath.Join(dst, rel))
+	})
+	if err != nil {
+		return trainer.UserError(fmt.Errorf("exec trainer: taking the checkpoint directory %s: %w", dir, err))
+	}
+	if t.savedDir != "" && t.savedDir != dst {
+		os.RemoveAll(t.savedDir)
+	}
+	t.savedDir = dst
+	return nil
+}
