@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -273,5 +274,212 @@ func TestProgramReportsAnyMetric(t *testing.T) {
 	_, err = run(many + "}")
 	if err == nil || !strings.Contains(err.Error(), "has 65 metrics beyond test_accuracy, test_loss, train_loss; want at most 64") {
 		t.Fatalf("too many metrics: %v", err)
+	}
+}
+
+func newCounterRank(t *testing.T, env map[string]string, comm trainer.Reducer, sync time.Duration) *Trainer {
+	t.Helper()
+	tr := newCounter(t, env)
+	tr.cfg.Comm, tr.cfg.Rank, tr.cfg.World, tr.cfg.SyncEvery = comm, comm.Rank(), comm.World(), sync
+	return tr
+}
+
+// readSeen is the steps a counter trained, as "epoch,step;…".
+func readSeen(t *testing.T, path string) string {
+	t.Helper()
+	b, _ := os.ReadFile(path)
+	var steps []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		steps = append(steps, strings.ReplaceAll(line, " ", ","))
+	}
+	return strings.Join(steps, ";")
+}
+
+// A program in durabletrain.steps() stops at the step asked for, saves
+// there, and a new program restored from that checkpoint trains exactly the
+// steps that were left: none twice, none lost.
+func TestStepsStopSaveAndResumeAtTheStep(t *testing.T) {
+	ctx := context.Background()
+	seen := filepath.Join(t.TempDir(), "seen")
+	env := map[string]string{"STEPS": "10", "SEEN": seen}
+	a := newCounterRank(t, env, trainer.Local{}, time.Nanosecond)
+	if err := a.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var steps []int
+	m, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: 4, Progress: func(p trainer.Progress) { steps = append(steps, p.Step) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Cursor() != (trainer.Cursor{Epoch: 0, Step: 4}) || m.Left || m.Steps != 10 || fmt.Sprint(steps) != "[1 2 3 4]" {
+		t.Fatalf("after UntilStep 4: cursor %+v, metrics %+v, progress at steps %v", a.Cursor(), m, steps)
+	}
+	st := trainer.MemState{}
+	if err := a.Save(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	b := newCounterRank(t, env, trainer.Local{}, 50*time.Millisecond)
+	if err := b.Restore(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if b.Cursor() != (trainer.Cursor{Epoch: 0, Step: 4}) {
+		t.Fatalf("restored at %+v", b.Cursor())
+	}
+	if m, err = b.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if b.Cursor() != (trainer.Cursor{Epoch: 1}) || m.Steps != 10 {
+		t.Fatalf("after the rest of the epoch: cursor %+v, metrics %+v", b.Cursor(), m)
+	}
+	if got := readSeen(t, seen); got != "0,0;0,1;0,2;0,3;0,4;0,5;0,6;0,7;0,8;0,9" {
+		t.Fatalf("steps trained (epoch step): %s", got)
+	}
+	if e, _ := b.Evaluate(ctx); e.TestAccuracy != float64(10*1000+45)/100 {
+		t.Fatalf("evaluation %+v: the value is not the sum over every step once", e)
+	}
+}
+
+// A report with a checkpoint inside steps() ends the call at its step, for
+// the caller to checkpoint there, and the next call goes on after it.
+func TestCheckpointReportInsideStepsEndsTheCallThere(t *testing.T) {
+	ctx := context.Background()
+	tr := newCounterRank(t, map[string]string{"STEPS": "6", "CHECKPOINT_AT": "2"}, trainer.Local{}, time.Hour)
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Cursor() != (trainer.Cursor{Epoch: 0, Step: 3}) {
+		t.Fatalf("cursor %+v after a checkpoint reported after step index 2; want epoch 0 step 3", tr.Cursor())
+	}
+	st := trainer.MemState{}
+	if err := tr.Save(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(st["files/value.json"]), `"step": 3`) {
+		t.Fatalf("saved %s", st["files/value.json"])
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil || tr.Cursor() != (trainer.Cursor{Epoch: 1}) {
+		t.Fatalf("the rest of the epoch: %v, cursor %+v", err, tr.Cursor())
+	}
+}
+
+// A checkpoint due mid-epoch (every_steps) from a program that passes no
+// save= is the user's error, saying what to pass.
+func TestCheckpointDueWithoutSaveIsAUserError(t *testing.T) {
+	tr := newCounterRank(t, map[string]string{"STEPS": "10", "NO_SAVE": "1"}, trainer.Local{}, time.Nanosecond)
+	if err := tr.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{UntilStep: 3})
+	if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "save=") || !strings.Contains(err.Error(), "step 3") {
+		t.Fatalf("got %v; want a user error naming save= and the step", err)
+	}
+}
+
+// A program that speaks anything but the protocol fails its rank as the
+// user's error, quoting what it sent; an endless line is cut off.
+func TestProgramOutsideTheProtocolIsAUserError(t *testing.T) {
+	for _, c := range []struct{ name, code, want string }{
+		{"garbage", `s.sendall(b"hello worker\n")`, `"hello worker"`},
+		{"wrong op", `s.sendall(b'{"op": "sync", "epoch": 0, "step": 1}\n')`, `"sync" where "ready" was due`},
+		{"endless line", `s.sendall(b"x" * (2 << 20))`, "longer than"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			prog := "import os, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['DURABLETRAIN_CONTROL'])\n" + c.code + "\ntime.sleep(30)\n"
+			tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir(), Saves: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			if err := tr.Init(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+			if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), c.want) || time.Since(start) > 10*time.Second {
+				t.Fatalf("got %v after %v; want a user error with %s at once", err, time.Since(start), c.want)
+			}
+		})
+	}
+}
+
+// Ranks whose programs report checkpoints at different steps fail, naming
+// both, instead of training on apart; a rank whose program never gets to
+// the gang's next agreed step fails its waiting peers after VoteTimeout.
+func TestRanksThatDisagreeFailInsteadOfWaiting(t *testing.T) {
+	t.Run("different events", func(t *testing.T) {
+		errs := gangEpoch(t, []map[string]string{{"STEPS": "6"}, {"STEPS": "6", "CHECKPOINT_AT": "2"}}, time.Nanosecond, time.Minute)
+		if !errors.Is(errs[1], trainer.ErrUser) || !strings.Contains(errs[1].Error(), "checkpoint report at epoch 0 step 3, but rank 0's is at its agreed stop at step 3") {
+			t.Fatalf("rank 1: %v", errs[1])
+		}
+	})
+	t.Run("a rank that never arrives", func(t *testing.T) {
+		start := time.Now()
+		errs := gangEpoch(t, []map[string]string{{"STEPS": "6"}, {"STEPS": "6", "HANG_AT": "2"}}, time.Nanosecond, time.Second)
+		if errs[0] == nil || !strings.Contains(errs[0].Error(), "did not get there within 1s") || time.Since(start) > 20*time.Second {
+			t.Fatalf("rank 0 after %v: %v", time.Since(start), errs[0])
+		}
+	})
+}
+
+// gangEpoch trains epoch 0 on a gang of counters, one env each, and
+// returns each rank's error. A rank that fails closes its collective and
+// cancels the others, as the run's workflow does.
+func gangEpoch(t *testing.T, envs []map[string]string, every, voteTimeout time.Duration) []error {
+	groups := trainertest.Gang(t, len(envs))
+	errs := make([]error, len(envs))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for r, env := range envs {
+		tr := newCounterRank(t, env, groups[r], every)
+		tr.cfg.VoteTimeout = voteTimeout
+		wg.Go(func() {
+			if errs[r] = tr.Init(ctx); errs[r] == nil {
+				_, errs[r] = tr.TrainEpoch(ctx, 0, trainer.EpochOptions{})
+			}
+			if errs[r] != nil && ctx.Err() == nil {
+				tr.Close()
+				groups[r].Close()
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// ShardSampler gives each rank exactly what torch's DistributedSampler
+// (shuffle, seed, drop_last) gives it, and skips the steps already trained.
+func TestShardSamplerIsDistributedSamplersOrder(t *testing.T) {
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
+	}
+	py, _ := filepath.Abs("../../python")
+	prog := `
+import durabletrain as dt
+from torch.utils.data.distributed import DistributedSampler
+for world in (1, 2, 3):
+    for rank in range(world):
+        for epoch in (0, 5):
+            s = dt.ShardSampler(103, batch_size=4, seed=7, rank=rank, world=world)
+            s.set_epoch(epoch)
+            d = DistributedSampler(range(103), num_replicas=world, rank=rank, shuffle=True, seed=7, drop_last=True)
+            d.set_epoch(epoch)
+            assert list(s) == list(d), (world, rank, epoch)
+            assert len(s) == len(d)
+            whole = list(s)
+            s.set_epoch(epoch, start=3)
+            assert list(s) == whole[12:] and len(s) == len(whole) - 12
+print("ok")
+`
+	cmd := exec.Command("/usr/bin/python3", "-c", prog)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+py)
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("%v: %s", err, out)
 	}
 }
