@@ -84,6 +84,145 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	}
 }
 
+// TestExecGangStopsAtAStepAndResumesThere: examples/pytorch/train.py as a
+// 2-rank exec run with checkpoint.every_steps 40. SIGTERM to a rank's worker
+// mid-epoch is a preemption: both ranks' programs stop at one step, save
+// there, the worker leaves within its grace period, and the new gang's
+// programs resume at exactly that step. Then a rank's Python process is
+// killed with SIGKILL mid-epoch: the run resumes at a step no earlier than
+// the newest checkpoint when it was killed, so at most every_steps steps
+// are lost.
+func TestExecGangStopsAtAStepAndResumesThere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and PyTorch")
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
+	}
+	queue := "it-exec-step"
+	py, _ := filepath.Abs("../python")
+	script, _ := filepath.Abs("../examples/pytorch/train.py")
+	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	startWorker(t, "ctl", "workflows", queue)
+	var agents []*workerProc
+	for _, name := range []string{"agent-a", "agent-b", "agent-c"} {
+		agents = append(agents, startWorker(t, name, "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
+	}
+	c := dial(t)
+	const every = 40
+	s := subsetSpec(t, queue, 2, 3)
+	s.Trainer = "exec"
+	s.Checkpoint.EverySteps = every
+	marker := fmt.Sprintf("ckpt-it-exec-step-%d-%%(rank)s", os.Getpid())
+	// Batches of 8: 625 steps an epoch, so the faults land mid-epoch.
+	s.Exec = &spec.Exec{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "8", "--checkpoint-dir", marker},
+		Env: map[string]string{"OMP_NUM_THREADS": "1"}, Dir: t.TempDir()}
+	run := startRun(t, c, "it-exec-step-1", queue, s)
+
+	// 1. SIGTERM to rank 1's worker in epoch 1.
+	deadline := time.Now().Add(3 * time.Minute)
+	var victim *workerProc
+	for victim == nil && time.Now().Before(deadline) {
+		p := progress(t, c, "it-exec-step-1")
+		if p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == spec.StateTraining {
+			for _, pl := range p.Gang {
+				for _, w := range agents {
+					if pl.Worker == w.name && pl.Rank == 1 {
+						victim = w
+					}
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if victim == nil {
+		t.Fatal("the run never trained epoch 1")
+	}
+	time.Sleep(300 * time.Millisecond)
+	victim.cmd.Process.Signal(syscall.SIGTERM)
+	termed := time.Now()
+	exited := make(chan error, 1)
+	go func() { exited <- victim.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Logf("%s exited %v after SIGTERM in %v", victim.name, err, time.Since(termed).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit within 10s of SIGTERM", victim.name)
+	}
+
+	// 2. SIGKILL to a rank's Python process in epoch 2, once a mid-epoch
+	// checkpoint is in: the newest one then is the least it may resume from.
+	store, err := checkpoint.Open(context.Background(), s.Checkpoint.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	newestStep := 0
+	for newestStep == 0 && time.Now().Before(deadline) {
+		p := progress(t, c, "it-exec-step-1")
+		if p != nil && p.Epoch >= 2 && p.State == spec.StateTraining {
+			ids, _ := store.IDs(context.Background(), "it-exec-step-1")
+			newest := ""
+			for _, id := range ids {
+				if strings.HasPrefix(id, "ckpt-e000002-") && id > newest {
+					newest = id
+				}
+			}
+			var step int
+			fmt.Sscanf(strings.TrimPrefix(newest, "ckpt-e000002-"), "s%d", &step)
+			out, _ := exec.Command("pgrep", "-f", strings.TrimSuffix(marker, "%(rank)s")).Output()
+			if pids := strings.Fields(string(out)); step > 0 && len(pids) > 0 {
+				pid, _ := strconv.Atoi(pids[len(pids)-1])
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					newestStep = step
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if newestStep == 0 {
+		t.Fatal("the run never checkpointed mid-epoch 2")
+	}
+	p := awaitRun(t, run, 4*time.Minute)
+	if p.State != spec.StateCompleted || p.Epoch != 3 || p.Preemptions != 1 || p.Failures < 1 {
+		t.Fatalf("progress %+v", p)
+	}
+	var stopped int
+	for _, inc := range p.Incidents {
+		if _, err := fmt.Sscanf(inc.Detail[max(0, strings.Index(inc.Detail, "checkpointed at epoch 1 step")):], "checkpointed at epoch 1 step %d", &stopped); err == nil {
+			break
+		}
+	}
+	if stopped == 0 {
+		t.Fatalf("incidents %+v: want a preemption that checkpointed mid-epoch 1", p.Incidents)
+	}
+	// Where each new gang's programs resumed, from their own words in the workers' logs.
+	resumed := map[int][]int{} // epoch -> steps
+	for _, w := range agents {
+		for _, line := range strings.Split(w.logs.String(), "\n") {
+			i := strings.Index(line, "resumed from ")
+			if i < 0 || !strings.Contains(line, `"stream":"stderr"`) { // the program's own line, not a failure quoting it
+				continue
+			}
+			var rank, epoch, step int
+			var dir string
+			if _, err := fmt.Sscanf(strings.ReplaceAll(line[strings.LastIndex(line[:i], "rank "):], " at epoch ", " "), "rank %d: resumed from %s %d step %d", &rank, &dir, &epoch, &step); err == nil {
+				resumed[epoch] = append(resumed[epoch], step)
+			}
+		}
+	}
+	t.Logf("preempted at epoch 1 step %d; killed at epoch 2 with the newest checkpoint at step %d; programs resumed at %v", stopped, newestStep, resumed)
+	if fmt.Sprint(resumed[1]) != fmt.Sprint([]int{stopped, stopped}) {
+		t.Fatalf("after the preemption at epoch 1 step %d, the ranks resumed at %v", stopped, resumed[1])
+	}
+	if len(resumed[2]) != 2 || resumed[2][0] != resumed[2][1] || resumed[2][0] < newestStep {
+		t.Fatalf("after the kill in epoch 2 (newest checkpoint at step %d), the ranks resumed at %v: more than every_steps (%d) lost", newestStep, resumed[2], every)
+	}
+	if last := p.Metrics[len(p.Metrics)-1]; last.TestAccuracy <= 0.8 {
+		t.Fatalf("test accuracy %.4f; want above 0.8", last.TestAccuracy)
+	}
+}
+
 // TestTunePyTorchExampleWithASHA tunes examples/pytorch/train.py as Ray Tune
 // tunes a trainable: a search over its learning rate and width
 // ("config.lr", "config.hidden") with ASHA, each trial a real Python process

@@ -49,7 +49,9 @@ type Cursor struct {
 
 // EpochOptions steer one TrainEpoch call. The zero value trains the epoch to its end.
 type EpochOptions struct {
-	// Progress, if set, is called after every step.
+	// Progress, if set, is called after every step, or, for a backend whose
+	// steps run elsewhere (the exec backend's program), after each step it
+	// learns of (where the gang stops to agree; at least the epoch's last).
 	Progress func(Progress)
 	// Leave, once closed, asks the gang to stop early, as a worker does when it
 	// is told to shut down: this rank votes in the next step's all-reduce, and
