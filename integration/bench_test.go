@@ -134,7 +134,9 @@ func BenchmarkPyTorchExecVsDirect(b *testing.B) {
 		direct += time.Since(start)
 
 		s := spec.Training{Trainer: "exec", Exec: &spec.Exec{Command: append([]string{"/usr/bin/python3"}, args...), Env: threads, Dir: b.TempDir()},
-			Hyper: spec.Hyper{Epochs: epochs}, Scaling: spec.Scaling{Workers: 2, TaskQueue: queue},
+			// The program reads its own data; the spec's dataset is one the workers' storage roots allow.
+			Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()},
+			Hyper:   spec.Hyper{Epochs: epochs}, Scaling: spec.Scaling{Workers: 2, TaskQueue: queue},
 			Checkpoint: spec.Checkpoint{URL: "file://" + b.TempDir() + "?metadata=skip"}}
 		start = time.Now()
 		run := startRun(b, c, fmt.Sprintf("bench-exec-%d-%d", time.Now().UnixNano(), i), queue, s)

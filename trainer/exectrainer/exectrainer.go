@@ -108,6 +108,7 @@ type Trainer struct {
 	last     message // the last epoch's report
 	savedDir string  // a copy of the last checkpoint directory the program reported
 	saved    trainer.Cursor
+	sockDir  string // a short directory for the control socket, when Scratch is too deep
 }
 
 var _ trainer.Trainer = (*Trainer)(nil)
@@ -223,8 +224,10 @@ func restoreFile(ctx context.Context, from trainer.StateReader, rel, sum, dir st
 
 // start launches the program and waits for it to connect.
 func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
-	sock := filepath.Join(t.cfg.Scratch, "control.sock")
-	os.Remove(sock)
+	sock, err := t.socketPath()
+	if err != nil {
+		return fmt.Errorf("exec trainer: control socket: %w", err)
+	}
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		return fmt.Errorf("exec trainer: control socket: %w", err)
@@ -307,6 +310,26 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		t.stop()
 		return ctx.Err()
 	}
+}
+
+// socketPath is where the control socket goes: in the scratch directory,
+// or, where that path would pass the 107 bytes a Unix socket's name may
+// have (a long run name, a deep scratch root), in a short directory of its
+// own that only this user may enter, removed with the trainer.
+func (t *Trainer) socketPath() (string, error) {
+	sock := filepath.Join(t.cfg.Scratch, "control.sock")
+	if len(sock) > 100 {
+		if t.sockDir == "" {
+			dir, err := os.MkdirTemp("", "dtctl-")
+			if err != nil {
+				return "", err
+			}
+			t.sockDir = dir // MkdirTemp makes it 0700
+		}
+		sock = filepath.Join(t.sockDir, "c")
+	}
+	os.Remove(sock)
+	return sock, nil
 }
 
 // exitError describes how the program ended, with its last lines of stderr.
@@ -438,10 +461,13 @@ func writeState(ctx context.Context, to trainer.StateWriter, st state) error {
 
 // Close asks the program to end, and kills its process group if it does not.
 func (t *Trainer) Close() error {
-	if t.cmd == nil {
-		return nil
+	if t.cmd != nil {
+		t.stop()
 	}
-	t.stop()
+	if t.sockDir != "" {
+		os.RemoveAll(t.sockDir)
+		t.sockDir = ""
+	}
 	return nil
 }
 

@@ -483,3 +483,26 @@ print("ok")
 		t.Fatalf("%v: %s", err, out)
 	}
 }
+
+// A scratch directory too deep for a Unix socket's name (a long run name)
+// still gets a control socket, in a short directory removed on Close.
+func TestDeepScratchDirectoryStillConnects(t *testing.T) {
+	tr := newCounter(t, map[string]string{"STEPS": "3"})
+	tr.cfg.Scratch = filepath.Join(t.TempDir(), strings.Repeat("a-long-run-name-", 8), "rank")
+	os.MkdirAll(tr.cfg.Scratch, 0o755)
+	ctx := context.Background()
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := tr.sockDir
+	if dir == "" {
+		t.Fatal("no short socket directory for a deep scratch directory")
+	}
+	tr.Close()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the socket directory %s outlived Close: %v", dir, err)
+	}
+}

@@ -1,0 +1,181 @@
+"""The reference run the product was conceived from, through durabletrain:
+Ray Train's image classification example (torchvision ResNet-18 with a
+one-channel stem, Fashion-MNIST normalised to mean 0.5 and deviation 0.5,
+batches of 128 per rank, Adam at lr 0.001, 10 epochs; 0.8976 test accuracy
+on 4 GPUs in the reference).
+
+As an exec run (spec trainer "exec"), one process per rank:
+
+    {"trainer": "exec",
+     "exec": {"command": ["python3", "examples/pytorch/resnet18_fashion_mnist.py"]},
+     "hyper": {"epochs": 10}, "scaling": {"workers": 4},
+     "checkpoint": {"every_steps": 100}}
+
+Each rank trains its shard (durabletrain.ShardSampler, DistributedSampler's
+order) with DistributedDataParallel (NCCL on GPUs, gloo on CPUs), and the
+gang may stop at any step: every rank saves there and the run resumes there.
+Unlike the reference, which scores each rank's quarter of the test set, the
+test accuracy reported is over the whole test set (the ranks' sums). By
+hand: RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500
+PYTHONPATH=../../python DURABLETRAIN_EPOCHS=1 python3 resnet18_fashion_mnist.py
+
+--limit trains on the first N training images (the CI's one short epoch on
+CPU); the run's config (durabletrain.config()) may set lr, batch_size, seed.
+Needs torch, torchvision (Debian's python3-torchvision) and the standard library.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torchvision.models import resnet18
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import durabletrain as dt  # noqa: E402
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, n = struct.unpack(">II", data[:8])
+    if magic == 2049:
+        return torch.frombuffer(bytearray(data[8:]), dtype=torch.uint8).long()
+    rows, cols = struct.unpack(">II", data[8:16])
+    return torch.frombuffer(bytearray(data[16:]), dtype=torch.uint8).reshape(n, 1, rows, cols)
+
+
+def load(data, split):
+    prefix = "train" if split == "train" else "t10k"
+    x = read_idx(os.path.join(data, prefix + "-images-idx3-ubyte.gz"))
+    y = read_idx(os.path.join(data, prefix + "-labels-idx1-ubyte.gz"))
+    # ToTensor() then Normalize((0.5,), (0.5,)), as the reference.
+    return (x.float() / 255 - 0.5) / 0.5, y
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--lr", type=float, default=0.001)
+    p.add_argument("--batch-size", type=int, default=128, help="per rank")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all)")
+    p.add_argument("--checkpoint-dir", default="resnet18-ckpt-%(rank)s")
+    p.add_argument("--report-every", type=int, default=50)
+    a = p.parse_args()
+    config = dt.config()
+    lr = float(config.get("lr", a.lr))
+    batch_size = int(config.get("batch_size", a.batch_size))
+    seed = int(config.get("seed", a.seed))
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") != ""
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+
+    torch.manual_seed(seed)
+    model = resnet18(num_classes=10)
+    # The original ResNet takes 3-channel images; Fashion-MNIST has one.
+    model.conv1 = nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
+    model = model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    xtr, ytr = load(a.data, "train")
+    if a.limit:
+        xtr, ytr = xtr[:a.limit], ytr[:a.limit]
+    xte, yte = load(a.data, "test")
+    sampler = dt.ShardSampler(len(xtr), batch_size=batch_size, seed=seed)
+    out_dir = a.checkpoint_dir % {"rank": rank}
+    run = {"loss_sum": 0.0, "loss_steps": 0}
+
+    ckpt = dt.get_checkpoint()
+    if ckpt:
+        state = torch.load(os.path.join(ckpt, "state.pt"), map_location=device, weights_only=True)
+        with open(os.path.join(ckpt, "meta.json")) as f:
+            meta = json.load(f)
+        if (meta["epoch"], meta["step"]) != (ckpt.epoch, ckpt.step):
+            raise SystemExit("resnet18: %s holds epoch %s step %s, but the worker resumes at epoch %d step %d"
+                             % (ckpt, meta["epoch"], meta["step"], ckpt.epoch, ckpt.step))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict({"state": state["optimizer_state"], "param_groups": meta["param_groups"]})
+        if ckpt.step > 0:
+            run["loss_sum"], run["loss_steps"] = meta["loss_sum"], meta["loss_steps"]
+        print("rank %d: resumed from %s at epoch %d step %d" % (rank, ckpt, ckpt.epoch, ckpt.step), file=sys.stderr)
+    ddp = DDP(model)
+
+    def save_at(epoch, step):
+        os.makedirs(out_dir, exist_ok=True)
+        optim = opt.state_dict()
+        # BatchNorm's running statistics are buffers of the state dict: saved too.
+        torch.save({"model": model.state_dict(), "optimizer_state": optim["state"]}, os.path.join(out_dir, "state.pt"))
+        meta = {"epoch": epoch, "step": step, "param_groups": optim["param_groups"], "config": config}
+        if step > 0:
+            total = torch.tensor([run["loss_sum"]], dtype=torch.float64, device=device)
+            dist.all_reduce(total)
+            run["loss_sum"] = total.item() / world
+            meta.update(run)
+        with open(os.path.join(out_dir, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        return out_dir
+
+    def save():
+        return save_at(*dt.position())
+
+    for epoch in dt.epochs():
+        start = time.time()
+        sampler.set_epoch(epoch)
+        shard = list(sampler)
+        if dt.start_step() == 0:
+            run["loss_sum"], run["loss_steps"] = 0.0, 0
+        samples = 0
+        batches = [torch.tensor(shard[i:i + batch_size]) for i in range(0, len(shard), batch_size)]
+        ddp.train()
+        for step, idx in dt.steps(batches, save=save):
+            x, y = xtr[idx].to(device, non_blocking=True), ytr[idx].to(device, non_blocking=True)
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            run["loss_sum"] += loss.item()
+            run["loss_steps"] += 1
+            samples += len(idx) * world
+            if a.report_every and (step + 1) % a.report_every == 0:
+                dt.report({"train_loss": run["loss_sum"] / run["loss_steps"]})
+        train_seconds = time.time() - start
+        # Every rank scores its slice of the test set; the sums make the whole.
+        model.eval()
+        lo, hi = rank * len(xte) // world, (rank + 1) * len(xte) // world
+        loss_sum, correct = 0.0, 0
+        with torch.no_grad():
+            for i in range(lo, hi, 500):
+                logits = model(xte[i:min(i + 500, hi)].to(device))
+                target = yte[i:min(i + 500, hi)].to(device)
+                loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
+                correct += (logits.argmax(1) == target).sum().item()
+        sums = torch.tensor([loss_sum, correct, float(hi - lo), run["loss_sum"]], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        test_loss, correct, examples, train_sum = sums.tolist()
+        metrics = {"train_loss": train_sum / world / max(1, run["loss_steps"]), "test_loss": test_loss / examples,
+                   "test_accuracy": correct / examples, "test_examples": examples, "samples": samples,
+                   "seconds": time.time() - start, "train_seconds": train_seconds}
+        if cuda:
+            metrics["gpu_max_memory_bytes"] = torch.cuda.max_memory_allocated()
+        if rank == 0:
+            print("epoch %d: %s" % (epoch, json.dumps(metrics)), file=sys.stderr)
+        dt.report(metrics, checkpoint_dir=save_at(epoch + 1, 0))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
