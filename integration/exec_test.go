@@ -349,3 +349,53 @@ func readExecMeta(t *testing.T, ref *spec.CheckpointRef) execMeta {
 	}
 	return m
 }
+
+// TestReferenceResNet18OnCPU runs the reference run's program
+// (examples/pytorch/resnet18_fashion_mnist.py: torchvision ResNet-18 with a
+// one-channel stem, Adam, batches of 128) through durabletrain as a 2-rank
+// exec run on CPU: one short epoch on the first 2,048 images of the
+// committed subset, checkpointing every 4 steps. The full run (10 epochs,
+// 60,000 images, ≥ 0.8976) needs a GPU: see BENCHMARKS.md.
+func TestReferenceResNet18OnCPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and PyTorch")
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch, torchvision").Run(); err != nil {
+		t.Skip("no PyTorch and torchvision for /usr/bin/python3 (Debian's python3-torch, python3-torchvision): skipping")
+	}
+	queue := "it-resnet"
+	py, _ := filepath.Abs("../python")
+	script, _ := filepath.Abs("../examples/pytorch/resnet18_fashion_mnist.py")
+	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	startWorker(t, "ctl", "workflows", queue)
+	startWorker(t, "agent-a", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	startWorker(t, "agent-b", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 1)
+	s.Trainer = "exec"
+	s.Checkpoint.EverySteps = 4
+	s.Exec = &spec.Exec{Command: []string{"/usr/bin/python3", script, "--data", data, "--limit", "2048", "--report-every", "2"},
+		Env: map[string]string{"OMP_NUM_THREADS": "1"}, Dir: t.TempDir()}
+	start := time.Now()
+	run := startRun(t, c, "it-resnet-1", queue, s)
+	p := awaitRun(t, run, 5*time.Minute)
+	if p.State != spec.StateCompleted || p.Epoch != 1 || len(p.Metrics) != 1 {
+		t.Fatalf("progress %+v", p)
+	}
+	m := p.Metrics[0]
+	t.Logf("ResNet-18, 2 CPU ranks, one epoch of 2,048 images (%d steps): %.1f s in all, epoch %.1f s, train loss %.3f, test accuracy %.4f on %s",
+		m.Steps, time.Since(start).Seconds(), m.Seconds, m.TrainLoss, m.TestAccuracy, "the subset's 1,000 test images")
+	// One short epoch from scratch: well above chance (0.1), far from the reference's 10 epochs.
+	if m.Steps != 8 || m.TestAccuracy < 0.3 || m.Other["samples"] != 2048 {
+		t.Fatalf("metrics %+v", m)
+	}
+	store, err := checkpoint.Open(context.Background(), s.Checkpoint.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	cp, err := store.LatestVerified(context.Background(), "it-resnet-1")
+	if err != nil || cp.Manifest.Epoch != 1 || cp.Manifest.Step != 0 {
+		t.Fatalf("latest verified checkpoint %+v: %v", cp, err)
+	}
+}
