@@ -34,7 +34,7 @@ func (s *Store) Clone(ctx context.Context, from *Checkpoint, toRun string) (Mani
 		meta = map[string]string{}
 	}
 	meta[MetaClonedFrom] = src.Run + "/" + src.ID
-	return w.Commit(ctx, Info{WorldSize: src.WorldSize, Metrics: src.Metrics, Meta: meta})
+	return w.Commit(ctx, Info{WorldSize: src.WorldSize, Shards: src.Shards, Metrics: src.Metrics, Meta: meta})
 }
 
 func copyObject(ctx context.Context, from *Checkpoint, w *Writer, name string) error {

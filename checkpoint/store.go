@@ -108,17 +108,20 @@ func (s *Store) Close() error { return s.bucket.Close() }
 
 // Manifest describes one committed checkpoint.
 type Manifest struct {
-	Format    int                `json:"format"`
-	Run       string             `json:"run"`
-	ID        string             `json:"id"`
-	Epoch     int                `json:"epoch"` // the cursor training resumes at: Step steps of Epoch are done
-	Step      int                `json:"step"`
-	WorldSize int                `json:"world_size"`
-	Metrics   map[string]float64 `json:"metrics,omitempty"`
-	Meta      map[string]string  `json:"meta,omitempty"`
-	Created   time.Time          `json:"created"`
-	Objects   []Object           `json:"objects"`
-	Checksum  string             `json:"checksum"` // SHA-256 of this manifest encoded with Checksum and Signature empty
+	Format    int    `json:"format"`
+	Run       string `json:"run"`
+	ID        string `json:"id"`
+	Epoch     int    `json:"epoch"` // the cursor training resumes at: Step steps of Epoch are done
+	Step      int    `json:"step"`
+	WorldSize int    `json:"world_size"`
+	// Shards: a sharded checkpoint's ranks, each of which wrote its own
+	// objects under ShardPrefix(rank); 0: one state for every rank.
+	Shards   int                `json:"shards,omitempty"`
+	Metrics  map[string]float64 `json:"metrics,omitempty"`
+	Meta     map[string]string  `json:"meta,omitempty"`
+	Created  time.Time          `json:"created"`
+	Objects  []Object           `json:"objects"`
+	Checksum string             `json:"checksum"` // SHA-256 of this manifest encoded with Checksum and Signature empty
 	// KeyID and Signature: on a store with a key (Store.Sign), the key's
 	// name and the HMAC-SHA256 of Checksum under it.
 	KeyID     string `json:"key_id,omitempty"`
@@ -135,6 +138,7 @@ type Object struct {
 // Info is what the caller states about a checkpoint when committing it.
 type Info struct {
 	WorldSize int
+	Shards    int // set by AdoptShards; a clone states its source's
 	Metrics   map[string]float64
 	Meta      map[string]string
 }
@@ -166,6 +170,7 @@ type Writer struct {
 	objects     map[string]*Object
 	open        int
 	failed      error
+	shards      int // ranks whose parts AdoptShards took
 }
 
 // Begin starts the checkpoint of run at cursor (epoch, step). A checkpoint
@@ -336,7 +341,7 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 	}
 	m := Manifest{
 		Format: FormatVersion, Run: w.run, ID: w.id, Epoch: w.epoch, Step: w.step,
-		WorldSize: info.WorldSize, Metrics: info.Metrics, Meta: info.Meta,
+		WorldSize: info.WorldSize, Shards: max(w.shards, info.Shards), Metrics: info.Metrics, Meta: info.Meta,
 		Created: time.Now().UTC().Truncate(time.Millisecond),
 	}
 	for _, o := range w.objects {

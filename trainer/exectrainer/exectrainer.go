@@ -235,7 +235,10 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	defer ln.Close()
 	cmd := exec.Command(t.cfg.Command[0], t.cfg.Command[1:]...)
 	cmd.Dir = t.cfg.Dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a cancelled epoch kills the whole group
+	// A group of its own: a cancelled epoch kills the whole group. Killed
+	// with the worker: a worker that dies (SIGKILL, OOM) leaves no program
+	// behind holding its GPU, blocked in a collective with a dead peer.
+	cmd.SysProcAttr = procAttr()
 	base := t.cfg.Environ
 	if base == nil {
 		base = minimalEnviron()

@@ -1,6 +1,7 @@
 package exectrainer
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -504,5 +506,50 @@ func TestDeepScratchDirectoryStillConnects(t *testing.T) {
 	tr.Close()
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the socket directory %s outlived Close: %v", dir, err)
+	}
+}
+
+// A worker that dies (SIGKILL) takes its ranks' programs with it: none is
+// left behind holding a GPU or waiting on a dead peer. The test runs
+// itself as the worker: a child process that starts a program and is
+// killed.
+func TestProgramsDieWithTheWorker(t *testing.T) {
+	if os.Getenv("EXECTRAINER_TEST_WORKER") != "" {
+		// Connected, then deaf to its socket: as a program blocked in a collective.
+		prog := "import os, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['DURABLETRAIN_CONTROL'])\ntime.sleep(600)\n"
+		tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Init(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("program %d\n", tr.cmd.Process.Pid)
+		time.Sleep(time.Minute)
+		return
+	}
+	worker := exec.Command(os.Args[0], "-test.run", "^TestProgramsDieWithTheWorker$", "-test.v")
+	worker.Env = append(os.Environ(), "EXECTRAINER_TEST_WORKER=1")
+	out, _ := worker.StdoutPipe()
+	if err := worker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Process.Kill()
+	var pid int
+	for sc := bufio.NewScanner(out); pid == 0 && sc.Scan(); {
+		fmt.Sscanf(sc.Text(), "program %d", &pid)
+	}
+	if pid == 0 {
+		t.Fatal("the worker started no program")
+	}
+	worker.Process.Signal(syscall.SIGKILL)
+	worker.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("program %d outlived its worker by 5s", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
