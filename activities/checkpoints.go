@@ -19,6 +19,11 @@ import (
 // workflow learns it from whichever rank answers first). metrics is nil for
 // a mid-epoch checkpoint.
 func (a *Agent) checkpointTogether(ctx context.Context, rep *replica, in spec.EpochInput, metrics *spec.EpochMetrics) (*spec.CheckpointRef, error) {
+	if in.Spec.Checkpoint.Sharded {
+		if err := a.saveShard(ctx, rep, in); err != nil {
+			return nil, err
+		}
+	}
 	ok := []float32{0}
 	var saveErr error
 	if in.Rank == 0 {
@@ -41,9 +46,38 @@ func (a *Agent) checkpointTogether(ctx context.Context, rep *replica, in spec.Ep
 	return ref, nil
 }
 
+// saveShard has every rank write its own part of a sharded checkpoint,
+// and says whether every rank did: rank 0 then adopts them all (save).
+func (a *Agent) saveShard(ctx context.Context, rep *replica, in spec.EpochInput) error {
+	c := rep.tr.Cursor()
+	sw, err := rep.store.BeginShard(ctx, in.Run, c.Epoch, c.Step, in.Rank)
+	if err == nil {
+		if err = rep.tr.Save(ctx, sw); err == nil {
+			err = sw.Close(ctx)
+		}
+	}
+	done := []float32{0}
+	if err == nil {
+		done[0] = 1
+	}
+	if aerr := rep.group.AllReduce(ctx, done); aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	switch world := len(in.Peers); {
+	case err != nil:
+		return fmt.Errorf("rank %d could not save its part of the checkpoint at epoch %d step %d: %w", in.Rank, c.Epoch, c.Step, err)
+	case int(done[0]) != world:
+		return fmt.Errorf("%d of the gang's %d ranks could not save their part of the checkpoint at epoch %d step %d", world-int(done[0]), world, c.Epoch, c.Step)
+	}
+	return nil
+}
+
 // SaveCheckpoint checkpoints rank 0's warm replica now (on stop).
 func (a *Agent) SaveCheckpoint(ctx context.Context, in spec.SaveCheckpointInput) (spec.CheckpointRef, error) {
 	a.init()
+	if in.Spec.Checkpoint.Sharded { // refused by the spec: every_epochs is 1, so a stop never needs one
+		return spec.CheckpointRef{}, errors.New("a sharded run's state is every rank's: rank 0 alone cannot checkpoint it")
+	}
 	rep := a.replicas.get(keyOf(ctx, in.Generation, 0))
 	if rep == nil {
 		return spec.CheckpointRef{}, fmt.Errorf("no warm replica of rank 0 for generation %d on %s", in.Generation, a.Identity)
@@ -66,7 +100,12 @@ func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Train
 	if err != nil {
 		return nil, err
 	}
-	if err := rep.tr.Save(ctx, w); err != nil {
+	if s.Checkpoint.Sharded {
+		err = w.AdoptShards(ctx, world) // every rank wrote its part (saveShard)
+	} else {
+		err = rep.tr.Save(ctx, w)
+	}
+	if err != nil {
 		return nil, err
 	}
 	info := checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity}}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -29,7 +30,7 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 	for i, from := range sources {
 		start := time.Now()
 		sctx, span := tracer.Start(ctx, "checkpoint.restore", trace.WithAttributes(attribute.String("run", from), attribute.Int("rank", in.Rank)))
-		c, err := rep.store.RestoreLatest(sctx, from, func(c *checkpoint.Checkpoint) error { return rep.tr.Restore(sctx, c) })
+		c, err := rep.store.RestoreLatest(sctx, from, func(c *checkpoint.Checkpoint) error { return a.load(sctx, rep, in, c) })
 		endSpan(span, err)
 		switch {
 		case err == nil:
@@ -37,6 +38,14 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 			report := &spec.RestoreReport{From: refOf(c, rep.storeURL)}
 			for _, s := range c.Skipped {
 				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
+			}
+			if in.Spec.Checkpoint.Sharded { // the same on every rank: this is a collective
+				// Each rank read its own part: a damaged part may have sent
+				// one rank to an older checkpoint than the others.
+				if c, err = a.agreeOnCheckpoint(ctx, rep, in, i, from, c); err != nil {
+					return nil, err
+				}
+				report.From = refOf(c, rep.storeURL)
 			}
 			a.Log.Info("restored", zap.String("run", from), zap.String("checkpoint", c.Manifest.ID), zap.Int("rank", in.Rank), zap.Int("skipped", len(c.Skipped)))
 			if len(report.Skipped) > 0 && in.Rank == 0 {
@@ -54,6 +63,66 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 		// The run trained before but never committed a checkpoint: go on to the next source.
 	}
 	return nil, rep.tr.Init(ctx)
+}
+
+// load restores the replica from c: from its own part, if c is sharded.
+func (a *Agent) load(ctx context.Context, rep *replica, in spec.EpochInput, c *checkpoint.Checkpoint) error {
+	switch shards := c.Manifest.Shards; {
+	case shards == 0:
+		return rep.tr.Restore(ctx, c)
+	case shards != len(in.Peers):
+		return userError(fmt.Errorf("checkpoint %s/%s is sharded over %d ranks, and this gang has %d: a sharded checkpoint is restored at the world size that saved it (scaling.workers %d)",
+			c.Manifest.Run, c.Manifest.ID, shards, len(in.Peers), shards))
+	default:
+		return rep.tr.Restore(ctx, c.Shard(in.Rank))
+	}
+}
+
+// agreeOnCheckpoint makes every rank of the gang hold the same checkpoint:
+// the oldest any rank restored. Two all-reduces: which source and how many
+// checkpoints it has, then a vote per checkpoint. A rank that restored a
+// newer one than another loads the agreed one instead.
+func (a *Agent) agreeOnCheckpoint(ctx context.Context, rep *replica, in spec.EpochInput, source int, run string, c *checkpoint.Checkpoint) (*checkpoint.Checkpoint, error) {
+	ids, err := rep.store.IDs(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	head := []float32{0, 0, 0}
+	head[source] = 1
+	if in.Rank == 0 {
+		head[2] = float32(len(ids))
+	}
+	if err := rep.group.AllReduce(ctx, head); err != nil {
+		return nil, fmt.Errorf("agreeing on the checkpoint to resume from: %w", err)
+	}
+	if int(head[source]) != len(in.Peers) || int(head[2]) != len(ids) {
+		return nil, fmt.Errorf("the gang's ranks restored from different runs, or see different checkpoints (rank %d: %s/%s of %d)", in.Rank, run, c.Manifest.ID, len(ids))
+	}
+	votes := make([]float32, len(ids))
+	if i := slices.Index(ids, c.Manifest.ID); i >= 0 {
+		votes[i] = 1
+	}
+	if err := rep.group.AllReduce(ctx, votes); err != nil {
+		return nil, fmt.Errorf("agreeing on the checkpoint to resume from: %w", err)
+	}
+	agreed := slices.IndexFunc(votes, func(v float32) bool { return v > 0 }) // the oldest any rank restored
+	if agreed < 0 {
+		return nil, fmt.Errorf("no rank of the gang restored a checkpoint %s lists", run)
+	}
+	if ids[agreed] == c.Manifest.ID {
+		return c, nil
+	}
+	older, err := rep.store.Committed(ctx, run, ids[agreed])
+	if err == nil {
+		err = a.load(ctx, rep, in, older)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rank %d restored %s, but another rank's part of it is damaged, and the gang's agreed %s does not load here: %w", in.Rank, c.Manifest.ID, ids[agreed], err)
+	}
+	a.Log.Warn("resumed from an older checkpoint, as another rank of the gang had to", zap.String("run", run), zap.Int("rank", in.Rank),
+		zap.String("restored", c.Manifest.ID), zap.String("agreed", ids[agreed]))
+	older.Skipped = c.Skipped
+	return older, nil
 }
 
 // reportSkipped tells the run at once which checkpoints a restore passed over

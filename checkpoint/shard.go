@@ -129,3 +129,17 @@ type ShardReader struct {
 func (r *ShardReader) Open(ctx context.Context, name string) (io.ReadCloser, error) {
 	return r.c.Open(ctx, ShardPrefix(r.rank)+name)
 }
+
+// Committed opens checkpoint id of run by its manifest alone (checksum,
+// signature): its objects are verified as they are read. For reading one
+// rank's part of a sharded checkpoint without reading every rank's.
+func (s *Store) Committed(ctx context.Context, run, id string) (*Checkpoint, error) {
+	if err := checkRun(run); err != nil {
+		return nil, err
+	}
+	m, err := s.readManifest(ctx, run, id)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s/%s: %w", run, id, err)
+	}
+	return &Checkpoint{Manifest: m, s: s}, nil
+}

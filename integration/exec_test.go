@@ -399,3 +399,89 @@ func TestReferenceResNet18OnCPU(t *testing.T) {
 		t.Fatalf("latest verified checkpoint %+v: %v", cp, err)
 	}
 }
+
+// TestShardedCheckpointResumesBitIdentical: examples/pytorch/train.py with
+// --zero (ZeroRedundancyOptimizer: each rank holds Adam's state for its own
+// part of the parameters) and checkpoint.sharded, 2 ranks, 2 epochs. One run
+// goes straight through; the other's rank-1 worker is SIGTERMed mid-epoch,
+// so every rank saves its own part at one step and each resumes from its
+// own part on a new gang. The two runs' final checkpoints are the same
+// bytes, part for part.
+func TestShardedCheckpointResumesBitIdentical(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and PyTorch")
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
+	}
+	queue := "it-shard"
+	py, _ := filepath.Abs("../python")
+	script, _ := filepath.Abs("../examples/pytorch/train.py")
+	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	startWorker(t, "ctl", "workflows", queue)
+	var agents []*workerProc
+	for _, name := range []string{"agent-a", "agent-b", "agent-c"} {
+		agents = append(agents, startWorker(t, name, "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
+	}
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 2)
+	s.Trainer = "exec"
+	s.Checkpoint.Sharded = true
+	s.Checkpoint.KeepLast = spec.Int(0)
+	s.Exec = &spec.Exec{Command: []string{"/usr/bin/python3", script, "--data", data, "--batch-size", "8", "--zero"},
+		Env: map[string]string{"OMP_NUM_THREADS": "1"}, Dir: t.TempDir()}
+
+	straight := awaitRun(t, startRun(t, c, "it-shard-straight", queue, s), 3*time.Minute)
+	if straight.State != spec.StateCompleted || straight.Preemptions != 0 {
+		t.Fatalf("the straight run: %+v", straight)
+	}
+	run := startRun(t, c, "it-shard-preempted", queue, s)
+	var victim *workerProc
+	for deadline := time.Now().Add(time.Minute); victim == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if p := progress(t, c, "it-shard-preempted"); p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == spec.StateTraining {
+			for _, pl := range p.Gang {
+				for _, w := range agents {
+					if pl.Worker == w.name && pl.Rank == 1 {
+						victim = w
+					}
+				}
+			}
+		}
+	}
+	if victim == nil {
+		t.Fatal("the second run never trained epoch 1")
+	}
+	time.Sleep(300 * time.Millisecond)
+	victim.cmd.Process.Signal(syscall.SIGTERM)
+	p := awaitRun(t, run, 3*time.Minute)
+	if p.State != spec.StateCompleted || p.Preemptions != 1 || len(p.Incidents) == 0 || !strings.Contains(p.Incidents[0].Detail, "checkpointed at epoch 1 step") {
+		t.Fatalf("the preempted run: %+v", p)
+	}
+	store, err := checkpoint.Open(context.Background(), s.Checkpoint.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	final := func(run string) checkpoint.Manifest {
+		cp, err := store.Committed(context.Background(), run, checkpoint.ID(2, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cp.Manifest
+	}
+	a, b := final("it-shard-straight"), final("it-shard-preempted")
+	sums := func(m checkpoint.Manifest) map[string]string {
+		out := map[string]string{}
+		for _, o := range m.Objects {
+			out[o.Name] = o.SHA256
+		}
+		return out
+	}
+	t.Logf("preempted: %s; final checkpoints of %d and %d objects over %d and %d shards", p.Incidents[0].Detail, len(a.Objects), len(b.Objects), a.Shards, b.Shards)
+	if a.Shards != 2 || b.Shards != 2 || !reflect.DeepEqual(sums(a), sums(b)) {
+		t.Fatalf("the final checkpoints differ:\nstraight  %v\npreempted %v", sums(a), sums(b))
+	}
+	if sa, sb := sums(a)["shards/0/files/state.pt"], sums(a)["shards/1/files/state.pt"]; sa == "" || sa == sb {
+		t.Fatalf("rank 0's and rank 1's parts are %q and %q: want two different parts", sa, sb)
+	}
+}

@@ -125,6 +125,11 @@ type Checkpoint struct {
 	KeepBest   int    `json:"keep_best,omitempty"` // default 0
 	Score      string `json:"score,omitempty"`     // metric for keep_best; default "test_accuracy"
 	Mode       string `json:"mode,omitempty"`      // "max" (default) or "min"
+	// Sharded: every rank saves its own part of the state (a program that
+	// holds a shard on each rank, as FSDP or ZeRO do), under one manifest,
+	// and each rank restores its own part; a sharded checkpoint is restored
+	// at the world size that saved it.
+	Sharded bool `json:"sharded,omitempty"`
 }
 
 type Failure struct {
@@ -356,6 +361,12 @@ func (t Training) validateFields() error {
 		return bad("checkpoint.keep_last", *c.KeepLast)
 	case c.KeepBest < 0:
 		return bad("checkpoint.keep_best", c.KeepBest)
+	case c.Sharded && t.Trainer == TrainerNative:
+		return fmt.Errorf("spec: checkpoint.sharded is for programs whose ranks each hold a part of the state (trainer exec); the native trainer's ranks hold identical replicas: leave it false")
+	case c.Sharded && c.EveryEpochs != 1:
+		return fmt.Errorf("spec: checkpoint.sharded needs checkpoint.every_epochs 1 (it is %d): a stop between checkpoints saves rank 0's state only", c.EveryEpochs)
+	case c.Sharded && s.MinWorkers != s.Workers:
+		return fmt.Errorf("spec: checkpoint.sharded needs scaling.min_workers equal to scaling.workers (%d, not %d): a sharded checkpoint is restored at the world size that saved it", s.Workers, s.MinWorkers)
 	case CheckMetric("checkpoint.score", c.Score) != nil:
 		return CheckMetric("spec: checkpoint.score", c.Score)
 	case CheckMode("checkpoint.mode", c.Mode) != nil:

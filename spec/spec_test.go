@@ -59,3 +59,28 @@ func TestValidateNamesFieldValueAndWhatIsAccepted(t *testing.T) {
 		}
 	}
 }
+
+// checkpoint.sharded is for exec programs, checkpointing every epoch, at a
+// fixed world size; anything else is refused, saying why.
+func TestShardedCheckpointsNeedAFixedGangOfPrograms(t *testing.T) {
+	exec := `"trainer": "exec", "exec": {"command": ["python3", "train.py"]}, `
+	check := func(raw string) error {
+		s, err := Parse([]byte(raw))
+		if err != nil {
+			return err
+		}
+		return s.WithDefaults().Validate()
+	}
+	if err := check(`{` + exec + `"scaling": {"workers": 2}, "checkpoint": {"sharded": true}}`); err != nil {
+		t.Fatalf("a sharded exec run: %v", err)
+	}
+	for _, c := range []struct{ spec, want string }{
+		{`{"scaling": {"workers": 2}, "checkpoint": {"sharded": true}}`, "identical replicas"},
+		{`{` + exec + `"scaling": {"workers": 2}, "checkpoint": {"sharded": true, "every_epochs": 2}}`, "every_epochs 1 (it is 2)"},
+		{`{` + exec + `"scaling": {"workers": 2, "min_workers": 1}, "checkpoint": {"sharded": true}}`, "min_workers equal to scaling.workers (2, not 1)"},
+	} {
+		if err := check(c.spec); err == nil || !strings.Contains(err.Error(), "checkpoint.sharded") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v; want an error naming checkpoint.sharded and %q", c.spec, err, c.want)
+		}
+	}
+}

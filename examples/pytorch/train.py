@@ -63,6 +63,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", default="256,128", help="hidden layer widths")
     p.add_argument("--checkpoint-dir", default="ckpt-%(rank)s")
+    p.add_argument("--zero", action="store_true", help="shard Adam's state over the ranks (ZeroRedundancyOptimizer); checkpoint.sharded saves each rank's part")
     p.add_argument("--report-every", type=int, default=50, help="report the running train_loss every this many steps (0: never)")
     a = p.parse_args()
     config = dt.config()
@@ -83,7 +84,15 @@ def main():
         layers += [nn.Linear(width, w), nn.ReLU()]
         width = w
     model = nn.Sequential(*layers, nn.Linear(width, 10)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    if a.zero:
+        # ZeRO stage 1: each rank keeps Adam's state for its own part of the
+        # parameters only, so each rank's checkpoint is its own shard (run
+        # with checkpoint.sharded: every rank's directory is saved).
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+        opt, local = zero, zero.optim
+    else:
+        opt = local = torch.optim.Adam(model.parameters(), lr=lr)
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "test")
     # This rank's samples of each epoch, as DistributedSampler(drop_last=True)
@@ -106,7 +115,9 @@ def main():
             raise SystemExit("train.py: %s holds epoch %s step %s, but the worker resumes at epoch %d step %d"
                              % (ckpt, meta["epoch"], meta.get("step", 0), ckpt.epoch, ckpt.step))
         model.load_state_dict(state["model"])
-        opt.load_state_dict({"state": state["optimizer_state"], "param_groups": meta["param_groups"]})
+        if meta.get("rank", rank) != rank or meta.get("world", world) != world:
+            raise SystemExit("train.py: %s is rank %s of %s's part; this is rank %d of %d" % (ckpt, meta.get("rank"), meta.get("world"), rank, world))
+        local.load_state_dict({"state": state["optimizer_state"], "param_groups": meta["param_groups"]})
         if ckpt.step > 0:
             run["loss_sum"], run["loss_steps"] = meta["loss_sum"], meta["loss_steps"]
         print("rank %d: resumed from %s at epoch %d step %d" % (rank, ckpt, ckpt.epoch, ckpt.step), file=sys.stderr)
@@ -115,9 +126,11 @@ def main():
     def save_at(epoch, step):
         """This rank's whole state, at step of epoch, in out_dir."""
         os.makedirs(out_dir, exist_ok=True)
-        optim = opt.state_dict()
+        optim = local.state_dict()  # with --zero, this rank's part of the optimizer only
         torch.save({"model": model.state_dict(), "optimizer_state": optim["state"]}, os.path.join(out_dir, "state.pt"))
         meta = {"epoch": epoch, "step": step, "param_groups": optim["param_groups"], "config": config}
+        if a.zero:
+            meta.update(rank=rank, world=world)
         if step > 0:
             # Every rank saves at this step: the gang's mean loss so far is
             # the same on all of them (and sums as theirs did at the end).
