@@ -35,6 +35,11 @@ type Policy struct {
 	// also gets; default DefaultPassEnv. Everything else of the worker's
 	// environment (cloud credentials, tokens) stays with the worker.
 	PassEnv []string
+	// ProgramEnv is what the worker sets for every exec program, as
+	// "NAME=value" (cmd/worker's -nccl-socket-ifname, -gloo-socket-ifname,
+	// -nccl-async-error-handling: the host's network and NCCL settings).
+	// A spec's exec.env may not set these names.
+	ProgramEnv []string
 	// StorageRoots are the blob URLs the spec's URLs must fall under;
 	// default DefaultStorageRoots. A root's query parameters (an S3
 	// endpoint, a region, a profile) are the worker's: they are added to
@@ -101,6 +106,12 @@ func (p Policy) CheckExec(x *spec.Exec) error {
 	if x.Dir != "" && !slices.ContainsFunc(p.ExecDirs, func(d string) bool { return under(filepath.Clean(x.Dir), filepath.Clean(d)) }) {
 		return refuse("exec.dir %s is not under a directory this worker allows (-exec-dirs %s)", quoted(x.Dir), strings.Join(p.ExecDirs, ","))
 	}
+	for _, kv := range p.ProgramEnv {
+		name, _, _ := strings.Cut(kv, "=")
+		if _, ok := x.Env[name]; ok {
+			return refuse("exec.env.%s: this worker sets %s itself (its NCCL and gloo flags: the host's network is the worker's to say); leave it out", name, name)
+		}
+	}
 	return nil
 }
 
@@ -161,7 +172,26 @@ func (p Policy) Environ() []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	return env
+	return append(env, p.ProgramEnv...)
+}
+
+// NCCLEnv is ProgramEnv for a host's collective settings: the network
+// interface NCCL and gloo use ("" leaves each to its own choice), and
+// whether NCCL's errors and timeouts abort a hung collective (PyTorch reads
+// TORCH_NCCL_ASYNC_ERROR_HANDLING from 2.2, NCCL_ASYNC_ERROR_HANDLING before).
+func NCCLEnv(ncclIfname, glooIfname string, asyncErrors bool) []string {
+	var env []string
+	if ncclIfname != "" {
+		env = append(env, "NCCL_SOCKET_IFNAME="+ncclIfname)
+	}
+	if glooIfname != "" {
+		env = append(env, "GLOO_SOCKET_IFNAME="+glooIfname)
+	}
+	v := "0"
+	if asyncErrors {
+		v = "1"
+	}
+	return append(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING="+v, "NCCL_ASYNC_ERROR_HANDLING="+v)
 }
 
 // Resolve checks a spec's blob URL against the storage roots and returns

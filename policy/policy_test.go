@@ -88,6 +88,28 @@ func TestEnvironKeepsTheWorkersSecrets(t *testing.T) {
 	}
 }
 
+// The worker's NCCL and gloo settings reach every program, and a spec may
+// not set them itself.
+func TestWorkerSetsTheCollectiveEnvironment(t *testing.T) {
+	p := Policy{Exec: []string{"*"}, ProgramEnv: NCCLEnv("ib0", "eth1", true)}
+	env := strings.Join(p.Environ(), " ")
+	for _, want := range []string{"NCCL_SOCKET_IFNAME=ib0", "GLOO_SOCKET_IFNAME=eth1", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "NCCL_ASYNC_ERROR_HANDLING=1"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("environment %s lacks %s", env, want)
+		}
+	}
+	if env := strings.Join(NCCLEnv("", "", false), " "); env != "TORCH_NCCL_ASYNC_ERROR_HANDLING=0 NCCL_ASYNC_ERROR_HANDLING=0" {
+		t.Errorf("no interfaces, no async errors: %s", env)
+	}
+	err := p.CheckExec(&spec.Exec{Command: []string{"python3"}, Env: map[string]string{"NCCL_SOCKET_IFNAME": "lo"}})
+	if err == nil || !strings.Contains(err.Error(), "exec.env.NCCL_SOCKET_IFNAME") {
+		t.Fatalf("a spec setting the worker's NCCL interface: %v", err)
+	}
+	if err := p.CheckExec(&spec.Exec{Command: []string{"python3"}, Env: map[string]string{"NCCL_DEBUG": "INFO"}}); err != nil {
+		t.Fatalf("a spec setting NCCL_DEBUG: %v", err)
+	}
+}
+
 func TestRankMemory(t *testing.T) {
 	if m := (Policy{MaxRankMemory: 1 << 30}).RankMemory(4); m != 1<<30 {
 		t.Fatalf("flag: %d", m)

@@ -56,6 +56,9 @@ func main() {
 	allowExec := flag.String("allow-exec", "", `programs "exec" runs may start, comma-separated: absolute paths, names on PATH, directories ending in /, or * (default: none, exec is off)`)
 	execDirs := flag.String("exec-dirs", "", "directories exec.dir may name, comma-separated (default: none; programs run in their scratch directory)")
 	passEnv := flag.String("exec-pass-env", strings.Join(policy.DefaultPassEnv, ","), "this worker's environment variables exec programs also get, comma-separated (never its credentials unless listed)")
+	ncclIfname := flag.String("nccl-socket-ifname", "", "network interface(s) NCCL uses between hosts, for every exec program (NCCL_SOCKET_IFNAME, such as ib0 or ^lo,docker); empty: NCCL's choice")
+	glooIfname := flag.String("gloo-socket-ifname", "", "network interface gloo uses (GLOO_SOCKET_IFNAME), for every exec program; empty: gloo's choice")
+	ncclAsync := flag.Bool("nccl-async-error-handling", true, "have NCCL errors and collective timeouts abort the rank's program instead of hanging it (TORCH_NCCL_ASYNC_ERROR_HANDLING)")
 	roots := flag.String("storage-roots", strings.Join(policy.DefaultStorageRoots, ","),
 		"blob URLs that dataset, checkpoint and results URLs must fall under, comma-separated; a root's query parameters (endpoint=, region=, profile=) are the worker's and added to the spec's")
 	poolKey := flag.String("pool-key-file", os.Getenv("DURABLETRAIN_POOL_KEY_FILE"),
@@ -90,6 +93,7 @@ func main() {
 	cfg.BuildID = buildinfo.BuildID()
 	cfg.Policy.Exec, cfg.Policy.ExecDirs = list(*allowExec), list(*execDirs)
 	cfg.Policy.PassEnv, cfg.Policy.StorageRoots = list(*passEnv), splitRoots(*roots)
+	cfg.Policy.ProgramEnv = policy.NCCLEnv(*ncclIfname, *glooIfname, *ncclAsync)
 	if cfg.Policy.PassEnv == nil {
 		cfg.Policy.PassEnv = []string{}
 	}
