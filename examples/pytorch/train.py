@@ -73,10 +73,9 @@ def main():
     hidden = [int(w) for w in config.get("hidden", [int(w) for w in a.hidden.split(",") if w])]
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") != ""
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group(dt.backend())  # NCCL on a GPU slot, gloo on a CPU one
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    device = dt.device()
 
     torch.manual_seed(seed)
     layers, width = [], 784

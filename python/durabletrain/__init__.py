@@ -47,7 +47,7 @@ import random
 import socket
 import sys
 
-__all__ = ["config", "epochs", "steps", "report", "get_checkpoint", "start_step", "position", "Checkpoint", "ShardSampler",
+__all__ = ["config", "epochs", "steps", "report", "get_checkpoint", "start_step", "position", "backend", "device", "Checkpoint", "ShardSampler",
            "world_rank", "world_size"]
 
 _sock = None
@@ -109,6 +109,30 @@ def config():
     if not isinstance(value, dict):
         raise SystemExit("durabletrain: DURABLETRAIN_CONFIG is %r; want a JSON object" % (value,))
     return value
+
+
+def _cuda():
+    """Whether this rank has a GPU: its slot set CUDA_VISIBLE_DEVICES, and torch sees it."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "") in ("", "-1"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def backend():
+    """The torch.distributed backend for this rank: "nccl" on a GPU slot,
+    "gloo" on a CPU one. dist.init_process_group(dt.backend())."""
+    return "nccl" if _cuda() else "gloo"
+
+
+def device():
+    """This rank's torch device: its own GPU (cuda:0, the one
+    CUDA_VISIBLE_DEVICES names) on a GPU slot, else the CPU."""
+    import torch
+    return torch.device("cuda", 0) if _cuda() else torch.device("cpu")
 
 
 def world_rank():
