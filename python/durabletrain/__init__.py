@@ -287,6 +287,10 @@ def report(metrics, checkpoint_dir=None):
     loop (or without one) it is the epoch's report. Returns once the worker
     has taken the checkpoint: the directory may then be reused."""
     metrics = {k: float(v) for k, v in metrics.items()}
+    for k, v in metrics.items():
+        if v != v or v in (float("inf"), float("-inf")):
+            raise SystemExit("durabletrain: metric %s is %s at epoch %s step %s: training diverged (lower the learning rate, "
+                             "or check the data)" % (k, v, _epoch, _step))
     if _channel() is None:
         where = "epoch %s" % _epoch if not _in_steps else "epoch %s step %s" % (_epoch, _step)
         print("durabletrain: %s: %s%s" % (where, json.dumps(metrics),

@@ -76,9 +76,10 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 		case m.Op == "report" && m.End:
 			return t.endEpoch(ctx, epoch, m, start, opts)
 		case m.Op == "sync", m.Op == "report":
-			if m.Step <= from {
+			if m.Step <= from || m.Step > maxStep {
 				t.kill()
-				return trainer.EpochMetrics{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent a %q at step %d of epoch %d, which began at step %d", t.cfg.Rank, m.Op, m.Step, epoch, from))
+				return trainer.EpochMetrics{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent a %q at step %d of epoch %d, which began at step %d; want a step after it, at most %d",
+					t.cfg.Rank, m.Op, m.Step, epoch, from, maxStep))
 			}
 			t.epoch.observe(m.Step, time.Now())
 			t.cursor.Step = m.Step
@@ -114,6 +115,10 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 		}
 	}
 }
+
+// maxStep bounds an epoch's steps: the gang's votes carry steps as float32,
+// exact up to 2^24.
+const maxStep = 1 << 24
 
 // saveAt has the program save its state at the step the gang stopped at;
 // it then waits for word to go on.

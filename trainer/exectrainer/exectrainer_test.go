@@ -388,6 +388,9 @@ func TestProgramOutsideTheProtocolIsAUserError(t *testing.T) {
 		{"garbage", `s.sendall(b"hello worker\n")`, `"hello worker"`},
 		{"wrong op", `s.sendall(b'{"op": "sync", "epoch": 0, "step": 1}\n')`, `"sync" where "ready" was due`},
 		{"endless line", `s.sendall(b"x" * (2 << 20))`, "longer than"},
+		{"a step past any epoch", `s.sendall(b'{"op": "ready"}\n'); s.recv(4096); s.sendall(b'{"op": "sync", "epoch": 0, "step": 99999999999}\n')`, "at most 16777216"},
+		{"a step backwards", `s.sendall(b'{"op": "ready"}\n'); s.recv(4096); s.sendall(b'{"op": "sync", "epoch": 0, "step": -3}\n')`, "want a step after it"},
+		{"another epoch", `s.sendall(b'{"op": "ready"}\n'); s.recv(4096); s.sendall(b'{"op": "sync", "epoch": 7, "step": 1}\n')`, "of epoch 7 while it trains epoch 0"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			prog := "import os, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['DURABLETRAIN_CONTROL'])\n" + c.code + "\ntime.sleep(30)\n"
@@ -551,5 +554,24 @@ func TestProgramsDieWithTheWorker(t *testing.T) {
 			t.Fatalf("program %d outlived its worker by 5s", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A metric that is not a finite number ends the program with a message
+// that says the training diverged, as the user's error.
+func TestNonFiniteMetricSaysTrainingDiverged(t *testing.T) {
+	py, _ := filepath.Abs("../../python")
+	prog := "import durabletrain as dt\nfor e in dt.epochs():\n    dt.report({'train_loss': float('nan')})\n"
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir(), PythonPath: py, Saves: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := tr.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+	if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "metric train_loss is nan at epoch 0") || !strings.Contains(err.Error(), "diverged") {
+		t.Fatalf("got %v", err)
 	}
 }
