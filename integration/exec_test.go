@@ -93,21 +93,10 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 // the newest checkpoint when it was killed, so at most every_steps steps
 // are lost.
 func TestExecGangStopsAtAStepAndResumesThere(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts worker processes and PyTorch")
-	}
-	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
-		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
-	}
 	queue := "it-exec-step"
-	py, _ := filepath.Abs("../python")
+	agents := pytorchWorkers(t, queue, "agent-a", "agent-b", "agent-c")
 	script, _ := filepath.Abs("../examples/pytorch/train.py")
 	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
-	startWorker(t, "ctl", "workflows", queue)
-	var agents []*workerProc
-	for _, name := range []string{"agent-a", "agent-b", "agent-c"} {
-		agents = append(agents, startWorker(t, name, "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
-	}
 	c := dial(t)
 	const every = 40
 	s := subsetSpec(t, queue, 2, 3)
@@ -120,35 +109,8 @@ func TestExecGangStopsAtAStepAndResumesThere(t *testing.T) {
 	run := startRun(t, c, "it-exec-step-1", queue, s)
 
 	// 1. SIGTERM to rank 1's worker in epoch 1.
+	sigtermRankWorker(t, c, "it-exec-step-1", agents, 1, 2)
 	deadline := time.Now().Add(3 * time.Minute)
-	var victim *workerProc
-	for victim == nil && time.Now().Before(deadline) {
-		p := progress(t, c, "it-exec-step-1")
-		if p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == spec.StateTraining {
-			for _, pl := range p.Gang {
-				for _, w := range agents {
-					if pl.Worker == w.name && pl.Rank == 1 {
-						victim = w
-					}
-				}
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if victim == nil {
-		t.Fatal("the run never trained epoch 1")
-	}
-	time.Sleep(300 * time.Millisecond)
-	victim.cmd.Process.Signal(syscall.SIGTERM)
-	termed := time.Now()
-	exited := make(chan error, 1)
-	go func() { exited <- victim.cmd.Wait() }()
-	select {
-	case err := <-exited:
-		t.Logf("%s exited %v after SIGTERM in %v", victim.name, err, time.Since(termed).Round(time.Millisecond))
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not exit within 10s of SIGTERM", victim.name)
-	}
 
 	// 2. SIGKILL to a rank's Python process in epoch 2, once a mid-epoch
 	// checkpoint is in: the newest one then is the least it may resume from.
@@ -364,12 +326,9 @@ func TestReferenceResNet18OnCPU(t *testing.T) {
 		t.Skip("no PyTorch and torchvision for /usr/bin/python3 (Debian's python3-torch, python3-torchvision): skipping")
 	}
 	queue := "it-resnet"
-	py, _ := filepath.Abs("../python")
+	pytorchWorkers(t, queue, "agent-a", "agent-b")
 	script, _ := filepath.Abs("../examples/pytorch/resnet18_fashion_mnist.py")
 	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
-	startWorker(t, "ctl", "workflows", queue)
-	startWorker(t, "agent-a", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
-	startWorker(t, "agent-b", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 1)
 	s.Trainer = "exec"
@@ -408,21 +367,10 @@ func TestReferenceResNet18OnCPU(t *testing.T) {
 // own part on a new gang. The two runs' final checkpoints are the same
 // bytes, part for part.
 func TestShardedCheckpointResumesBitIdentical(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts worker processes and PyTorch")
-	}
-	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
-		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
-	}
 	queue := "it-shard"
-	py, _ := filepath.Abs("../python")
+	agents := pytorchWorkers(t, queue, "agent-a", "agent-b", "agent-c")
 	script, _ := filepath.Abs("../examples/pytorch/train.py")
 	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
-	startWorker(t, "ctl", "workflows", queue)
-	var agents []*workerProc
-	for _, name := range []string{"agent-a", "agent-b", "agent-c"} {
-		agents = append(agents, startWorker(t, name, "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
-	}
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 2)
 	s.Trainer = "exec"
@@ -436,23 +384,7 @@ func TestShardedCheckpointResumesBitIdentical(t *testing.T) {
 		t.Fatalf("the straight run: %+v", straight)
 	}
 	run := startRun(t, c, "it-shard-preempted", queue, s)
-	var victim *workerProc
-	for deadline := time.Now().Add(time.Minute); victim == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if p := progress(t, c, "it-shard-preempted"); p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == spec.StateTraining {
-			for _, pl := range p.Gang {
-				for _, w := range agents {
-					if pl.Worker == w.name && pl.Rank == 1 {
-						victim = w
-					}
-				}
-			}
-		}
-	}
-	if victim == nil {
-		t.Fatal("the second run never trained epoch 1")
-	}
-	time.Sleep(300 * time.Millisecond)
-	victim.cmd.Process.Signal(syscall.SIGTERM)
+	sigtermRankWorker(t, c, "it-shard-preempted", agents, 1, 2)
 	p := awaitRun(t, run, 3*time.Minute)
 	if p.State != spec.StateCompleted || p.Preemptions != 1 || len(p.Incidents) == 0 || !strings.Contains(p.Incidents[0].Detail, "checkpointed at epoch 1 step") {
 		t.Fatalf("the preempted run: %+v", p)
@@ -484,4 +416,59 @@ func TestShardedCheckpointResumesBitIdentical(t *testing.T) {
 	if sa, sb := sums(a)["shards/0/files/state.pt"], sums(a)["shards/1/files/state.pt"]; sa == "" || sa == sb {
 		t.Fatalf("rank 0's and rank 1's parts are %q and %q: want two different parts", sa, sb)
 	}
+}
+
+// pytorchWorkers skips without PyTorch, and starts a workflows worker and
+// the named agents (with the durabletrain Python module) on queue.
+func pytorchWorkers(t *testing.T, queue string, agentNames ...string) []*workerProc {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts worker processes and PyTorch")
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import torch").Run(); err != nil {
+		t.Skip("no PyTorch for /usr/bin/python3 (Debian's python3-torch): skipping")
+	}
+	py, _ := filepath.Abs("../python")
+	startWorker(t, "ctl", "workflows", queue)
+	var agents []*workerProc
+	for _, name := range agentNames {
+		agents = append(agents, startWorker(t, name, "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
+	}
+	return agents
+}
+
+// sigtermRankWorker waits until run trains epoch 1 or later with a gang of
+// world ranks, lets it go 300 ms into the epoch, SIGTERMs the agent that
+// holds rank, and waits up to 10 s for it to exit.
+func sigtermRankWorker(t *testing.T, c client.Client, run string, agents []*workerProc, rank, world int) *workerProc {
+	t.Helper()
+	var victim *workerProc
+	for deadline := time.Now().Add(3 * time.Minute); victim == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		p := progress(t, c, run)
+		if p == nil || p.Epoch < 1 || len(p.Gang) != world || p.State != spec.StateTraining {
+			continue
+		}
+		for _, pl := range p.Gang {
+			for _, w := range agents {
+				if pl.Worker == w.name && pl.Rank == rank {
+					victim = w
+				}
+			}
+		}
+	}
+	if victim == nil {
+		t.Fatalf("run %s never trained epoch 1 with %d ranks", run, world)
+	}
+	time.Sleep(300 * time.Millisecond)
+	victim.cmd.Process.Signal(syscall.SIGTERM)
+	termed := time.Now()
+	exited := make(chan error, 1)
+	go func() { exited <- victim.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Logf("%s exited %v after SIGTERM in %v", victim.name, err, time.Since(termed).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit within 10s of SIGTERM", victim.name)
+	}
+	return victim
 }

@@ -295,35 +295,7 @@ func TestSIGTERMLeavesWithACheckpoint(t *testing.T) {
 	s.Hyper.BatchSize = 8 // long epochs, so the signal lands mid-epoch
 	s.Failure.MaxFailures = spec.Int(0)
 	run := startRun(t, c, "it-term-1", queue, s)
-	deadline := time.Now().Add(2 * time.Minute)
-	var victim *workerProc
-	for victim == nil && time.Now().Before(deadline) {
-		p := progress(t, c, "it-term-1")
-		if p != nil && p.Epoch >= 1 && len(p.Gang) == 2 && p.State == spec.StateTraining {
-			for _, pl := range p.Gang {
-				for _, w := range agents {
-					if pl.Worker == w.name && pl.Rank == 1 {
-						victim = w
-					}
-				}
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if victim == nil {
-		t.Fatal("the run never reached epoch 1")
-	}
-	time.Sleep(300 * time.Millisecond)
-	victim.cmd.Process.Signal(syscall.SIGTERM)
-	termed := time.Now()
-	exited := make(chan error, 1)
-	go func() { exited <- victim.cmd.Wait() }()
-	select {
-	case err := <-exited:
-		t.Logf("%s exited %v after SIGTERM in %v", victim.name, err, time.Since(termed).Round(time.Millisecond))
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not exit within 10s of SIGTERM (grace 2s)", victim.name)
-	}
+	victim := sigtermRankWorker(t, c, "it-term-1", agents, 1, 2)
 	p := awaitRun(t, run, 3*time.Minute)
 	if p.State != spec.StateCompleted || p.Epoch != 4 || p.Failures != 0 || p.Preemptions != 1 {
 		t.Fatalf("progress %+v", p)
