@@ -132,3 +132,40 @@ func TestKeepBestByAMetricNeverReportedIsAUserError(t *testing.T) {
 		t.Fatalf("got %v, want a non-retryable user error naming checkpoint.score", errs[0])
 	}
 }
+
+// A gang that restores a checkpoint at the run's end trains nothing more:
+// the last epoch's result was lost after its checkpoint committed (the
+// workflow asks for that epoch again), or the run resumes from a finished
+// run's checkpoint (resume_from). The result is the checkpoint's own last
+// epoch, and with resume_from, a copy of it in the run's own name.
+func TestRestoringAtTheRunsEndTrainsNothing(t *testing.T) {
+	agents, peers := newAgents(t, 1)
+	s := spec.Training{Model: spec.Model{Hidden: []int{16}}, Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()}, Hyper: spec.Hyper{Epochs: 1},
+		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"}}.WithDefaults()
+	in := spec.EpochInput{Run: "done", Generation: 1, Peers: peers[:1], Secret: []byte("0123456789abcdef"), Spec: s}
+	res, errs := runEpochOnAll(t, agents, in)
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	first := res[0]
+	// The same epoch asked again of a new gang, its result having been lost.
+	in.Generation, in.Restore = 2, first.Checkpoint
+	res, errs = runEpochOnAll(t, agents, in)
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if r := res[0]; r.Metrics.Epoch != 0 || r.Metrics.TestAccuracy != first.Metrics.TestAccuracy || r.Metrics.Steps != 0 || r.Restored == nil || *r.Checkpoint != *first.Checkpoint {
+		t.Fatalf("asked again after its end: %+v (first %+v)", r, first)
+	}
+	// Another run resumes from the finished one.
+	in = spec.EpochInput{Run: "after", Generation: 3, Peers: peers[:1], Secret: []byte("0123456789abcdef"), Spec: s} // a gang of its own
+	in.Spec.ResumeFrom = "done"
+	res, errs = runEpochOnAll(t, agents, in)
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if r := res[0]; r.Metrics.Epoch != 0 || r.Metrics.TestAccuracy != first.Metrics.TestAccuracy || r.Restored == nil || r.Restored.From.Run != "done" ||
+		r.Checkpoint == nil || r.Checkpoint.Run != "after" || r.Checkpoint.Epoch != 1 {
+		t.Fatalf("resumed from a finished run: %+v", r)
+	}
+}

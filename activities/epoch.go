@@ -118,6 +118,9 @@ func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.Loca
 	if err != nil {
 		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
+	if c := rep.tr.Cursor(); restored != nil && c.Epoch >= in.Spec.Hyper.Epochs {
+		return a.nothingLeft(ctx, key, rep, in, restored)
+	}
 	epoch := rep.tr.Cursor().Epoch
 	tctx, span := tracer.Start(ctx, "epoch.train", trace.WithAttributes(attribute.String("run", in.Run), attribute.Int("rank", in.Rank), attribute.Int("epoch", epoch)))
 	m, err := a.trainEpoch(tctx, rep, in, leave, beat)
@@ -284,4 +287,26 @@ func anyLeaving(ctx context.Context, rep *replica, leave <-chan struct{}) (bool,
 		return false, err
 	}
 	return vote[0] > 0, nil
+}
+
+// nothingLeft answers an epoch whose gang restored a checkpoint at the
+// run's end: resume_from a run that had finished, or the last epoch's
+// result lost after its checkpoint committed. Nothing is trained: the
+// result is the last epoch's metrics as the checkpoint recorded them, and
+// the checkpoint, the run's own (a copy, saved by this gang, if it came
+// from another run).
+func (a *Agent) nothingLeft(ctx context.Context, key replicaKey, rep *replica, in spec.EpochInput, restored *spec.RestoreReport) (spec.EpochResult, error) {
+	c := rep.tr.Cursor()
+	m := spec.MetricsFromMap(c.Epoch-1, rep.restoredMetrics)
+	ref := restored.From
+	if ref.Run != in.Run {
+		saved, err := a.checkpointTogether(ctx, rep, in, &m)
+		if err != nil {
+			return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, nil)
+		}
+		ref = *saved
+	}
+	a.Log.Info("nothing left to train: the checkpoint restored is at the run's end", zap.String("run", in.Run), zap.Int("rank", in.Rank),
+		zap.String("restored", restored.From.Run+"/"+restored.From.ID), zap.Int("epochs", in.Spec.Hyper.Epochs))
+	return spec.EpochResult{Rank: in.Rank, Restored: restored, Checkpoint: &ref, Metrics: m}, nil
 }

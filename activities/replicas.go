@@ -51,6 +51,9 @@ type replica struct {
 	// carry (the store's own URL has the worker's query parameters added,
 	// which stay on the worker).
 	storeURL string
+	// restoredMetrics are the metrics of the checkpoint the replica was
+	// restored from (its manifest's): the last epoch's, at the run's end.
+	restoredMetrics map[string]float64
 }
 
 func (r *replica) close() {

@@ -47,6 +47,7 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 				}
 				report.From = refOf(c, rep.storeURL)
 			}
+			rep.restoredMetrics = c.Manifest.Metrics
 			a.Log.Info("restored", zap.String("run", from), zap.String("checkpoint", c.Manifest.ID), zap.Int("rank", in.Rank), zap.Int("skipped", len(c.Skipped)))
 			if len(report.Skipped) > 0 && in.Rank == 0 {
 				a.reportSkipped(ctx, in.Generation, c, report.Skipped)

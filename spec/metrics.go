@@ -65,6 +65,29 @@ func (m EpochMetrics) Map() map[string]float64 {
 	return out
 }
 
+// MetricsFromMap is the inverse of Map: an epoch's metrics as a checkpoint
+// manifest records them.
+func MetricsFromMap(epoch int, m map[string]float64) EpochMetrics {
+	out := EpochMetrics{Epoch: epoch}
+	fields := map[string]*float64{MetricTestAccuracy: &out.TestAccuracy, MetricTestLoss: &out.TestLoss, MetricTrainLoss: &out.TrainLoss}
+	for _, name := range Metrics {
+		if v, ok := m[name]; ok {
+			*fields[name] = v
+		} else {
+			out.Absent = append(out.Absent, name)
+		}
+	}
+	for k, v := range m {
+		if _, known := fields[k]; !known {
+			if out.Other == nil {
+				out.Other = map[string]float64{}
+			}
+			out.Other[k] = v
+		}
+	}
+	return out
+}
+
 // Names are the metrics the epoch reported, sorted.
 func (m EpochMetrics) Names() []string {
 	return slices.Sorted(maps.Keys(m.Map()))
