@@ -43,7 +43,7 @@ import (
 // Config is one rank's program.
 type Config struct {
 	Command []string          // the program and its arguments
-	Dir     string            // its working directory ("" for the worker's)
+	Dir     string            // its working directory; "": its scratch directory (never the worker's own)
 	Env     map[string]string // extra environment
 	// Environ is the worker's environment the program starts from (the
 	// worker's policy decides it); nil: only PATH, HOME and LANG. The
@@ -234,7 +234,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	}
 	defer ln.Close()
 	cmd := exec.Command(t.cfg.Command[0], t.cfg.Command[1:]...)
-	cmd.Dir = t.cfg.Dir
+	cmd.Dir = cmp.Or(t.cfg.Dir, t.cfg.Scratch)
 	// A group of its own: a cancelled epoch kills the whole group. Killed
 	// with the worker: a worker that dies (SIGKILL, OOM) leaves no program
 	// behind holding its GPU, blocked in a collective with a dead peer.

@@ -575,3 +575,18 @@ func TestNonFiniteMetricSaysTrainingDiverged(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// A program given no exec.dir runs in its scratch directory, never in the
+// worker's own: what it writes there goes with the rank.
+func TestProgramWithoutADirRunsInItsScratch(t *testing.T) {
+	scratch := t.TempDir()
+	tr, err := New(Config{Command: []string{"/bin/sh", "-c", `echo "cwd=$(pwd)" >&2; exit 3`}, World: 1, Scratch: scratch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	err = tr.Init(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "cwd="+scratch) {
+		t.Fatalf("got %v; want the program to start in %s", err, scratch)
+	}
+}
