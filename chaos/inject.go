@@ -32,20 +32,10 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 		for h.committed(p.Run) < 2 && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
-		// A gang may be re-forming after an earlier fault: wait for it to train.
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			p = h.progress(ctx, id)
-			if p != nil && len(p.Gang) > 0 && p.State == spec.StateTraining {
-				break
-			}
-			if p != nil && (p.State == spec.StateCompleted || p.State == spec.StateFailed) {
-				f.Note = "the run ended before the fault could land"
-				return f
-			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				f.Note = "no gang training to strike"
-				return f
-			}
+		p = h.progress(ctx, id)
+		if p == nil || len(p.Gang) == 0 || p.State != spec.StateTraining {
+			f.Note = "no gang training to strike"
+			return f
 		}
 	}
 	before, gen, epoch, incidents := p.Failures+p.Preemptions, p.Generation, p.Epoch, len(p.Incidents)
