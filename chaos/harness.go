@@ -407,7 +407,7 @@ func (h *Harness) finalState(ctx context.Context, p *spec.Progress) (string, err
 	}
 	var sums []string
 	for _, o := range c.Manifest.Objects {
-		sums = append(sums, o.Name+":"+o.SHA256)
+		sums = append(sums, o.Name+":"+o.Hash())
 	}
 	return strings.Join(sums, ","), nil
 }

@@ -24,6 +24,7 @@ func (s *Store) Clone(ctx context.Context, from *Checkpoint, toRun string) (Mani
 	if err != nil {
 		return Manifest{}, err
 	}
+	w.format = src.Format // the same hashes: each object's is checked against the source's
 	for _, o := range src.Objects {
 		if err := copyObject(ctx, from, w, o.Name); err != nil {
 			return Manifest{}, fmt.Errorf("checkpoint: cloning %s/%s into %s: %w", src.Run, src.ID, toRun, err)
@@ -56,9 +57,9 @@ func copyObject(ctx context.Context, from *Checkpoint, w *Writer, name string) e
 	}
 	// The bytes read verified against the source; what was written must hash the same.
 	w.mu.Lock()
-	got := w.objects[name].SHA256
+	got := w.objects[name].Hash()
 	w.mu.Unlock()
-	if want := from.Manifest.Objects[objectIndex(from.Manifest, name)].SHA256; got != want {
+	if want := from.Manifest.Objects[objectIndex(from.Manifest, name)].Hash(); got != want {
 		return fmt.Errorf("object %s was written as %s; the source's is %s", name, got, want)
 	}
 	return nil

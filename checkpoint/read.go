@@ -127,8 +127,8 @@ func (s *Store) readManifest(ctx context.Context, run, id string) (Manifest, err
 		return m, fmt.Errorf("manifest is not valid JSON: %v", err)
 	}
 	switch {
-	case m.Format != FormatVersion:
-		return m, fmt.Errorf("manifest format %d; this version reads format %d", m.Format, FormatVersion)
+	case !knownFormat(m.Format):
+		return m, fmt.Errorf("manifest format %d; this version reads formats 1 to %d", m.Format, FormatVersion)
 	case m.Checksum != m.checksum():
 		return m, errors.New("manifest checksum mismatch: the manifest was altered or damaged")
 	case s.checkSignature(m) != nil:
@@ -138,10 +138,21 @@ func (s *Store) readManifest(ctx context.Context, run, id string) (Manifest, err
 	case len(m.Objects) == 0:
 		return m, errors.New("manifest lists no objects")
 	}
+	algo, _ := algoOf(m.Format)
+	for _, o := range m.Objects {
+		if !o.hashIs(algo) {
+			return m, fmt.Errorf("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
+		}
+	}
 	return m, nil
 }
 
-// Verify checks a checkpoint's manifest, then the size and SHA-256 of every object.
+func knownFormat(f int) bool {
+	_, ok := algoOf(f)
+	return ok && f <= FormatVersion
+}
+
+// Verify checks a checkpoint's manifest, then the size and hash of every object.
 func (s *Store) Verify(ctx context.Context, run, id string) (*Checkpoint, error) {
 	m, err := s.readManifest(ctx, run, id)
 	if err != nil {
@@ -298,7 +309,8 @@ type readChunk struct {
 var readBuffers = runtime.GOMAXPROCS(0) + 2
 
 func newVerifyingReader(r *blob.Reader, o Object, c *Checkpoint) *verifyingReader {
-	v := &verifyingReader{r: r, obj: o, c: c, hashes: newHashList(),
+	algo, _ := algoOf(c.Manifest.Format)
+	v := &verifyingReader{r: r, obj: o, c: c, hashes: newHashList(algo),
 		filled: make(chan readChunk, readBuffers), free: make(chan []byte, readBuffers), stop: make(chan struct{})}
 	size := int(min(o.Size+1, BlockSize)) // +1: an object that grew reads past its expected end
 	for range readBuffers {
@@ -365,8 +377,8 @@ func (v *verifyingReader) finish(readErr error) error {
 		return fmt.Errorf("reading object %s: %w", v.obj.Name, readErr)
 	case v.n != v.obj.Size:
 		return v.c.corrupt("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
-	case got != v.obj.SHA256:
-		return v.c.corrupt("object %s has SHA-256 hash list root %s; the manifest says %s", v.obj.Name, got, v.obj.SHA256)
+	case got != v.obj.Hash():
+		return v.c.corrupt("object %s has %s hash list root %s; the manifest says %s", v.obj.Name, v.hashes.algo, got, v.obj.Hash())
 	}
 	return io.EOF
 }

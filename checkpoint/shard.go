@@ -91,6 +91,9 @@ func (w *Writer) AdoptShards(ctx context.Context, world int) error {
 			return fmt.Errorf("checkpoint: shard %d of %s/%s: its list is unreadable or empty", r, w.run, w.id)
 		}
 		for _, o := range list {
+			if !o.hashIs(w.algo()) {
+				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %s without a %s hash: it was written by another version", r, w.run, w.id, o.Name, w.algo())
+			}
 			if !strings.HasPrefix(o.Name, ShardPrefix(r)) || !objectNamePattern.MatchString(o.Name) || strings.Contains(o.Name, "..") {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %q, outside %s", r, w.run, w.id, o.Name, ShardPrefix(r))
 			}

@@ -26,8 +26,9 @@ import (
 // ManifestName is the object that commits a checkpoint.
 const ManifestName = "MANIFEST.json"
 
-// FormatVersion is the manifest format this package writes and reads.
-const FormatVersion = 1
+// FormatVersion is the manifest format this package writes: 2, whose
+// objects are hashed with BLAKE3. It reads format 1 (SHA-256) as well.
+const FormatVersion = 2
 
 // Store is a bucket of checkpoints, shared by any number of runs.
 type Store struct {
@@ -130,9 +131,33 @@ type Manifest struct {
 
 // Object is one file of a checkpoint.
 type Object struct {
-	Name   string `json:"name"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"` // hash list root over BlockSize blocks; see BlockSize
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+	// The hash list root over BlockSize blocks (see BlockSize): SHA256 in a
+	// format 1 manifest, BLAKE3 in format 2; the other is empty.
+	SHA256 string `json:"sha256,omitempty"`
+	BLAKE3 string `json:"blake3,omitempty"`
+}
+
+// Hash is the object's hash list root, whichever its manifest's format uses.
+func (o Object) Hash() string { return o.SHA256 + o.BLAKE3 }
+
+// setHash records root as the object's hash in algo.
+func (o *Object) setHash(algo hashAlgo, root string) {
+	o.SHA256, o.BLAKE3 = "", ""
+	if algo == hashBLAKE3 {
+		o.BLAKE3 = root
+	} else {
+		o.SHA256 = root
+	}
+}
+
+// hashIs says whether the object carries a hash of algo and no other.
+func (o Object) hashIs(algo hashAlgo) bool {
+	if algo == hashBLAKE3 {
+		return o.SHA256 == "" && len(o.BLAKE3) == 64
+	}
+	return o.BLAKE3 == "" && len(o.SHA256) == 64
 }
 
 // Info is what the caller states about a checkpoint when committing it.
@@ -171,6 +196,7 @@ type Writer struct {
 	open        int
 	failed      error
 	shards      int // ranks whose parts AdoptShards took
+	format      int // the manifest format it commits: FormatVersion, or a clone's source's
 }
 
 // Begin starts the checkpoint of run at cursor (epoch, step). A checkpoint
@@ -187,7 +213,7 @@ func (s *Store) Begin(ctx context.Context, run string, epoch, step int) (*Writer
 	if err := s.bucket.Delete(ctx, prefix(run, id)+ManifestName); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
 		return nil, fmt.Errorf("checkpoint: uncommitting the old %s/%s: %w", run, id, err)
 	}
-	return &Writer{s: s, run: run, id: id, epoch: epoch, step: step, objects: map[string]*Object{}}, nil
+	return &Writer{s: s, run: run, id: id, epoch: epoch, step: step, objects: map[string]*Object{}, format: FormatVersion}, nil
 }
 
 // Create starts one object; its size and SHA-256 are taken as it is written,
@@ -205,7 +231,7 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: creating %s: %w", name, err)
 	}
-	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(), sw: sw, free: make(chan []byte, writeBuffers)}
+	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(w.algo()), sw: sw, free: make(chan []byte, writeBuffers)}
 	for range writeBuffers {
 		ow.free <- make([]byte, 0, BlockSize)
 	}
@@ -318,12 +344,17 @@ func (o *objectWriter) Close() error {
 	o.w.mu.Lock()
 	defer o.w.mu.Unlock()
 	o.w.open--
-	o.obj.SHA256 = root
+	o.obj.setHash(o.hashes.algo, root)
 	if err != nil {
 		err = fmt.Errorf("checkpoint: writing %s: %w", o.obj.Name, err)
 		o.w.failed = errors.Join(o.w.failed, err)
 	}
 	return err
+}
+
+func (w *Writer) algo() hashAlgo {
+	a, _ := algoOf(w.format)
+	return a
 }
 
 // Commit writes the manifest, after every object is closed: from then on the
@@ -340,7 +371,7 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 		return Manifest{}, fmt.Errorf("checkpoint: not committing %s/%s: no objects were written", w.run, w.id)
 	}
 	m := Manifest{
-		Format: FormatVersion, Run: w.run, ID: w.id, Epoch: w.epoch, Step: w.step,
+		Format: w.format, Run: w.run, ID: w.id, Epoch: w.epoch, Step: w.step,
 		WorldSize: info.WorldSize, Shards: max(w.shards, info.Shards), Metrics: info.Metrics, Meta: info.Meta,
 		Created: time.Now().UTC().Truncate(time.Millisecond),
 	}

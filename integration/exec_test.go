@@ -405,7 +405,7 @@ func TestShardedCheckpointResumesBitIdentical(t *testing.T) {
 	sums := func(m checkpoint.Manifest) map[string]string {
 		out := map[string]string{}
 		for _, o := range m.Objects {
-			out[o.Name] = o.SHA256
+			out[o.Name] = o.Hash()
 		}
 		return out
 	}

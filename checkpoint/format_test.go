@@ -1,0 +1,137 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// copyTree copies the fixture folder src into dst.
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), data, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A checkpoint written by the release before format 2 (testdata/format1,
+// SHA-256 hash lists) still verifies and loads, and a damaged byte in it is
+// still caught.
+func TestFormatOneCheckpointsStillLoad(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	copyTree(t, "testdata/format1", root)
+	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.LatestVerified(ctx, "format1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Manifest.Format != 1 || c.Manifest.Epoch != 3 || c.Manifest.Step != 7 {
+		t.Fatalf("manifest %+v", c.Manifest)
+	}
+	if got := string(readObject(t, c, "state.bin")); got != "weights written by format 1\n" {
+		t.Fatalf("state.bin reads %q", got)
+	}
+	// A clone of it keeps its format: its hashes are checked against the source's.
+	m, err := s.Clone(ctx, c, "format1-clone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Format != 1 || m.Objects[1].SHA256 != c.Manifest.Objects[1].SHA256 {
+		t.Fatalf("clone %+v", m)
+	}
+	flip(t, filepath.Join(root, "format1", ID(3, 7), "state.bin"), 5)
+	r, _ := c.Open(ctx, "state.bin")
+	_, err = io.ReadAll(r)
+	r.Close()
+	var corrupt *CorruptError
+	if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "SHA-256") {
+		t.Fatalf("a flipped byte in a format 1 object read as %v; want a CorruptError naming SHA-256", err)
+	}
+}
+
+// New checkpoints are format 2, BLAKE3, for objects of every block shape;
+// a flipped byte anywhere is caught.
+func TestFormatTwoHashesWithBLAKE3(t *testing.T) {
+	ctx := context.Background()
+	for _, size := range []int{1, BlockSize + 1} {
+		root := t.TempDir()
+		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		data := bytes.Repeat([]byte{7, 1, 3}, size/3+1)[:size]
+		m := put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
+		if m.Format != 2 || len(m.Objects[0].BLAKE3) != 64 || m.Objects[0].SHA256 != "" {
+			t.Fatalf("size %d: manifest %+v; want format 2 with a BLAKE3 hash only", size, m)
+		}
+		c, err := s.LatestVerified(ctx, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		flip(t, filepath.Join(root, "r", ID(1, 0), "o"), size-1)
+		r, _ := c.Open(ctx, "o")
+		_, err = io.ReadAll(r)
+		r.Close()
+		var corrupt *CorruptError
+		if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "BLAKE3") {
+			t.Fatalf("size %d: a flipped byte read as %v; want a CorruptError naming BLAKE3", size, err)
+		}
+		s.Close()
+	}
+}
+
+// A manifest whose objects carry another format's hash, or none, or both,
+// is not a checkpoint even when its own checksum is right: a reader must
+// never pick the check it runs from what a damaged manifest says.
+func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
+	ctx := context.Background()
+	for name, edit := range map[string]func(o *Object){
+		"sha256 in format 2": func(o *Object) { o.SHA256, o.BLAKE3 = o.BLAKE3, "" },
+		"no hash":            func(o *Object) { o.BLAKE3 = "" },
+		"both hashes":        func(o *Object) { o.SHA256 = o.BLAKE3 },
+		"short hash":         func(o *Object) { o.BLAKE3 = o.BLAKE3[:10] },
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+			defer s.Close()
+			put(t, s, "r", 1, map[string][]byte{"o": []byte("old")}, nil)
+			m := put(t, s, "r", 2, map[string][]byte{"o": []byte("new")}, nil)
+			edit(&m.Objects[0])
+			m.Checksum = m.checksum()
+			data, _ := json.Marshal(m)
+			if err := os.WriteFile(filepath.Join(root, "r", ID(2, 0), ManifestName), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := s.LatestVerified(ctx, "r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Manifest.Epoch != 1 || len(c.Skipped) != 1 || !strings.Contains(c.Skipped[0].Reason, "BLAKE3") {
+				t.Fatalf("restored epoch %d, skipped %+v; want epoch 1, the altered one skipped for its hash", c.Manifest.Epoch, c.Skipped)
+			}
+		})
+	}
+}
