@@ -12,6 +12,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
 )
 
 // checkpointTogether has rank 0 save and commit, then tells every rank
@@ -90,9 +91,23 @@ func (a *Agent) SaveCheckpoint(ctx context.Context, in spec.SaveCheckpointInput)
 }
 
 // save writes the replica's state, commits it with its manifest, and applies
-// the spec's retention.
-func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (_ *spec.CheckpointRef, err error) {
-	c := rep.tr.Cursor()
+// the spec's retention, once the replica's checkpoint in flight, if any, is done.
+func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics) (*spec.CheckpointRef, error) {
+	if err := rep.finishBackground(); err != nil { // superseded by this one
+		a.Log.Warn("the previous checkpoint, written in the background, failed; saving this one in the foreground", zap.String("run", run), zap.Error(err))
+	}
+	return a.commit(ctx, rep, run, s, world, m, rep.tr.Cursor(), func(ctx context.Context, w trainer.StateWriter) error {
+		if s.Checkpoint.Sharded {
+			return w.(*checkpoint.Writer).AdoptShards(ctx, world) // every rank wrote its part (saveShard)
+		}
+		return rep.tr.Save(ctx, w)
+	})
+}
+
+// commit writes the checkpoint of run at cursor c (write puts its objects),
+// commits it with its manifest, and applies the spec's retention.
+func (a *Agent) commit(ctx context.Context, rep *replica, run string, s spec.Training, world int, m *spec.EpochMetrics, c trainer.Cursor,
+	write func(context.Context, trainer.StateWriter) error) (_ *spec.CheckpointRef, err error) {
 	start := time.Now()
 	ctx, span := tracer.Start(ctx, "checkpoint.save", trace.WithAttributes(attribute.String("run", run), attribute.Int("epoch", c.Epoch), attribute.Int("step", c.Step)))
 	defer func() { endSpan(span, err) }()
@@ -100,12 +115,7 @@ func (a *Agent) save(ctx context.Context, rep *replica, run string, s spec.Train
 	if err != nil {
 		return nil, err
 	}
-	if s.Checkpoint.Sharded {
-		err = w.AdoptShards(ctx, world) // every rank wrote its part (saveShard)
-	} else {
-		err = rep.tr.Save(ctx, w)
-	}
-	if err != nil {
+	if err := write(ctx, w); err != nil {
 		return nil, err
 	}
 	info := checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity}}

@@ -252,7 +252,12 @@ func (a *Agent) trainEpoch(ctx context.Context, rep *replica, in spec.EpochInput
 		}
 		// Stopped at an every_steps boundary: checkpoint there and go on.
 		beat.set(map[string]any{"epoch": epoch, "step": c.Step, "checkpointing": true})
-		if _, err := a.checkpointTogether(ctx, rep, in, nil); err != nil {
+		if canSaveInBackground(rep, in) {
+			err = a.checkpointInBackground(ctx, rep, in)
+		} else {
+			_, err = a.checkpointTogether(ctx, rep, in, nil)
+		}
+		if err != nil {
 			return total, err
 		}
 	}

@@ -54,9 +54,12 @@ type replica struct {
 	// restoredMetrics are the metrics of the checkpoint the replica was
 	// restored from (its manifest's): the last epoch's, at the run's end.
 	restoredMetrics map[string]float64
+	// pending is rank 0's checkpoint being written in the background (background.go).
+	pending *backgroundSave
 }
 
 func (r *replica) close() {
+	r.pending.close() // before the store it writes to
 	if r.group != nil {
 		r.group.Close()
 	}

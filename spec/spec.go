@@ -130,7 +130,17 @@ type Checkpoint struct {
 	// and each rank restores its own part; a sharded checkpoint is restored
 	// at the world size that saved it.
 	Sharded bool `json:"sharded,omitempty"`
+	// Async: a checkpoint within an epoch (every_steps) is written and
+	// committed in the background from a copy of the state in memory, while
+	// the gang trains on; at most one is in flight, and the next checkpoint
+	// waits for it. Default true; false: training waits for every checkpoint.
+	// Only backends whose state lives in the worker (trainer.Snapshotter:
+	// the native trainer) can; the others always save in the foreground.
+	Async *bool `json:"async,omitempty"`
 }
+
+// AsyncSteps says whether checkpoints within an epoch are saved in the background.
+func (c Checkpoint) AsyncSteps() bool { return (c.Async == nil || *c.Async) && !c.Sharded }
 
 type Failure struct {
 	MaxFailures      *int     `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3; 0: none

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 )
 
 // Trainer is one rank's replica of the model and optimizer. Calls are not
@@ -39,6 +41,16 @@ type Trainer interface {
 	Cursor() Cursor
 	// Close releases what the trainer holds (processes, buffers).
 	Close() error
+}
+
+// Snapshotter is a Trainer whose whole state lives in its own memory and
+// can be copied there at once. A checkpoint within an epoch is then written
+// in the background from the copy while the gang trains on
+// (checkpoint.async): training stalls only for the copy.
+type Snapshotter interface {
+	// Snapshot copies the state into memory: the objects Save would write,
+	// byte for byte. Training may change the state as soon as it returns.
+	Snapshot(ctx context.Context) (MemState, error)
 }
 
 // Cursor is a position in training: Step steps of Epoch are done.
@@ -142,6 +154,30 @@ func (m MemState) Open(_ context.Context, name string) (io.ReadCloser, error) {
 		return nil, fmt.Errorf("no object %q", name)
 	}
 	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// Bytes is the size of the state's objects together.
+func (m MemState) Bytes() int64 {
+	var n int64
+	for _, b := range m {
+		n += int64(len(b))
+	}
+	return n
+}
+
+// WriteTo writes every object into w, in name order.
+func (m MemState) WriteTo(ctx context.Context, w StateWriter) error {
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		o, err := w.Create(ctx, name)
+		if err != nil {
+			return err
+		}
+		_, err = o.Write(m[name])
+		if err = errors.Join(err, o.Close()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type memObject struct {

@@ -35,6 +35,45 @@ func Run(t *testing.T, newTrainer Factory) {
 	t.Run("RanksStayIdentical", func(t *testing.T) { testRanksStayIdentical(t, newTrainer) })
 	t.Run("MidEpochResumeIsBitIdentical", func(t *testing.T) { testMidEpochResume(t, newTrainer) })
 	t.Run("LeaveStopsTheGangAtOneStep", func(t *testing.T) { testLeave(t, newTrainer) })
+	t.Run("SnapshotIsTheSavedState", func(t *testing.T) { testSnapshot(t, newTrainer) })
+}
+
+// testSnapshot: a Snapshotter's snapshot is Save's bytes, it restores, and
+// training on does not change a snapshot already taken.
+func testSnapshot(t *testing.T, newTrainer Factory) {
+	ctx := context.Background()
+	a := newTrainer(t, trainer.Local{})
+	defer a.Close()
+	s, ok := a.(trainer.Snapshotter)
+	if !ok {
+		t.Skip("the backend keeps its state outside its own memory: checkpoints are saved in the foreground")
+	}
+	mustInit(t, a)
+	if _, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: 2}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := save(t, a)
+	if err := sameState(snap, saved); err != nil {
+		t.Fatalf("the snapshot is not the saved state: %v", err)
+	}
+	if _, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sameState(snap, saved); err != nil {
+		t.Fatalf("training on changed a snapshot already taken: %v", err)
+	}
+	b := newTrainer(t, trainer.Local{})
+	defer b.Close()
+	if err := b.Restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if b.Cursor() != (trainer.Cursor{Epoch: 0, Step: 2}) {
+		t.Fatalf("restored from the snapshot at cursor %+v, want epoch 0 step 2", b.Cursor())
+	}
 }
 
 func mustInit(t testing.TB, tr trainer.Trainer) {

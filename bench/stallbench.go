@@ -1,0 +1,209 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/trainer"
+	"github.com/durabletrain/durabletrain/trainer/native"
+)
+
+// benchStall measures what a checkpoint costs training: a native trainer
+// whose state (weights and Adam's two moments) is about size bytes trains
+// the same steps three ways, interleaved: without checkpoints; with one
+// every interval steps saved in the foreground (training waits for the
+// write, hash, fsync and manifest); and in the background as the
+// activities save them with checkpoint.async (a snapshot in memory, then
+// the same commit on another goroutine, one in flight at most). The peer
+// of the stall is the time to copy the state's bytes in memory.
+func benchStall(ctx context.Context, dir string, size, repeat int, data string) error {
+	train, err := dataset.Load(ctx, data, dataset.Train)
+	if err != nil {
+		return err
+	}
+	test, err := dataset.Load(ctx, data, dataset.Test)
+	if err != nil {
+		return err
+	}
+	// Two hidden layers of h: about h² + 795h weights; three floats per weight.
+	weights, in := float64(size/12), float64(train.Features()+11)
+	hidden := max(1, int((math.Sqrt(in*in+4*weights)-in)/2))
+	tr, err := native.New(native.Config{Hidden: []int{hidden, hidden}, BatchSize: 8, Seed: 1}, train, test, nil)
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	if err := tr.Init(ctx); err != nil {
+		return err
+	}
+	probe, _ := tr.Snapshot(ctx)
+	stateBytes := probe.Bytes()
+	probe = nil
+
+	step := 0
+	trainTo := func(n int) (time.Duration, error) {
+		t := time.Now()
+		step += n
+		_, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: step})
+		return time.Since(t), err
+	}
+	// Calibrate: a step's time and a foreground save's, so that the
+	// interval gives a background save time to finish before the next.
+	stepTime, err := trainTo(3)
+	if err != nil {
+		return err
+	}
+	stepTime /= 3
+	root := filepath.Join(dir, "stall")
+	defer os.RemoveAll(root)
+	store, err := checkpoint.Open(ctx, "file://"+root+"?create_dir=1&metadata=skip", nil)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	commit := func(ctx context.Context, st trainer.MemState, c trainer.Cursor) error {
+		w, err := store.Begin(ctx, "stall", c.Epoch, c.Step)
+		if err != nil {
+			return err
+		}
+		if err := st.WriteTo(ctx, w); err != nil {
+			return err
+		}
+		if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
+			return err
+		}
+		_, err = store.Prune(ctx, "stall", checkpoint.Retention{KeepLast: 1})
+		return err
+	}
+	foreground := func() error {
+		w, err := store.Begin(ctx, "stall", 0, tr.Cursor().Step)
+		if err != nil {
+			return err
+		}
+		if err := tr.Save(ctx, w); err != nil {
+			return err
+		}
+		if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
+			return err
+		}
+		_, err = store.Prune(ctx, "stall", checkpoint.Retention{KeepLast: 1})
+		return err
+	}
+	t := time.Now()
+	if err := foreground(); err != nil {
+		return err
+	}
+	interval := max(2, int(math.Ceil(3*time.Since(t).Seconds()/stepTime.Seconds())))
+	const checkpoints = 3
+
+	var copyT, snapT, none, fg, bg, fgStall, bgStall []float64
+	// One round more than asked, the first not counted: on a virtual
+	// machine the first touch of fresh memory can cost many times a copy.
+	for round := range repeat + 1 {
+		if round == 1 {
+			copyT, snapT, none, fg, bg, fgStall, bgStall = nil, nil, nil, nil, nil, nil, nil
+		}
+		// The peer: copy the state's bytes into fresh memory, as the snapshot does.
+		src := make([]byte, stateBytes)
+		for i := range src {
+			src[i] = byte(i)
+		}
+		t = time.Now()
+		dst := bytes.Clone(src)
+		copyT = append(copyT, time.Since(t).Seconds())
+		_, src, dst = dst[0], nil, nil
+
+		// No checkpoints.
+		var loop time.Duration
+		for range checkpoints {
+			d, err := trainTo(interval)
+			if err != nil {
+				return err
+			}
+			loop += d
+		}
+		none = append(none, loop.Seconds())
+
+		// Foreground: training waits for each save.
+		loop = 0
+		var stalled time.Duration
+		for range checkpoints {
+			d, err := trainTo(interval)
+			if err != nil {
+				return err
+			}
+			t := time.Now()
+			if err := foreground(); err != nil {
+				return err
+			}
+			stalled += time.Since(t)
+			loop += d + time.Since(t)
+		}
+		fg = append(fg, loop.Seconds())
+		fgStall = append(fgStall, stalled.Seconds()/checkpoints)
+
+		// Background: snapshot, then commit on another goroutine.
+		loop, stalled = 0, 0
+		var pending chan error
+		for range checkpoints {
+			d, err := trainTo(interval)
+			if err != nil {
+				return err
+			}
+			t := time.Now()
+			if pending != nil {
+				if err := <-pending; err != nil {
+					return err
+				}
+			}
+			ts := time.Now()
+			snap, err := tr.Snapshot(ctx)
+			if err != nil {
+				return err
+			}
+			snapT = append(snapT, time.Since(ts).Seconds())
+			pending = make(chan error, 1)
+			go func(c trainer.Cursor) { pending <- commit(ctx, snap, c) }(tr.Cursor())
+			stalled += time.Since(t)
+			loop += d + time.Since(t)
+		}
+		t = time.Now()
+		if err := <-pending; err != nil { // the last one, outside the loop: the next interval would hide it
+			return err
+		}
+		bg = append(bg, loop.Seconds())
+		bgStall = append(bgStall, stalled.Seconds()/checkpoints)
+	}
+	ms := func(xs []float64) string { return fmt.Sprintf("%.0f", 1000*median(xs)) }
+	spread := func(xs []float64) string {
+		lo, hi := xs[0], xs[0]
+		for _, x := range xs {
+			lo, hi = min(lo, x), max(hi, x)
+		}
+		return fmt.Sprintf("%.0f–%.0f", 1000*lo, 1000*hi)
+	}
+	perCkpt := func(loop, base []float64) []float64 {
+		out := make([]float64, len(loop))
+		for i := range loop {
+			out[i] = (loop[i] - base[i]) / checkpoints
+		}
+		return out
+	}
+	fmt.Printf("\n# what a checkpoint costs training: native trainer, two hidden layers of %d (a %s state), batch 8, %d checkpoints every %d steps (%.0f ms a step), median of %d interleaved runs after one not counted\n\n",
+		hidden, humanBytes(int(stateBytes)), checkpoints, interval, 1000*stepTime.Seconds(), repeat)
+	table([]string{"measure", "ms", "spread", "/ copy in memory", "target"}, [][]string{
+		{"copy the state's bytes in memory (the peer)", ms(copyT), spread(copyT), "1.00x", ""},
+		{"snapshot (trainer.Snapshotter)", ms(snapT), spread(snapT), fmt.Sprintf("%.2fx", median(snapT)/median(copyT)), ""},
+		{"stall per checkpoint, background (checkpoint.async)", ms(bgStall), spread(bgStall), fmt.Sprintf("%.2fx", median(bgStall)/median(copyT)), "<= 1.5x"},
+		{"training slowed per checkpoint, background (loop time vs none)", ms(perCkpt(bg, none)), spread(perCkpt(bg, none)), fmt.Sprintf("%.2fx", median(perCkpt(bg, none))/median(copyT)), ""},
+		{"stall per checkpoint, foreground", ms(fgStall), spread(fgStall), fmt.Sprintf("%.2fx", median(fgStall)/median(copyT)), ""},
+	})
+	return nil
+}
