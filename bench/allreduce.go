@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +72,7 @@ func benchAllReduce(args []string) error {
 	sizesFlag := fs.String("sizes", "4K,64K,1M,16M,64M,256M", "buffer sizes in bytes (K, M, G suffixes)")
 	peers := fs.Bool("peers", true, "also measure gloo and OpenMPI")
 	repeat := fs.Int("repeat", 3, "runs of each implementation, interleaved; the table shows medians")
+	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every implementation) or both")
 	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
 	fs.Parse(args)
 	var sizes []int
@@ -104,55 +106,133 @@ func benchAllReduce(args []string) error {
 		}
 		return benchHostsAllReduce(ctx, dir, mpiBin, worlds, *perHost, sizes, *peers, *repeat)
 	}
-	fmt.Printf("# all-reduce of float32 sums, ranks as processes on loopback TCP; time = slowest rank's mean per operation\n")
-	fmt.Printf("# median of %d interleaved runs per implementation\n", *repeat)
-	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); gloo via torch %s, OpenMPI with --mca btl tcp,self\n\n", torchVersion())
-	var rows [][]string
+	var worlds []int
 	for _, rs := range strings.Split(*ranksFlag, ",") {
 		world, err := strconv.Atoi(rs)
 		if err != nil || world < 2 {
 			return fmt.Errorf("-ranks: %q; want world sizes of 2 or more", rs)
 		}
-		var oursRuns, glooRuns, mpiRuns []map[int]float64
-		for range max(1, *repeat) {
-			r, err := runOurAllReduce(ctx, world, sizes)
-			if err != nil {
-				return fmt.Errorf("ours: %w", err)
-			}
-			oursRuns = append(oursRuns, r)
-			if *peers {
-				if r, err = runGlooAllReduce(ctx, dir, world, sizes); err != nil {
-					return fmt.Errorf("gloo: %w", err)
-				}
-				glooRuns = append(glooRuns, r)
-				if r, err = runMPIAllReduce(ctx, mpiBin, world, sizes); err != nil {
-					return fmt.Errorf("openmpi: %w", err)
-				}
-				mpiRuns = append(mpiRuns, r)
-			}
-		}
-		ours, gloo, mpi := medians(oursRuns), medians(glooRuns), medians(mpiRuns)
-		busFactor := 2 * float64(world-1) / float64(world)
-		bus := func(t float64, size int) float64 { return float64(size) / t * busFactor / 1e9 }
-		for _, size := range sizes {
-			row := []string{humanBytes(size), fmt.Sprint(world),
-				fmt.Sprintf("%.1f", ours[size]*1e6), fmt.Sprintf("%.2f", float64(size)/ours[size]/1e9), fmt.Sprintf("%.2f", bus(ours[size], size))}
-			if *peers {
-				best := max(bus(gloo[size], size), bus(mpi[size], size))
-				row = append(row,
-					fmt.Sprintf("%.1f", gloo[size]*1e6), fmt.Sprintf("%.2f", bus(gloo[size], size)),
-					fmt.Sprintf("%.1f", mpi[size]*1e6), fmt.Sprintf("%.2f", bus(mpi[size], size)),
-					fmt.Sprintf("%.2fx", bus(ours[size], size)/best), fmt.Sprintf("%.2fx", ours[size]/mpi[size]), fmt.Sprintf("%.2fx", ours[size]/gloo[size]))
-			}
-			rows = append(rows, row)
+		worlds = append(worlds, world)
+	}
+	loads := strings.Split(*loadFlag, ",")
+	for _, l := range loads {
+		if l != "idle" && l != "loaded" {
+			return fmt.Errorf("-load: %q; want idle, loaded or both (idle,loaded)", l)
 		}
 	}
-	header := []string{"size", "ranks", "ours µs", "ours algbw GB/s", "ours busbw GB/s"}
-	if *peers {
-		header = append(header, "gloo µs", "gloo busbw", "mpi µs", "mpi busbw", "busbw vs best peer", "time vs mpi", "time vs gloo")
+	fmt.Printf("# all-reduce of float32 sums, ranks as processes on one machine; time = slowest rank's mean per operation\n")
+	fmt.Printf("# median of %d interleaved runs per implementation; ±: (max-min)/median over the runs\n", *repeat)
+	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); like with like: ours over TCP against gloo (torch %s)\n", torchVersion())
+	fmt.Printf("# and OpenMPI over TCP (--mca btl tcp,self); ours over shared memory against OpenMPI's (--mca btl vader,self)\n")
+	fmt.Printf("# loaded: one CPU-bound process per core (%d) runs beside every implementation alike\n", runtime.NumCPU())
+	for _, load := range loads {
+		var tcpRows, shmRows [][]string
+		for _, world := range worlds {
+			impls := []string{"ours-tcp", "ours-shm"}
+			if *peers {
+				impls = append(impls, "gloo", "mpi-tcp", "mpi-shm")
+			}
+			runs := map[string][]map[int]float64{}
+			for range max(1, *repeat) {
+				for _, impl := range impls {
+					stop := startLoad(load == "loaded")
+					var r map[int]float64
+					var err error
+					switch impl {
+					case "ours-tcp":
+						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP)
+					case "ours-shm":
+						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto)
+					case "gloo":
+						r, err = runGlooAllReduce(ctx, dir, world, sizes)
+					case "mpi-tcp":
+						r, err = runMPIAllReduceOver(ctx, mpiBin, world, sizes, "tcp,self")
+					case "mpi-shm":
+						r, err = runMPIAllReduceOver(ctx, mpiBin, world, sizes, "vader,self")
+					}
+					stop()
+					if err != nil {
+						return fmt.Errorf("%s, %s: %w", impl, load, err)
+					}
+					runs[impl] = append(runs[impl], r)
+				}
+			}
+			med := map[string]map[int]float64{}
+			for impl, rs := range runs {
+				med[impl] = medians(rs)
+			}
+			busFactor := 2 * float64(world-1) / float64(world)
+			bus := func(impl string, size int) float64 { return float64(size) / med[impl][size] * busFactor / 1e9 }
+			us := func(impl string, size int) string {
+				return fmt.Sprintf("%.1f ±%.0f%%", med[impl][size]*1e6, 100*spread(runs[impl], size))
+			}
+			for _, size := range sizes {
+				tcp := []string{humanBytes(size), fmt.Sprint(world), us("ours-tcp", size), fmt.Sprintf("%.2f", bus("ours-tcp", size))}
+				shm := []string{humanBytes(size), fmt.Sprint(world), us("ours-shm", size), fmt.Sprintf("%.2f", bus("ours-shm", size))}
+				if *peers {
+					best := max(bus("gloo", size), bus("mpi-tcp", size))
+					tcp = append(tcp, us("gloo", size), us("mpi-tcp", size), fmt.Sprintf("%.2f", best),
+						fmt.Sprintf("%.2fx", bus("ours-tcp", size)/best), fmt.Sprintf("%.2fx", med["ours-tcp"][size]/med["mpi-tcp"][size]))
+					shm = append(shm, us("mpi-shm", size), fmt.Sprintf("%.2f", bus("mpi-shm", size)),
+						fmt.Sprintf("%.2fx", bus("ours-shm", size)/bus("mpi-shm", size)), fmt.Sprintf("%.2fx", med["ours-shm"][size]/med["mpi-shm"][size]))
+				}
+				tcpRows, shmRows = append(tcpRows, tcp), append(shmRows, shm)
+			}
+		}
+		fmt.Printf("\n## %s, TCP\n\n", load)
+		header := []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
+		if *peers {
+			header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi")
+		}
+		table(header, tcpRows)
+		fmt.Printf("\n## %s, shared memory\n\n", load)
+		header = []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
+		if *peers {
+			header = append(header, "mpi µs", "mpi busbw", "busbw vs mpi", "time vs mpi")
+		}
+		table(header, shmRows)
 	}
-	table(header, rows)
 	return nil
+}
+
+// startLoad, when on, starts one CPU-bound process per core (this binary's
+// `spin`) and returns what stops them.
+func startLoad(on bool) (stop func()) {
+	if !on {
+		return func() {}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return func() {}
+	}
+	var cmds []*exec.Cmd
+	for range runtime.NumCPU() {
+		cmd := exec.Command(self, "spin")
+		if cmd.Start() == nil {
+			cmds = append(cmds, cmd)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // running before the ranks start
+	return func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+			c.Wait()
+		}
+	}
+}
+
+// spin is the load of `bench allreduce -load loaded`: one core, busy, until killed.
+func spin([]string) error {
+	runtime.GOMAXPROCS(1)
+	x := uint64(1)
+	for {
+		for range 1 << 20 {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		if x == 0 {
+			return nil
+		}
+	}
 }
 
 // medians is, per size, the median of the runs' times.
@@ -172,9 +252,9 @@ func medians(runs []map[int]float64) map[int]float64 {
 	return out
 }
 
-func runOurAllReduce(ctx context.Context, world int, sizes []int) (map[int]float64, error) {
+func runOurAllReduce(ctx context.Context, world int, sizes []int, transport string) (map[int]float64, error) {
 	cmds, err := selfRanks(ctx, world, func(rank int, peers string) []string {
-		return append([]string{"allreduce-rank", strconv.Itoa(rank), peers}, sizeSpecs(sizes)...)
+		return append([]string{"allreduce-rank", strconv.Itoa(rank), peers, "transport=" + transport}, sizeSpecs(sizes)...)
 	})
 	if err != nil {
 		return nil, err
@@ -183,10 +263,11 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int) (map[int]float
 	return perOp(lines), err
 }
 
-// allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS SIZE:ITERS...
+// allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS transport=T SIZE:ITERS...
 func allReduceRank(args []string) error {
 	rank, _ := strconv.Atoi(args[0])
 	peers := strings.Split(args[1], ",")
+	transport := strings.TrimPrefix(args[2], "transport=")
 	ln, err := collective.Listen(peers[rank], nil)
 	if err != nil {
 		return err
@@ -194,12 +275,12 @@ func allReduceRank(args []string) error {
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, collective.Options{Secret: benchSecret})
+	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, collective.Options{Secret: benchSecret, Transport: transport})
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	for _, spec := range args[2:] {
+	for _, spec := range args[3:] {
 		var size, iters int
 		fmt.Sscanf(spec, "%d:%d", &size, &iters)
 		buf := make([]float32, size/4)
@@ -239,10 +320,6 @@ func runGlooAllReduce(ctx context.Context, dir string, world int, sizes []int) (
 	}
 	lines, err := runRanks(ctx, cmds, nil)
 	return perOp(lines), err
-}
-
-func runMPIAllReduce(ctx context.Context, bin string, world int, sizes []int) (map[int]float64, error) {
-	return runMPIAllReduceOver(ctx, bin, world, sizes, "tcp,self")
 }
 
 func torchVersion() string {

@@ -35,6 +35,7 @@ var tables = map[string]func(args []string) error{
 	"pbt":        benchPBT,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
+	"spin":           spin,
 	"allreduce-host": allReduceHost,
 	"train-rank":     trainRank,
 }
