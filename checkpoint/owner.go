@@ -3,7 +3,12 @@ package checkpoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	neturl "net/url"
+	"os"
+	"path/filepath"
 	"time"
 
 	"gocloud.dev/blob"
@@ -37,12 +42,25 @@ func (s *Store) Claim(ctx context.Context, run, owner string) error {
 	key := run + "/" + OwnerName
 	data, _ := json.Marshal(Owner{Owner: owner, Claimed: time.Now().UTC().Truncate(time.Second)})
 	for attempt := 0; attempt < 2; attempt++ {
-		err := s.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/json"})
-		if err == nil {
-			return nil
-		}
-		if gcerrors.Code(err) != gcerrors.FailedPrecondition {
-			return fmt.Errorf("checkpoint: claiming run %s in %s: %w", run, s.url, err)
+		if path, ok := s.localPath(key); ok {
+			// fileblob checks IfNotExist before its rename, not atomically
+			// with it: two claims at once could both win. A hard link is
+			// atomic, across processes too.
+			won, err := linkExclusive(path, data)
+			if err != nil {
+				return fmt.Errorf("checkpoint: claiming run %s in %s: %w", run, s.url, err)
+			}
+			if won {
+				return nil
+			}
+		} else {
+			err := s.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{IfNotExist: true, ContentType: "application/json"})
+			if err == nil {
+				return nil
+			}
+			if gcerrors.Code(err) != gcerrors.FailedPrecondition {
+				return fmt.Errorf("checkpoint: claiming run %s in %s: %w", run, s.url, err)
+			}
 		}
 		got, rerr := s.bucket.ReadAll(ctx, key)
 		if gcerrors.Code(rerr) == gcerrors.NotFound {
@@ -62,4 +80,47 @@ func (s *Store) Claim(ctx context.Context, run, owner string) error {
 			ErrOwned, run, s.url, o.Owner, o.Claimed.Format(time.RFC3339))
 	}
 	return fmt.Errorf("checkpoint: claiming run %s in %s: its owner record keeps changing", run, s.url)
+}
+
+// localPath is where key lies on local disk, for a file:// store.
+func (s *Store) localPath(key string) (string, bool) {
+	u, err := neturl.Parse(s.url)
+	if err != nil || u.Scheme != "file" || u.Path == "" {
+		return "", false
+	}
+	return filepath.Join(u.Path, filepath.FromSlash(u.Query().Get("prefix")+key)), true
+}
+
+// linkExclusive creates path holding data, whole, unless it exists: the
+// data goes to a temporary file beside it, which is then hard-linked to
+// path (atomic: exactly one of many linkers wins). won is false if path
+// existed.
+func linkExclusive(path string, data []byte) (won bool, err error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, err
+	}
+	tmp, err := os.CreateTemp(dir, ".claim-*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	switch err := os.Link(tmp.Name(), path); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrExist):
+		return false, nil
+	default:
+		return false, err
+	}
 }
