@@ -71,8 +71,9 @@ type Agent struct {
 	once     sync.Once
 	scratch  string // this process's directory for ranks' scratch directories
 	slots    slotTable
-	replicas replicaTable
-	hosts    hostTable
+	replicas  replicaTable
+	hosts     hostTable
+	survivors survivorTable // states kept from broken gangs (survivors.go)
 	holds    holdTable
 	// startedFrom, in tests, stands for Temporal's answer about the run a
 	// run continued as new from ("" if it did not).

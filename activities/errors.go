@@ -15,12 +15,18 @@ var errShuttingDown = errors.New("the worker is shutting down")
 
 // classify turns an error into what the workflow's failure policy reads
 // (spec.ErrUser, spec.ErrPreempted, or a plain error: infrastructure), and
-// drops the replica: after a failed step its gang is gone.
+// drops the replica: after a failed step its gang is gone. Its state, whole
+// at the last step the gang completed, is kept for the next gang unless the
+// worker is stopping or the error is the user's (survivors.go).
 func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err error, leave <-chan struct{}) error {
+	stopping := errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave)
+	if !stopping {
+		a.keepSurvivor(ctx, a.replicas.get(key), err)
+	}
 	a.replicas.drop(key)
 	var app *temporal.ApplicationError
 	switch {
-	case errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave):
+	case stopping:
 		return a.preempted([]Slot{{Index: slot}})
 	case errors.As(err, &app):
 		return err

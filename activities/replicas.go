@@ -56,6 +56,8 @@ type replica struct {
 	restoredMetrics map[string]float64
 	// pending is rank 0's checkpoint being written in the background (background.go).
 	pending *backgroundSave
+	// peerRecovery: the run recovers from survivors' memory (survivors.go) and this backend can.
+	peerRecovery bool
 }
 
 func (r *replica) close() {
@@ -207,6 +209,8 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.close()
 		return nil, nil, err
 	}
+	_, snapshots := rep.tr.(trainer.Snapshotter)
+	rep.peerRecovery = snapshots && in.Spec.Failure.PeersRecover() && !in.Spec.Checkpoint.Sharded
 	beat.set(map[string]any{"phase": "restoring"})
 	report, err := a.restore(ctx, rep, in)
 	if err != nil {

@@ -16,10 +16,15 @@ import (
 	"github.com/durabletrain/durabletrain/spec"
 )
 
-// restore brings a cold replica to where its run stands: the run's latest
-// verified checkpoint once the run has trained before (Resume, or a known
-// checkpoint), else spec.resume_from's, else fresh weights.
+// restore brings a cold replica to where its run stands: a survivor's
+// state from the gang before, if one of the gang's ranks holds one at
+// least as new as the run's latest checkpoint (survivors.go); else the
+// run's latest verified checkpoint once the run has trained before
+// (Resume, or a known checkpoint), else spec.resume_from's, else fresh weights.
 func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (*spec.RestoreReport, error) {
+	if report, ok, err := a.restoreFromPeers(ctx, rep, in); err != nil || ok {
+		return report, err
+	}
 	sources := []string{}
 	if in.Restore != nil || in.Resume {
 		sources = append(sources, in.Run)

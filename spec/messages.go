@@ -221,6 +221,18 @@ type CheckpointsSkipped struct {
 type RestoreReport struct {
 	From    CheckpointRef       `json:"from"`
 	Skipped []SkippedCheckpoint `json:"skipped,omitempty"`
+	// Peer, when set, says the gang took its state from a survivor of the
+	// gang before, over its collective, and read nothing from storage
+	// (From is then empty).
+	Peer *PeerRestore `json:"peer,omitempty"`
+}
+
+// PeerRestore is a state a new gang took from a survivor's memory.
+type PeerRestore struct {
+	Rank  int   `json:"rank"` // the rank of the new gang that held it
+	Epoch int   `json:"epoch"`
+	Step  int   `json:"step"`
+	Bytes int64 `json:"bytes"`
 }
 
 type SkippedCheckpoint struct {

@@ -146,7 +146,17 @@ type Failure struct {
 	MaxFailures      *int     `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3; 0: none
 	MaxPreemptions   *int     `json:"max_preemptions,omitempty"`   // SIGTERMed workers tolerated; default 20; 0: none
 	HeartbeatTimeout Duration `json:"heartbeat_timeout,omitempty"` // a rank silent this long is lost; default 10s
+	// RecoverFromPeers: when a gang breaks, its surviving ranks keep their
+	// state at the last step every rank completed, and the next gang takes
+	// it from a survivor over its collective instead of reading the latest
+	// checkpoint from storage, when the survivor's is as new or newer.
+	// Default true; false: every new gang restores from storage. Only
+	// backends whose state lives in the worker (trainer.Snapshotter) can.
+	RecoverFromPeers *bool `json:"recover_from_peers,omitempty"`
 }
+
+// PeersRecover says whether a new gang may take its state from a survivor of the last.
+func (f Failure) PeersRecover() bool { return f.RecoverFromPeers == nil || *f.RecoverFromPeers }
 
 // Backends and data set formats built in; workers may register more.
 const (

@@ -1,0 +1,219 @@
+package activities
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"go.temporal.io/sdk/activity"
+	"go.uber.org/zap"
+	"lukechampine.com/blake3"
+
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// Recovery from survivors' memory (failure.recover_from_peers). When a gang
+// breaks (a rank killed, stopped or cut off), every other rank's state is
+// still the state after the last step the whole gang completed: a step
+// changes the weights only after its all-reduce succeeded. Each surviving
+// rank whose backend can copy its state (trainer.Snapshotter) keeps that
+// copy on its worker, keyed by the run's workflow. The next gang agrees in
+// one all-reduce on the newest state any of its ranks holds; if that is at
+// least as new as the run's latest checkpoint, its holder broadcasts it
+// over the gang's collective with its BLAKE3 digest, every rank checks and
+// restores it, and nothing is read from storage. Otherwise, or if any rank
+// cannot restore it, the whole gang restores from storage as before.
+
+// survivorTTL is how long a worker keeps a survivor's state for a gang that may never come.
+const survivorTTL = 10 * time.Minute
+
+// survivor is one rank's state, kept after its gang broke.
+type survivor struct {
+	cursor trainer.Cursor
+	state  []byte // encodeState's
+	kept   time.Time
+}
+
+// survivorTable holds, per workflow, the newest survivor's state on this
+// worker (the ranks of one gang hold the same state at the same step).
+type survivorTable struct {
+	mu sync.Mutex
+	m  map[string]*survivor
+}
+
+// keep records s for the workflow unless a newer one is kept already.
+func (t *survivorTable) keep(workflowID string, s *survivor) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire()
+	if t.m == nil {
+		t.m = map[string]*survivor{}
+	}
+	if old := t.m[workflowID]; old == nil || cursorBefore(old.cursor, s.cursor) {
+		t.m[workflowID] = s
+	}
+}
+
+// take removes and returns the workflow's survivor, if any.
+func (t *survivorTable) take(workflowID string) *survivor {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire()
+	s := t.m[workflowID]
+	delete(t.m, workflowID)
+	return s
+}
+
+func (t *survivorTable) expire() {
+	for id, s := range t.m {
+		if time.Since(s.kept) > survivorTTL {
+			delete(t.m, id)
+		}
+	}
+}
+
+func cursorBefore(a, b trainer.Cursor) bool {
+	return a.Epoch < b.Epoch || a.Epoch == b.Epoch && a.Step < b.Step
+}
+
+// keepSurvivor copies a failed rank's state for the next gang, when its
+// failure leaves the state whole: not a user error (a diverged loss, a
+// bad config) and not a worker that is going away.
+func (a *Agent) keepSurvivor(ctx context.Context, rep *replica, err error) {
+	if rep == nil || !rep.peerRecovery || rep.tr == nil || errors.Is(err, trainer.ErrUser) {
+		return
+	}
+	s, ok := rep.tr.(trainer.Snapshotter)
+	if !ok {
+		return
+	}
+	c := rep.tr.Cursor()
+	st, serr := s.Snapshot(ctx)
+	if serr != nil {
+		a.Log.Warn("could not keep the survivor's state", zap.Error(serr))
+		return
+	}
+	a.survivors.keep(activity.GetInfo(ctx).WorkflowExecution.ID, &survivor{cursor: c, state: encodeState(st), kept: time.Now()})
+	a.Log.Info("kept this rank's state for the next gang", zap.Int("epoch", c.Epoch), zap.Int("step", c.Step), zap.Int64("bytes", st.Bytes()))
+}
+
+// peerVote is what each rank tells the gang of the state it holds: 1, the
+// cursor, and the state's size in two exact float32 halves.
+const peerVote = 5
+
+// restoreFromPeers restores the gang from the newest state a survivor
+// among its ranks holds, if that is at least as new as the run's latest
+// checkpoint. Every rank calls it (it communicates); ok is the same on
+// every rank: false means restore from storage.
+func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.EpochInput) (_ *spec.RestoreReport, ok bool, _ error) {
+	if !rep.peerRecovery || (in.Restore == nil && !in.Resume) {
+		return nil, false, nil // a fresh run, or one resumed from another run's checkpoint
+	}
+	mine := a.survivors.take(activity.GetInfo(ctx).WorkflowExecution.ID)
+	usable := mine != nil && mine.cursor.Epoch < in.Spec.Hyper.Epochs &&
+		(in.Restore == nil || !cursorBefore(mine.cursor, trainer.Cursor{Epoch: in.Restore.Epoch, Step: in.Restore.Step})) &&
+		mine.cursor.Epoch < 1<<24 && mine.cursor.Step < 1<<24 && len(mine.state) < 1<<47
+	world := len(in.Peers)
+	votes := make([]float32, peerVote*world)
+	if usable {
+		v := votes[peerVote*in.Rank:]
+		v[0], v[1], v[2] = 1, float32(mine.cursor.Epoch), float32(mine.cursor.Step)
+		v[3], v[4] = float32(len(mine.state)>>24), float32(len(mine.state)&(1<<24-1))
+	}
+	if err := rep.group.AllReduce(ctx, votes); err != nil {
+		return nil, false, fmt.Errorf("asking the gang for a survivor's state: %w", err)
+	}
+	donor := -1
+	var best trainer.Cursor
+	for r := range world {
+		v := votes[peerVote*r:]
+		c := trainer.Cursor{Epoch: int(v[1]), Step: int(v[2])}
+		if v[0] == 1 && (donor < 0 || cursorBefore(best, c)) {
+			donor, best = r, c
+		}
+	}
+	if donor < 0 {
+		return nil, false, nil
+	}
+	v := votes[peerVote*donor:]
+	size := int64(v[3])<<24 | int64(v[4])
+	start := time.Now()
+	payload := make([]float32, 8+(size+3)/4) // the digest, then the state
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&payload[0])), 4*len(payload))
+	if in.Rank == donor {
+		sum := blake3.Sum256(mine.state)
+		copy(raw, sum[:])
+		copy(raw[32:], mine.state)
+	}
+	if err := rep.group.Broadcast(ctx, payload, donor); err != nil {
+		return nil, false, fmt.Errorf("receiving the survivor's state from rank %d: %w", donor, err)
+	}
+	state := raw[32 : 32+size]
+	var err error
+	if sum := blake3.Sum256(state); !slices.Equal(sum[:], raw[:32]) {
+		err = fmt.Errorf("the state rank %d sent does not match its digest", donor)
+	} else if st, derr := decodeState(state); derr != nil {
+		err = derr
+	} else {
+		err = rep.tr.Restore(ctx, st)
+	}
+	done := []float32{1}
+	if err != nil {
+		done[0] = 0
+		a.Log.Warn("could not restore the survivor's state; the gang restores from storage", zap.Int("rank", in.Rank), zap.Int("donor", donor), zap.Error(err))
+	}
+	if aerr := rep.group.AllReduce(ctx, done); aerr != nil {
+		return nil, false, fmt.Errorf("agreeing on the survivor's state: %w", aerr)
+	}
+	if int(done[0]) != world {
+		return nil, false, nil
+	}
+	rep.metrics.checkpoint("peer-restore", size, time.Since(start))
+	a.Log.Info("restored from a survivor's memory, nothing read from storage", zap.String("run", in.Run), zap.Int("rank", in.Rank),
+		zap.Int("donor", donor), zap.Int("epoch", best.Epoch), zap.Int("step", best.Step), zap.Int64("bytes", size), zap.Duration("took", time.Since(start)))
+	return &spec.RestoreReport{Peer: &spec.PeerRestore{Rank: donor, Epoch: best.Epoch, Step: best.Step, Bytes: size}}, true, nil
+}
+
+// encodeState packs a trainer's objects: for each, in name order, its
+// name's length (uint32), name, data's length (uint64) and data.
+func encodeState(st trainer.MemState) []byte {
+	var b []byte
+	for _, name := range slices.Sorted(maps.Keys(st)) {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(name)))
+		b = append(b, name...)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(st[name])))
+		b = append(b, st[name]...)
+	}
+	return b
+}
+
+func decodeState(b []byte) (trainer.MemState, error) {
+	st := trainer.MemState{}
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return nil, errors.New("survivor's state: truncated name length")
+		}
+		n := int(binary.LittleEndian.Uint32(b))
+		b = b[4:]
+		if n > len(b) || len(b)-n < 8 {
+			return nil, errors.New("survivor's state: truncated name")
+		}
+		name := string(b[:n])
+		b = b[n:]
+		l := binary.LittleEndian.Uint64(b)
+		b = b[8:]
+		if l > uint64(len(b)) {
+			return nil, errors.New("survivor's state: truncated object")
+		}
+		st[name] = b[:l]
+		b = b[l:]
+	}
+	return st, nil
+}

@@ -1,0 +1,137 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
+)
+
+// crashing is a trainer whose rank dies, as far as its gang can tell,
+// right after step `step` of epoch `epoch`: its call fails, its replica
+// closes its connections, and (not a Snapshotter) it keeps nothing, as a
+// killed process keeps nothing.
+type crashing struct {
+	trainer.Trainer
+	epoch, step int
+}
+
+func (c crashing) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochOptions) (trainer.EpochMetrics, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	progress := opts.Progress
+	opts.Progress = func(p trainer.Progress) {
+		if progress != nil {
+			progress(p)
+		}
+		if p.Epoch == c.epoch && p.Step == c.step {
+			cancel(errors.New("rank crashed"))
+		}
+	}
+	return c.Trainer.TrainEpoch(ctx, epoch, opts)
+}
+
+func crashAfter(epoch, step int) *trainer.Backends {
+	b := trainer.NewBackends()
+	native, _ := trainer.DefaultBackends.Lookup(spec.TrainerNative)
+	b.Register(spec.TrainerNative, trainer.BackendFunc(func(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
+		tr, err := native.NewRank(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		return crashing{tr, epoch, step}, nil
+	}))
+	return b
+}
+
+func survivorSpec(t *testing.T, peers bool) spec.Training {
+	s := spec.Training{
+		Model:      spec.Model{Hidden: []int{32}},
+		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
+		Hyper:      spec.Hyper{Epochs: 2, BatchSize: 16},
+		Scaling:    spec.Scaling{Workers: 2},
+		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip", KeepLast: spec.Int(0)},
+		Failure:    spec.Failure{RecoverFromPeers: &peers},
+	}.WithDefaults()
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// finalStateHash is the hash of the run's checkpoint at the end of training.
+func finalStateHash(t *testing.T, s spec.Training, run string) string {
+	store, _ := checkpoint.Open(t.Context(), s.Checkpoint.URL, nil)
+	defer store.Close()
+	c, err := store.Verify(t.Context(), run, checkpoint.ID(s.Hyper.Epochs, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Manifest.Objects[0].Hash()
+}
+
+// A rank dies mid-epoch; the gang's other rank keeps its state. The next
+// gang, that survivor and a newcomer, restores from the survivor's memory
+// at the step the dead rank last completed with it (not from the epoch's
+// checkpoint), reads nothing from storage, and ends with weights
+// bit-identical to a run that was never interrupted. With
+// recover_from_peers off, the same gang restores the checkpoint instead.
+func TestNewGangRestoresFromASurvivorsMemory(t *testing.T) {
+	const crashEpoch, crashStep = 1, 7
+	secret := []byte("0123456789abcdef0123456789abcdef")
+
+	// The run that is never interrupted.
+	s := survivorSpec(t, true)
+	agents, peers := newAgents(t, 2)
+	in := spec.EpochInput{Run: "peers", Generation: 1, Peers: peers, Secret: secret, Spec: s}
+	for epoch := range 2 {
+		in.Epoch = epoch
+		res, errs := runEpochOnAll(t, agents, in)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		in.Restore = res[0].Checkpoint
+	}
+	want := finalStateHash(t, s, "peers")
+
+	for _, fromPeers := range []bool{true, false} {
+		s := survivorSpec(t, fromPeers)
+		agents, peers := newAgents(t, 3) // the third replaces the second
+		agents[1].Backends = crashAfter(crashEpoch, crashStep)
+		gang := []*Agent{agents[0], agents[1]}
+		in := spec.EpochInput{Run: "peers", Generation: 1, Peers: peers[:2], Secret: secret, Spec: s}
+		res, errs := runEpochOnAll(t, gang, in)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		in.Epoch, in.Restore = 1, res[0].Checkpoint
+		if _, errs = runEpochOnAll(t, gang, in); errs[0] == nil || errs[1] == nil {
+			t.Fatalf("the gang went on without its crashed rank: %v", errs)
+		}
+		// The next gang: the survivor's worker and a new one.
+		gang = []*Agent{agents[0], agents[2]}
+		in.Generation, in.Peers = 2, []string{peers[0], peers[2]}
+		res, errs = runEpochOnAll(t, gang, in)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		for r := range 2 {
+			got := res[r].Restored
+			switch {
+			case got == nil:
+				t.Fatalf("peers %v: rank %d restored nothing", fromPeers, r)
+			case fromPeers && (got.Peer == nil || got.Peer.Rank != 0 || got.Peer.Epoch != crashEpoch || got.Peer.Step != crashStep || got.From.ID != ""):
+				t.Fatalf("rank %d restored %+v (peer %+v); want the survivor's state at epoch %d step %d from rank 0, nothing from storage", r, got, got.Peer, crashEpoch, crashStep)
+			case !fromPeers && (got.Peer != nil || got.From.ID != checkpoint.ID(1, 0)):
+				t.Fatalf("recover_from_peers off: rank %d restored %+v (peer %+v); want checkpoint %s", r, got, got.Peer, checkpoint.ID(1, 0))
+			}
+		}
+		if got := finalStateHash(t, s, "peers"); got != want {
+			t.Fatalf("peers %v: the recovered run ends with state %s; the uninterrupted one with %s", fromPeers, got, want)
+		}
+	}
+}
