@@ -68,13 +68,13 @@ type Agent struct {
 	// gauge). It must not block.
 	SlotsChanged func(free, held int)
 
-	once     sync.Once
-	scratch  string // this process's directory for ranks' scratch directories
-	slots    slotTable
+	once      sync.Once
+	scratch   string // this process's directory for ranks' scratch directories
+	slots     slotTable
 	replicas  replicaTable
 	hosts     hostTable
 	survivors survivorTable // states kept from broken gangs (survivors.go)
-	holds    holdTable
+	holds     holdTable
 	// startedFrom, in tests, stands for Temporal's answer about the run a
 	// run continued as new from ("" if it did not).
 	startedFrom func(workflowID, runID string) (string, error)
