@@ -53,10 +53,11 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need gofmt -w"; exit 1; }
 
-## chaos: 24 faults of six kinds injected into real training runs, with the table of what they cost
+## chaos: 24 faults of six kinds injected into real training runs, with the table of what they cost,
+## twice: new gangs restoring from survivors' memory, then from storage (RECOVERY=survivor|storage|both)
 ## (root: each worker runs in a network namespace of its own; SEED=n for another plan)
 chaos: deps
-	$(GO) run ./cmd/chaos -faults $${FAULTS:-24} -seed $${SEED:-1} -tags '$(TAGS)'
+	$(GO) run ./cmd/chaos -faults $${FAULTS:-24} -seed $${SEED:-1} -recovery $${RECOVERY:-both} -tags '$(TAGS)'
 
 ## images: the image durabletrain:local, FROM scratch, out of our binaries (for both compose files)
 images: deps

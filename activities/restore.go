@@ -22,8 +22,9 @@ import (
 // run's latest verified checkpoint once the run has trained before
 // (Resume, or a known checkpoint), else spec.resume_from's, else fresh weights.
 func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (*spec.RestoreReport, error) {
-	if report, ok, err := a.restoreFromPeers(ctx, rep, in); err != nil || ok {
-		return report, err
+	peerReport, ok, survivorsAt, err := a.restoreFromPeers(ctx, rep, in)
+	if err != nil || ok {
+		return peerReport, err
 	}
 	sources := []string{}
 	if in.Restore != nil || in.Resume {
@@ -40,7 +41,7 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 		switch {
 		case err == nil:
 			rep.metrics.checkpoint("restore", c.Manifest.Bytes(), time.Since(start))
-			report := &spec.RestoreReport{From: refOf(c, rep.storeURL)}
+			report := &spec.RestoreReport{From: refOf(c, rep.storeURL), Bytes: c.Manifest.Bytes() / int64(max(1, c.Manifest.Shards)), SurvivorsAt: survivorsAt}
 			for _, s := range c.Skipped {
 				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
 			}

@@ -34,10 +34,10 @@ import (
 // survivorTTL is how long a worker keeps a survivor's state for a gang that may never come.
 const survivorTTL = 10 * time.Minute
 
-// survivor is one rank's state, kept after its gang broke.
+// survivor is one rank's position, and its state, kept after its gang broke.
 type survivor struct {
 	cursor trainer.Cursor
-	state  []byte // encodeState's
+	state  []byte // encodeState's; nil where the run or the backend does not recover from peers
 	kept   time.Time
 }
 
@@ -56,7 +56,7 @@ func (t *survivorTable) keep(workflowID string, s *survivor) {
 	if t.m == nil {
 		t.m = map[string]*survivor{}
 	}
-	if old := t.m[workflowID]; old == nil || cursorBefore(old.cursor, s.cursor) {
+	if old := t.m[workflowID]; old == nil || cursorBefore(old.cursor, s.cursor) || old.cursor == s.cursor && old.state == nil {
 		t.m[workflowID] = s
 	}
 }
@@ -83,52 +83,58 @@ func cursorBefore(a, b trainer.Cursor) bool {
 	return a.Epoch < b.Epoch || a.Epoch == b.Epoch && a.Step < b.Step
 }
 
-// keepSurvivor copies a failed rank's state for the next gang, when its
-// failure leaves the state whole: not a user error (a diverged loss, a
-// bad config) and not a worker that is going away.
+// keepSurvivor keeps a failed rank's position, and a copy of its state
+// for the next gang, when its failure leaves the state whole: not a user
+// error (a diverged loss, a bad config) and not a worker that is going
+// away. The position alone tells the next gang how many steps it trains
+// again when it restores from storage.
 func (a *Agent) keepSurvivor(ctx context.Context, rep *replica, err error) {
-	if rep == nil || !rep.peerRecovery || rep.tr == nil || errors.Is(err, trainer.ErrUser) {
+	if rep == nil || rep.tr == nil || errors.Is(err, trainer.ErrUser) {
 		return
 	}
-	s, ok := rep.tr.(trainer.Snapshotter)
-	if !ok {
-		return
+	s := &survivor{cursor: rep.tr.Cursor(), kept: time.Now()}
+	if snap, ok := rep.tr.(trainer.Snapshotter); ok && rep.peerRecovery {
+		st, serr := snap.Snapshot(ctx)
+		if serr != nil {
+			a.Log.Warn("could not keep the survivor's state", zap.Error(serr))
+		} else {
+			s.state = encodeState(st)
+			a.Log.Info("kept this rank's state for the next gang", zap.Int("epoch", s.cursor.Epoch), zap.Int("step", s.cursor.Step), zap.Int("bytes", len(s.state)))
+		}
 	}
-	c := rep.tr.Cursor()
-	st, serr := s.Snapshot(ctx)
-	if serr != nil {
-		a.Log.Warn("could not keep the survivor's state", zap.Error(serr))
-		return
-	}
-	a.survivors.keep(activity.GetInfo(ctx).WorkflowExecution.ID, &survivor{cursor: c, state: encodeState(st), kept: time.Now()})
-	a.Log.Info("kept this rank's state for the next gang", zap.Int("epoch", c.Epoch), zap.Int("step", c.Step), zap.Int64("bytes", st.Bytes()))
+	a.survivors.keep(activity.GetInfo(ctx).WorkflowExecution.ID, s)
 }
 
-// peerVote is what each rank tells the gang of the state it holds: 1, the
-// cursor, and the state's size in two exact float32 halves.
-const peerVote = 5
+// peerVote is what each rank tells the gang of what it kept: 1 and the
+// state's cursor and size (in two exact float32 halves) if it holds a
+// usable state; 1 and the cursor if it survived at all.
+const peerVote = 8
 
 // restoreFromPeers restores the gang from the newest state a survivor
 // among its ranks holds, if that is at least as new as the run's latest
 // checkpoint. Every rank calls it (it communicates); ok is the same on
-// every rank: false means restore from storage.
-func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.EpochInput) (_ *spec.RestoreReport, ok bool, _ error) {
-	if !rep.peerRecovery || (in.Restore == nil && !in.Resume) {
-		return nil, false, nil // a fresh run, or one resumed from another run's checkpoint
+// every rank: false means restore from storage. at is the newest position
+// any survivor among the ranks had reached, if any survived.
+func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.EpochInput) (_ *spec.RestoreReport, ok bool, at *spec.Position, _ error) {
+	if in.Restore == nil && !in.Resume {
+		return nil, false, nil, nil // a fresh run, or one resumed from another run's checkpoint
 	}
 	mine := a.survivors.take(activity.GetInfo(ctx).WorkflowExecution.ID)
-	usable := mine != nil && mine.cursor.Epoch < in.Spec.Hyper.Epochs &&
+	usable := mine != nil && mine.state != nil && rep.peerRecovery && mine.cursor.Epoch < in.Spec.Hyper.Epochs &&
 		(in.Restore == nil || !cursorBefore(mine.cursor, trainer.Cursor{Epoch: in.Restore.Epoch, Step: in.Restore.Step})) &&
 		mine.cursor.Epoch < 1<<24 && mine.cursor.Step < 1<<24 && len(mine.state) < 1<<47
 	world := len(in.Peers)
 	votes := make([]float32, peerVote*world)
+	v := votes[peerVote*in.Rank:]
 	if usable {
-		v := votes[peerVote*in.Rank:]
 		v[0], v[1], v[2] = 1, float32(mine.cursor.Epoch), float32(mine.cursor.Step)
 		v[3], v[4] = float32(len(mine.state)>>24), float32(len(mine.state)&(1<<24-1))
 	}
+	if mine != nil && mine.cursor.Epoch < 1<<24 && mine.cursor.Step < 1<<24 {
+		v[5], v[6], v[7] = 1, float32(mine.cursor.Epoch), float32(mine.cursor.Step)
+	}
 	if err := rep.group.AllReduce(ctx, votes); err != nil {
-		return nil, false, fmt.Errorf("asking the gang for a survivor's state: %w", err)
+		return nil, false, nil, fmt.Errorf("asking the gang for a survivor's state: %w", err)
 	}
 	donor := -1
 	var best trainer.Cursor
@@ -138,11 +144,14 @@ func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.Epoc
 		if v[0] == 1 && (donor < 0 || cursorBefore(best, c)) {
 			donor, best = r, c
 		}
+		if s := (spec.Position{Epoch: int(v[6]), Step: int(v[7])}); v[5] == 1 && (at == nil || cursorBefore(trainer.Cursor(*at), trainer.Cursor(s))) {
+			at = &s
+		}
 	}
 	if donor < 0 {
-		return nil, false, nil
+		return nil, false, at, nil
 	}
-	v := votes[peerVote*donor:]
+	v = votes[peerVote*donor:]
 	size := int64(v[3])<<24 | int64(v[4])
 	start := time.Now()
 	payload := make([]float32, 8+(size+3)/4) // the digest, then the state
@@ -153,7 +162,7 @@ func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.Epoc
 		copy(raw[32:], mine.state)
 	}
 	if err := rep.group.Broadcast(ctx, payload, donor); err != nil {
-		return nil, false, fmt.Errorf("receiving the survivor's state from rank %d: %w", donor, err)
+		return nil, false, at, fmt.Errorf("receiving the survivor's state from rank %d: %w", donor, err)
 	}
 	state := raw[32 : 32+size]
 	var err error
@@ -170,15 +179,15 @@ func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.Epoc
 		a.Log.Warn("could not restore the survivor's state; the gang restores from storage", zap.Int("rank", in.Rank), zap.Int("donor", donor), zap.Error(err))
 	}
 	if aerr := rep.group.AllReduce(ctx, done); aerr != nil {
-		return nil, false, fmt.Errorf("agreeing on the survivor's state: %w", aerr)
+		return nil, false, at, fmt.Errorf("agreeing on the survivor's state: %w", aerr)
 	}
 	if int(done[0]) != world {
-		return nil, false, nil
+		return nil, false, at, nil
 	}
 	rep.metrics.checkpoint("peer-restore", size, time.Since(start))
 	a.Log.Info("restored from a survivor's memory, nothing read from storage", zap.String("run", in.Run), zap.Int("rank", in.Rank),
 		zap.Int("donor", donor), zap.Int("epoch", best.Epoch), zap.Int("step", best.Step), zap.Int64("bytes", size), zap.Duration("took", time.Since(start)))
-	return &spec.RestoreReport{Peer: &spec.PeerRestore{Rank: donor, Epoch: best.Epoch, Step: best.Step, Bytes: size}}, true, nil
+	return &spec.RestoreReport{Peer: &spec.PeerRestore{Rank: donor, Epoch: best.Epoch, Step: best.Step, Bytes: size}, SurvivorsAt: at}, true, at, nil
 }
 
 // encodeState packs a trainer's objects: for each, in name order, its

@@ -126,8 +126,10 @@ func TestNewGangRestoresFromASurvivorsMemory(t *testing.T) {
 				t.Fatalf("peers %v: rank %d restored nothing", fromPeers, r)
 			case fromPeers && (got.Peer == nil || got.Peer.Rank != 0 || got.Peer.Epoch != crashEpoch || got.Peer.Step != crashStep || got.From.ID != ""):
 				t.Fatalf("rank %d restored %+v (peer %+v); want the survivor's state at epoch %d step %d from rank 0, nothing from storage", r, got, got.Peer, crashEpoch, crashStep)
-			case !fromPeers && (got.Peer != nil || got.From.ID != checkpoint.ID(1, 0)):
+			case !fromPeers && (got.Peer != nil || got.From.ID != checkpoint.ID(1, 0) || got.Bytes == 0):
 				t.Fatalf("recover_from_peers off: rank %d restored %+v (peer %+v); want checkpoint %s", r, got, got.Peer, checkpoint.ID(1, 0))
+			case got.SurvivorsAt == nil || *got.SurvivorsAt != (spec.Position{Epoch: crashEpoch, Step: crashStep}):
+				t.Fatalf("peers %v: rank %d says the gang before reached %+v; want epoch %d step %d", fromPeers, r, got.SurvivorsAt, crashEpoch, crashStep)
 			}
 		}
 		if got := finalStateHash(t, s, "peers"); got != want {

@@ -39,6 +39,9 @@ func TestChaosShort(t *testing.T) {
 		rep.Print(&table)
 	}
 	t.Logf("%s\n%s", log.String(), table.String())
+	if rep != nil {
+		t.Log(rep.Costs())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

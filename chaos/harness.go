@@ -64,6 +64,9 @@ type Config struct {
 	Dir            string   // work directory: SQLite file, checkpoints, logs
 	Log            io.Writer
 	HeartbeatLimit time.Duration // failure.heartbeat_timeout; default 4s
+	// FromStorage turns failure.recover_from_peers off: every new gang
+	// restores the latest checkpoint, as before survivors kept their state.
+	FromStorage bool
 }
 
 func (c Config) withDefaults() Config {
@@ -110,6 +113,14 @@ type Fault struct {
 	Resumed  time.Duration // until a gang trained again (server: until the run made progress again)
 	Note     string
 	OK       bool
+	// What the gang that trained again restored (from the run's
+	// "restored" incident): "survivor" or "storage"; the steps it trained
+	// again (-1: unknown, no rank of it survived the gang before); and the
+	// bytes a rank of it read from storage.
+	RestoredFrom string
+	StepsLost    int
+	BlobBytes    int64
+	gen          int // the run's generation when struck
 }
 
 // RunResult is one training run under faults.
@@ -321,7 +332,8 @@ func (h *Harness) spec(id string) spec.Training {
 		Hyper:      spec.Hyper{Epochs: h.cfg.Epochs, BatchSize: h.cfg.BatchSize},
 		Scaling:    spec.Scaling{Workers: h.cfg.Ranks, TaskQueue: "chaos-gpu", GangTimeout: spec.Duration(time.Minute)},
 		Checkpoint: spec.Checkpoint{URL: "file://" + h.ckptDir + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: spec.Int(3)},
-		Failure:    spec.Failure{MaxFailures: spec.Int(20), MaxPreemptions: spec.Int(20), HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit)},
+		Failure: spec.Failure{MaxFailures: spec.Int(20), MaxPreemptions: spec.Int(20), HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit),
+			RecoverFromPeers: spec.Bool(!h.cfg.FromStorage)},
 	}
 }
 
@@ -355,6 +367,7 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 			phases = append(phases, PhaseGang)
 		}
 		f := h.inject(ctx, id, kind, phases[h.rng.IntN(len(phases))])
+		f.StepsLost = -1
 		h.logf("  %-18s %-16s on %-9s detected %-8v resumed %-8v %s", f.Kind, f.Phase, f.Target, f.Detected.Round(time.Millisecond), f.Resumed.Round(time.Millisecond), f.Note)
 		rep.Faults = append(rep.Faults, f)
 	}
@@ -377,6 +390,7 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 				r.Corrupt++
 			}
 		}
+		costs(rep.Faults[len(rep.Faults)-len(kinds):], p)
 	}
 	rep.Runs = append(rep.Runs, r)
 	if err != nil {
@@ -386,6 +400,36 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 		return p, fmt.Errorf("run %s ended %s at epoch %d of %d", id, p.State, p.Epoch, h.cfg.Epochs)
 	}
 	return p, nil
+}
+
+// costs fills in what each fault of a run cost from the "restored"
+// incident of the first gang formed after it.
+func costs(faults []Fault, p *spec.Progress) {
+	stepsPerEpoch := 0
+	for _, m := range p.Metrics {
+		stepsPerEpoch = max(stepsPerEpoch, m.Steps)
+	}
+	for i := range faults {
+		f := &faults[i]
+		if f.Detected == 0 {
+			continue // no gang broke (a server restart, or a host that held no slot of it)
+		}
+		for _, inc := range p.Incidents {
+			if inc.Kind != spec.IncidentRestored || inc.Restore == nil || inc.Generation <= f.gen {
+				continue
+			}
+			rr := inc.Restore
+			f.RestoredFrom, f.BlobBytes = "storage", rr.Bytes
+			if rr.Peer != nil {
+				f.RestoredFrom = "survivor"
+			}
+			if at := rr.SurvivorsAt; at != nil && stepsPerEpoch > 0 {
+				from := rr.Restored()
+				f.StepsLost = (at.Epoch-from.Epoch)*stepsPerEpoch + at.Step - from.Step
+			}
+			break
+		}
+	}
 }
 
 // finalState is the SHA-256 of the final checkpoint's objects, verified.

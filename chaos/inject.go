@@ -38,7 +38,8 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 			return f
 		}
 	}
-	before, gen, epoch, incidents := p.Failures+p.Preemptions, p.Generation, p.Epoch, len(p.Incidents)
+	before, gen, epoch, incidents := p.Failures+p.Preemptions, p.Generation, p.Epoch, troubles(p)
+	f.gen = gen
 	rank := h.rng.IntN(max(1, len(p.Gang)))
 	if kind == Corrupt {
 		rank = 0
@@ -120,7 +121,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 				break
 			}
 		} else {
-			if f.Detected == 0 && (q.Failures+q.Preemptions > before || phase == PhaseGang && len(q.Incidents) > incidents) {
+			if f.Detected == 0 && (q.Failures+q.Preemptions > before || phase == PhaseGang && troubles(q) > incidents) {
 				f.Detected = time.Since(start)
 			}
 			if phase == PhaseGang && q.State == spec.StateTraining && len(q.Gang) > 0 {
@@ -145,6 +146,19 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 		heal()
 	}
 	return f
+}
+
+// troubles counts the run's incidents but its restores: a gang's restore
+// is recorded when its first epoch ends, which may be after the next
+// fault struck, and is not that fault's doing.
+func troubles(p *spec.Progress) int {
+	n := 0
+	for _, inc := range p.Incidents {
+		if inc.Kind != spec.IncidentRestored {
+			n++
+		}
+	}
+	return n
 }
 
 func (h *Harness) hostIndex(p *proc) int {

@@ -30,10 +30,18 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w, row("all", all))
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| run | fault | phase | target | detected | training again | note |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | ---: | ---: | --- |")
+	fmt.Fprintln(w, "| run | fault | phase | target | detected | training again | restored from | steps lost | read from storage | note |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | --- |")
 	for _, f := range r.Faults {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", f.Run, f.Kind, f.Phase, f.Target, dur(f.Detected), dur(f.Resumed), f.Note)
+		lost := "–"
+		if f.StepsLost >= 0 {
+			lost = fmt.Sprint(f.StepsLost)
+		}
+		from := f.RestoredFrom
+		if from == "" {
+			from = "–"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", f.Run, f.Kind, f.Phase, f.Target, dur(f.Detected), dur(f.Resumed), from, lost, mib(f.BlobBytes), f.Note)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| run | outcome | epochs | failures | preemptions | epochs redone | corrupt checkpoints skipped | final weights = uninterrupted run | seconds |")
@@ -62,6 +70,28 @@ func row(name string, fs []Fault) string {
 		}
 	}
 	return fmt.Sprintf("| %s | %d | %d | %s | %s | %s | %s |", name, len(fs), ok, dur(median(det)), dur(maxOf(det)), dur(median(res)), dur(maxOf(res)))
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// Costs is one line of what a session's faults cost in all: how many
+// restores came from a survivor, the steps trained again, and the bytes
+// read from storage.
+func (r *Report) Costs() string {
+	survivor, known, lost, most := 0, 0, 0, 0
+	var bytes int64
+	for _, f := range r.Faults {
+		if f.RestoredFrom == "survivor" {
+			survivor++
+		}
+		if f.StepsLost >= 0 {
+			known++
+			lost += f.StepsLost
+			most = max(most, f.StepsLost)
+		}
+		bytes += f.BlobBytes
+	}
+	return fmt.Sprintf("%d of %d restores from a survivor; steps lost %d in all (max %d, over %d faults whose gang had survivors); %s read from storage", survivor, len(r.Faults), lost, most, known, mib(bytes))
 }
 
 func median(d []time.Duration) time.Duration {
@@ -101,6 +131,9 @@ func (r *Report) Problems() []string {
 	for _, f := range r.Faults {
 		if !f.OK {
 			out = append(out, fmt.Sprintf("%s in %s (%s on %s): %s", f.Kind, f.Run, f.Phase, f.Target, f.Note))
+		}
+		if f.RestoredFrom == "survivor" && (f.StepsLost > 1 || f.BlobBytes > 0) {
+			out = append(out, fmt.Sprintf("%s in %s (%s on %s): restored from a survivor, yet %d steps lost and %s read from storage", f.Kind, f.Run, f.Phase, f.Target, f.StepsLost, mib(f.BlobBytes)))
 		}
 	}
 	return out

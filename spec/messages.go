@@ -225,6 +225,26 @@ type RestoreReport struct {
 	// gang before, over its collective, and read nothing from storage
 	// (From is then empty).
 	Peer *PeerRestore `json:"peer,omitempty"`
+	// Bytes is what the gang's rank read from storage (0 from a peer).
+	Bytes int64 `json:"bytes,omitempty"`
+	// SurvivorsAt, when a rank of the gang survived the gang before, is
+	// the newest position any such rank had reached: the steps from the
+	// restored position to it were trained again.
+	SurvivorsAt *Position `json:"survivors_at,omitempty"`
+}
+
+// Position is a point in training: Step steps of Epoch are done.
+type Position struct {
+	Epoch int `json:"epoch"`
+	Step  int `json:"step"`
+}
+
+// Restored is where the state came from: the survivor's position, or the checkpoint's.
+func (r RestoreReport) Restored() Position {
+	if r.Peer != nil {
+		return Position{r.Peer.Epoch, r.Peer.Step}
+	}
+	return Position{r.From.Epoch, r.From.Step}
 }
 
 // PeerRestore is a state a new gang took from a survivor's memory.

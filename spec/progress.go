@@ -24,6 +24,7 @@ const (
 	IncidentCorruptCheckpoint = "corrupt-checkpoint" // a restore passed over a damaged checkpoint
 	IncidentResized           = "resized"            // an elastic gang shrank or grew back
 	IncidentForgedGrant       = "forged-grant"       // a rank refused a placement the pool key does not prove; not charged
+	IncidentRestored          = "restored"           // a new gang took its state from a survivor or a checkpoint; not charged
 )
 
 // Application error types: what a run's failure policy classifies errors by,
@@ -76,6 +77,8 @@ type Incident struct {
 	// Repeats counts the same incident again, straight after: a gang that
 	// keeps not forming is one line, not one per try.
 	Repeats int `json:"repeats,omitempty"`
+	// Restore is what a "restored" incident's gang restored.
+	Restore *RestoreReport `json:"restore,omitempty"`
 }
 
 // MaxIncidents bounds Progress.Incidents: the progress query, the result and

@@ -199,10 +199,11 @@ func Parse(data []byte) (Training, error) {
 	return t, nil
 }
 
-// Int and Float64 are for the fields where 0 means 0 and leaving it out
-// means the default: Training{Failure: Failure{MaxFailures: spec.Int(0)}}.
+// Int, Float64 and Bool are for the fields where 0 (or false) means 0 and
+// leaving it out means the default: Training{Failure: Failure{MaxFailures: spec.Int(0)}}.
 func Int(v int) *int             { return &v }
 func Float64(v float64) *float64 { return &v }
+func Bool(v bool) *bool          { return &v }
 
 // WithDefaults fills what was left out.
 func (t Training) WithDefaults() Training {

@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"fmt"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -94,6 +95,8 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 		for _, s := range res.Restored.Skipped {
 			r.skipped(r.p.Generation, res.Metrics.Epoch, s)
 		}
+		r.p.AddIncident(spec.Incident{Generation: r.p.Generation, Epoch: res.Metrics.Epoch, Kind: spec.IncidentRestored,
+			Detail: restoredDetail(*res.Restored), Restore: res.Restored})
 	}
 	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
 		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
@@ -103,6 +106,20 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 		workflow.SignalExternalWorkflow(ctx, parent.ID, "", spec.SignalTrialReport,
 			spec.TrialReport{WorkflowID: workflow.GetInfo(ctx).WorkflowExecution.ID, Metrics: res.Metrics, Checkpoint: r.p.Latest})
 	}
+}
+
+// restoredDetail says where a new gang's state came from and what it cost.
+func restoredDetail(rr spec.RestoreReport) string {
+	var d string
+	if p := rr.Peer; p != nil {
+		d = fmt.Sprintf("from a survivor's memory (rank %d of the new gang) at epoch %d step %d, %d bytes over the collective; nothing read from storage", p.Rank, p.Epoch, p.Step, p.Bytes)
+	} else {
+		d = fmt.Sprintf("from checkpoint %s/%s at epoch %d step %d, %d bytes read from storage", rr.From.Run, rr.From.ID, rr.From.Epoch, rr.From.Step, rr.Bytes)
+	}
+	if s := rr.SurvivorsAt; s != nil {
+		d += fmt.Sprintf("; the gang before had reached epoch %d step %d", s.Epoch, s.Step)
+	}
+	return d
 }
 
 // skipped records a checkpoint a restore passed over as damaged, once per gang.

@@ -4,7 +4,10 @@
 // run, then runs with faults drawn from the seed, and checks every run
 // completed with weights bit-identical to the reference.
 //
-//	chaos -faults 24 -seed 1
+//	chaos -faults 24 -seed 1 [-recovery survivor|storage|both]
+//
+// With -recovery both (the default) the same plan runs twice: new gangs
+// restoring from a survivor's memory, then from storage.
 //
 // Exit status 1 if a guarantee did not hold.
 package main
@@ -33,6 +36,7 @@ func main() {
 	flag.StringVar(&cfg.Dataset, "dataset", "", "dataset URL (default the full Fashion-MNIST)")
 	dir := flag.String("dir", ".durabletrain/chaos", "work directory (wiped first)")
 	tags := flag.String("tags", "openblas", "build tags of the worker")
+	recovery := flag.String("recovery", "both", "how new gangs restore: survivor (failure.recover_from_peers, the default), storage (the latest checkpoint), or both, one after the other on the same seed")
 	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
 	if *version {
@@ -49,16 +53,36 @@ func main() {
 	if err := chaos.Build(cfg.Bin, *tags, os.Stderr); err != nil {
 		fail(err)
 	}
-	start := time.Now()
-	rep, err := chaos.Run(context.Background(), cfg)
-	if rep != nil {
-		rep.Print(os.Stdout)
+	modes := map[string][]bool{"survivor": {false}, "storage": {true}, "both": {false, true}}[*recovery]
+	if modes == nil {
+		fail(fmt.Errorf("-recovery %q; want survivor, storage or both", *recovery))
 	}
-	if err != nil {
-		fail(err)
+	var problems, costs []string
+	for _, fromStorage := range modes {
+		mode := map[bool]string{false: "survivor", true: "storage"}[fromStorage]
+		c := cfg
+		c.FromStorage = fromStorage
+		c.Dir = filepath.Join(cfg.Dir, mode)
+		start := time.Now()
+		rep, err := chaos.Run(context.Background(), c)
+		fmt.Printf("\n## New gangs restore from: %s (seed %d)\n\n", mode, cfg.Seed)
+		if rep != nil {
+			rep.Print(os.Stdout)
+		}
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf("\n%d faults in %d runs, %v; %s\n", len(rep.Faults), len(rep.Runs), time.Since(start).Round(time.Second), rep.Costs())
+		costs = append(costs, mode+": "+rep.Costs())
+		problems = append(problems, rep.Problems()...)
 	}
-	fmt.Printf("\n%d faults in %d runs, %v\n", len(rep.Faults), len(rep.Runs), time.Since(start).Round(time.Second))
-	if problems := rep.Problems(); len(problems) > 0 {
+	if len(modes) > 1 {
+		fmt.Println("\n## Side by side")
+		for _, c := range costs {
+			fmt.Println("- " + c)
+		}
+	}
+	if len(problems) > 0 {
 		for _, p := range problems {
 			fmt.Fprintln(os.Stderr, "chaos: NOT MET:", p)
 		}
