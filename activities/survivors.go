@@ -31,8 +31,12 @@ import (
 // restores it, and nothing is read from storage. Otherwise, or if any rank
 // cannot restore it, the whole gang restores from storage as before.
 
-// survivorTTL is how long a worker keeps a survivor's state for a gang that may never come.
-const survivorTTL = 10 * time.Minute
+// survivorTTL is how long a worker keeps a survivor's state for a gang that
+// may never come; maxSurvivors how many runs' states at most (the oldest go first).
+const (
+	survivorTTL  = 10 * time.Minute
+	maxSurvivors = 16
+)
 
 // survivor is one rank's position, and its state, kept after its gang broke.
 type survivor struct {
@@ -58,6 +62,15 @@ func (t *survivorTable) keep(workflowID string, s *survivor) {
 	}
 	if old := t.m[workflowID]; old == nil || cursorBefore(old.cursor, s.cursor) || old.cursor == s.cursor && old.state == nil {
 		t.m[workflowID] = s
+	}
+	for len(t.m) > maxSurvivors {
+		oldest := ""
+		for id, s := range t.m {
+			if oldest == "" || s.kept.Before(t.m[oldest].kept) {
+				oldest = id
+			}
+		}
+		delete(t.m, oldest)
 	}
 }
 

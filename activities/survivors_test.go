@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/testdata"
@@ -134,6 +135,44 @@ func TestNewGangRestoresFromASurvivorsMemory(t *testing.T) {
 		}
 		if got := finalStateHash(t, s, "peers"); got != want {
 			t.Fatalf("peers %v: the recovered run ends with state %s; the uninterrupted one with %s", fromPeers, got, want)
+		}
+	}
+}
+
+// The survivors a worker keeps are bounded: by run, by age and in number.
+func TestSurvivorTableIsBounded(t *testing.T) {
+	var tab survivorTable
+	for i := range maxSurvivors + 5 {
+		tab.keep(string(rune('a'+i)), &survivor{cursor: trainer.Cursor{Epoch: 1}, state: []byte{1}, kept: time.Now().Add(time.Duration(i) * time.Millisecond)})
+	}
+	if len(tab.m) != maxSurvivors || tab.take("a") != nil || tab.take(string(rune('a'+maxSurvivors+4))) == nil {
+		t.Fatalf("%d survivors kept; want the newest %d", len(tab.m), maxSurvivors)
+	}
+	// A newer state of the same run replaces an older one, never the reverse.
+	tab.keep("run", &survivor{cursor: trainer.Cursor{Epoch: 1, Step: 5}, kept: time.Now()})
+	tab.keep("run", &survivor{cursor: trainer.Cursor{Epoch: 1, Step: 3}, state: []byte{1}, kept: time.Now()})
+	tab.keep("run", &survivor{cursor: trainer.Cursor{Epoch: 1, Step: 5}, state: []byte{2}, kept: time.Now()})
+	if s := tab.take("run"); s == nil || s.cursor.Step != 5 || len(s.state) != 1 || s.state[0] != 2 {
+		t.Fatalf("kept %+v; want step 5 with its state", s)
+	}
+	// Past survivorTTL a state is gone.
+	tab.keep("old", &survivor{cursor: trainer.Cursor{Epoch: 1}, kept: time.Now().Add(-survivorTTL - time.Second)})
+	if tab.take("old") != nil {
+		t.Fatal("a survivor older than survivorTTL was still kept")
+	}
+}
+
+// A survivor's state survives encoding whole, and a damaged encoding is refused.
+func TestSurvivorStateEncoding(t *testing.T) {
+	st := trainer.MemState{"a": []byte("alpha"), "b/c": {}, "d": make([]byte, 1000)}
+	got, err := decodeState(encodeState(st))
+	if err != nil || len(got) != 3 || string(got["a"]) != "alpha" || len(got["d"]) != 1000 {
+		t.Fatalf("decoded %v, %v", got, err)
+	}
+	enc := encodeState(st)
+	for _, cut := range []int{1, 3, 7, len(enc) - 1} {
+		if _, err := decodeState(enc[:cut]); err == nil {
+			t.Fatalf("a state cut at %d bytes decoded", cut)
 		}
 	}
 }
