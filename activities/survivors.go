@@ -24,7 +24,7 @@ import (
 // still the state after the last step the whole gang completed: a step
 // changes the weights only after its all-reduce succeeded. Each surviving
 // rank whose backend can copy its state (trainer.Snapshotter) keeps that
-// copy on its worker, keyed by the run's workflow. The next gang agrees in
+// copy on its worker, keyed by the run's workflow execution. The next gang agrees in
 // one all-reduce on the newest state any of its ranks holds; if that is at
 // least as new as the run's latest checkpoint, its holder broadcasts it
 // over the gang's collective with its BLAKE3 digest, every rank checks and
@@ -45,8 +45,9 @@ type survivor struct {
 	kept   time.Time
 }
 
-// survivorTable holds, per workflow, the newest survivor's state on this
-// worker (the ranks of one gang hold the same state at the same step).
+// survivorTable holds, per run execution (survivorKey), the newest
+// survivor's state on this worker (the ranks of one gang hold the same
+// state at the same step).
 type survivorTable struct {
 	mu sync.Mutex
 	m  map[string]*survivor
@@ -115,7 +116,16 @@ func (a *Agent) keepSurvivor(ctx context.Context, rep *replica, err error) {
 			a.Log.Info("kept this rank's state for the next gang", zap.Int("epoch", s.cursor.Epoch), zap.Int("step", s.cursor.Step), zap.Int("bytes", len(s.state)))
 		}
 	}
-	a.survivors.keep(activity.GetInfo(ctx).WorkflowExecution.ID, s)
+	a.survivors.keep(survivorKey(ctx), s)
+}
+
+// survivorKey names the run execution a survivor belongs to: its workflow
+// ID and run ID. A workflow ID is reused by a later run of the same name,
+// whose gang must never take this one's weights; after a continue-as-new
+// the run ID changes too, and a gang there restores from storage.
+func survivorKey(ctx context.Context) string {
+	e := activity.GetInfo(ctx).WorkflowExecution
+	return e.ID + "/" + e.RunID
 }
 
 // peerVote is what each rank tells the gang of what it kept: 1 and the
@@ -132,7 +142,7 @@ func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.Epoc
 	if in.Restore == nil && !in.Resume {
 		return nil, false, nil, nil // a fresh run, or one resumed from another run's checkpoint
 	}
-	mine := a.survivors.take(activity.GetInfo(ctx).WorkflowExecution.ID)
+	mine := a.survivors.take(survivorKey(ctx))
 	usable := mine != nil && mine.state != nil && rep.peerRecovery && mine.cursor.Epoch < in.Spec.Hyper.Epochs &&
 		(in.Restore == nil || !cursorBefore(mine.cursor, trainer.Cursor{Epoch: in.Restore.Epoch, Step: in.Restore.Step})) &&
 		mine.cursor.Epoch < 1<<24 && mine.cursor.Step < 1<<24 && len(mine.state) < 1<<47

@@ -33,6 +33,7 @@ func main() {
 	kinds := flag.String("kinds", strings.Join(chaos.Kinds, ","), "fault kinds to draw from")
 	flag.IntVar(&cfg.FaultsPerRun, "faults-per-run", 3, "faults per training run")
 	flag.IntVar(&cfg.Epochs, "epochs", 8, "epochs per run")
+	flag.IntVar(&cfg.Hosts, "hosts", 3, "worker hosts of one slot each: 3 gives the 2-rank gang a spare; 2 gives it none")
 	flag.StringVar(&cfg.Dataset, "dataset", "", "dataset URL (default the full Fashion-MNIST)")
 	dir := flag.String("dir", ".durabletrain/chaos", "work directory (wiped first)")
 	tags := flag.String("tags", "openblas", "build tags of the worker")
