@@ -143,12 +143,8 @@ func benchAllReduce(args []string) error {
 						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP)
 					case "ours-shm":
 						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto)
-					case "gloo":
-						r, err = runGlooAllReduce(ctx, dir, world, sizes)
-					case "mpi-tcp":
-						r, err = runMPIAllReduceOver(ctx, mpiBin, world, sizes, "tcp,self")
-					case "mpi-shm":
-						r, err = runMPIAllReduceOver(ctx, mpiBin, world, sizes, "vader,self")
+					default:
+						r, err = runPeerAllReduce(ctx, impl, dir, mpiBin, world, sizes)
 					}
 					stop()
 					if err != nil {

@@ -46,12 +46,8 @@ func benchHostsAllReduce(ctx context.Context, dir, mpiBin string, worlds []int, 
 				switch impl {
 				case "ring", "hier":
 					r, err = runHostsAllReduce(ctx, impl, world/perHost, perHost, sizes)
-				case "gloo":
-					r, err = runGlooAllReduce(ctx, dir, world, sizes)
-				case "mpi-tcp":
-					r, err = runMPIAllReduceOver(ctx, mpiBin, world, sizes, "tcp,self")
-				case "mpi-shm":
-					r, err = runMPIAllReduceOver(ctx, mpiBin, world, sizes, "vader,self")
+				default:
+					r, err = runPeerAllReduce(ctx, impl, dir, mpiBin, world, sizes)
 				}
 				if err != nil {
 					return fmt.Errorf("%s: %w", impl, err)
@@ -101,6 +97,19 @@ func spread(runs []map[int]float64, size int) float64 {
 		return 0
 	}
 	return (hi - lo) / med
+}
+
+// runPeerAllReduce runs a peer: gloo (TCP), mpi-tcp or mpi-shm (OpenMPI's vader).
+func runPeerAllReduce(ctx context.Context, impl, dir, mpiBin string, world int, sizes []int) (map[int]float64, error) {
+	switch impl {
+	case "gloo":
+		return runGlooAllReduce(ctx, dir, world, sizes)
+	case "mpi-tcp":
+		return runMPIAllReduceOver(ctx, mpiBin, world, sizes, "tcp,self")
+	case "mpi-shm":
+		return runMPIAllReduceOver(ctx, mpiBin, world, sizes, "vader,self")
+	}
+	return nil, fmt.Errorf("no all-reduce peer %q", impl)
 }
 
 func runMPIAllReduceOver(ctx context.Context, bin string, world int, sizes []int, btl string) (map[int]float64, error) {

@@ -68,12 +68,13 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data string) 
 		return err
 	}
 	defer store.Close()
-	commit := func(ctx context.Context, st trainer.MemState, c trainer.Cursor) error {
+	// save commits a checkpoint at c whose objects write puts, as the activities do.
+	save := func(ctx context.Context, c trainer.Cursor, write func(context.Context, trainer.StateWriter) error) error {
 		w, err := store.Begin(ctx, "stall", c.Epoch, c.Step)
 		if err != nil {
 			return err
 		}
-		if err := st.WriteTo(ctx, w); err != nil {
+		if err := write(ctx, w); err != nil {
 			return err
 		}
 		if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
@@ -82,20 +83,7 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data string) 
 		_, err = store.Prune(ctx, "stall", checkpoint.Retention{KeepLast: 1})
 		return err
 	}
-	foreground := func() error {
-		w, err := store.Begin(ctx, "stall", 0, tr.Cursor().Step)
-		if err != nil {
-			return err
-		}
-		if err := tr.Save(ctx, w); err != nil {
-			return err
-		}
-		if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
-			return err
-		}
-		_, err = store.Prune(ctx, "stall", checkpoint.Retention{KeepLast: 1})
-		return err
-	}
+	foreground := func() error { return save(ctx, tr.Cursor(), tr.Save) }
 	t := time.Now()
 	if err := foreground(); err != nil {
 		return err
@@ -170,7 +158,7 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data string) 
 			}
 			snapT = append(snapT, time.Since(ts).Seconds())
 			pending = make(chan error, 1)
-			go func(c trainer.Cursor) { pending <- commit(ctx, snap, c) }(tr.Cursor())
+			go func(c trainer.Cursor) { pending <- save(ctx, c, snap.WriteTo) }(tr.Cursor())
 			stalled += time.Since(t)
 			loop += d + time.Since(t)
 		}
