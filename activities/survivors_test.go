@@ -176,3 +176,37 @@ func TestSurvivorStateEncoding(t *testing.T) {
 		}
 	}
 }
+
+// A survivor's state older than the run's latest checkpoint is never
+// taken, and one that does not load sends the whole gang to storage: the
+// gang restores the checkpoint either way, and still reports how far the
+// survivor had got.
+func TestUnusableSurvivorLosesToTheCheckpoint(t *testing.T) {
+	for name, at := range map[string]trainer.Cursor{"older": {Epoch: 0, Step: 3}, "newer but damaged": {Epoch: 1, Step: 3}} {
+		t.Run(name, func(t *testing.T) { testUnusableSurvivor(t, at) })
+	}
+}
+
+func testUnusableSurvivor(t *testing.T, at trainer.Cursor) {
+	s := survivorSpec(t, true)
+	agents, peers := newAgents(t, 2)
+	in := spec.EpochInput{Run: "older", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
+	res, errs := runEpochOnAll(t, agents, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	// A survivor's state that is not a native state at all.
+	st := trainer.MemState{"native-state.bin": []byte("not a state anyone should load")}
+	agents[1].survivors.keep("default-test-workflow-id/default-test-run-id", &survivor{cursor: at, state: encodeState(st), kept: time.Now()})
+	in.Generation, in.Epoch, in.Restore = 2, 1, res[0].Checkpoint
+	res, errs = runEpochOnAll(t, agents, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		got := res[r].Restored
+		if got == nil || got.Peer != nil || got.From.ID != checkpoint.ID(1, 0) || got.SurvivorsAt == nil || *got.SurvivorsAt != (spec.Position{Epoch: at.Epoch, Step: at.Step}) {
+			t.Fatalf("rank %d restored %+v; want checkpoint %s, with the survivor's position %+v reported", r, got, checkpoint.ID(1, 0), at)
+		}
+	}
+}
