@@ -57,6 +57,23 @@ func runEpochOnAll(t *testing.T, agents []*Agent, in spec.EpochInput) ([]spec.Ep
 	return results, errs
 }
 
+// trainEpochs runs in's epochs from 0 to epochs-1 on every rank, each
+// told the last one's checkpoint, and returns the last epoch's results.
+func trainEpochs(t *testing.T, agents []*Agent, in *spec.EpochInput, epochs int) []spec.EpochResult {
+	t.Helper()
+	var res []spec.EpochResult
+	for epoch := range epochs {
+		in.Epoch = epoch
+		var errs []error
+		res, errs = runEpochOnAll(t, agents, *in)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		in.Restore = res[0].Checkpoint
+	}
+	return res
+}
+
 func TestTwoRanksTrainStayWarmAndRestoreInANewGang(t *testing.T) {
 	agents, peers := newAgents(t, 2)
 	s := spec.Training{

@@ -100,9 +100,7 @@ func (a *Agent) startBackgroundSave(ctx context.Context, rep *replica, in spec.E
 	go func() {
 		defer close(b.done)
 		defer cancel()
-		b.ref, b.err = a.commit(bctx, rep, in.Run, in.Spec, len(in.Peers), nil, c, func(ctx context.Context, w trainer.StateWriter) error {
-			return snap.WriteTo(ctx, w)
-		})
+		b.ref, b.err = a.commit(bctx, rep, in.Run, in.Spec, len(in.Peers), nil, c, snap.WriteTo)
 		if b.err != nil {
 			a.Log.Warn("a checkpoint written in the background failed", zap.String("run", in.Run), zap.Int("epoch", c.Epoch), zap.Int("step", c.Step), zap.Error(b.err))
 			return
@@ -112,7 +110,7 @@ func (a *Agent) startBackgroundSave(ctx context.Context, rep *replica, in spec.E
 	return b
 }
 
-// closeBackground waits for a checkpoint in flight when its replica closes,
+// close waits for a checkpoint in flight when its replica closes,
 // for at most backgroundCloseWait; then it is cancelled, uncommitted.
 func (b *backgroundSave) close() {
 	if b == nil {

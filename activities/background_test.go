@@ -1,7 +1,6 @@
 package activities
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
@@ -29,16 +28,7 @@ func TestBackgroundCheckpointsAreTheForegroundOnes(t *testing.T) {
 			t.Fatal(err)
 		}
 		in := spec.EpochInput{Run: "bg", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
-		steps := 0
-		for epoch := range 2 {
-			in.Epoch = epoch
-			res, errs := runEpochOnAll(t, agents, in)
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			steps = res[0].Metrics.Steps
-			in.Restore = res[0].Checkpoint
-		}
+		steps := trainEpochs(t, agents, &in, 2)[0].Metrics.Steps
 		store, _ := checkpoint.Open(t.Context(), s.Checkpoint.URL, nil)
 		defer store.Close()
 		ids, err := store.IDs(t.Context(), "bg")

@@ -42,14 +42,7 @@ func TestShardedGangResumesFromTheCheckpointEveryRankCanLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := spec.EpochInput{Run: "sharded", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
-	for epoch := range 2 {
-		in.Epoch = epoch
-		res, errs := runEpochOnAll(t, agents, in)
-		if err := errors.Join(errs...); err != nil {
-			t.Fatal(err)
-		}
-		in.Restore = res[0].Checkpoint
-	}
+	trainEpochs(t, agents, &in, 2)
 	store, _ := checkpoint.Open(t.Context(), s.Checkpoint.URL, nil)
 	defer store.Close()
 	newest, err := store.Committed(t.Context(), "sharded", checkpoint.ID(2, 0))

@@ -89,14 +89,7 @@ func TestNewGangRestoresFromASurvivorsMemory(t *testing.T) {
 	s := survivorSpec(t, true)
 	agents, peers := newAgents(t, 2)
 	in := spec.EpochInput{Run: "peers", Generation: 1, Peers: peers, Secret: secret, Spec: s}
-	for epoch := range 2 {
-		in.Epoch = epoch
-		res, errs := runEpochOnAll(t, agents, in)
-		if err := errors.Join(errs...); err != nil {
-			t.Fatal(err)
-		}
-		in.Restore = res[0].Checkpoint
-	}
+	trainEpochs(t, agents, &in, 2)
 	want := finalStateHash(t, s, "peers")
 
 	for _, fromPeers := range []bool{true, false} {
