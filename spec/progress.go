@@ -68,7 +68,8 @@ type Progress struct {
 }
 
 // Incident records a failure, a preemption, a gang that did not form, a
-// resize, or a checkpoint skipped as corrupt.
+// resize, a checkpoint skipped as corrupt, or where a new gang's state came
+// from (IncidentRestored: not trouble itself, the cost of the one before).
 type Incident struct {
 	Generation int    `json:"generation"`
 	Epoch      int    `json:"epoch"`
