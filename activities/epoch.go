@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.uber.org/zap"
 
+	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 )
@@ -37,7 +38,8 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	beat := startHeartbeat(ctx, a.gpuStats(ranks[0].Slot))
 	defer beat.stop()
 	if len(ranks) == 1 {
-		return a.runRank(ctx, ranks[0], places[0], beat)
+		res, err := a.runRank(ctx, ranks[0], places[0], beat)
+		return res, blame(err, ranks[0], places[0])
 	}
 	// A rank that fails breaks the gang's collective, so the others fail
 	// with it; the host reports the most telling of its ranks' ends.
@@ -48,13 +50,16 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 		wg.Go(func() { results[l], errs[l] = a.runRank(ctx, ranks[l], places[l], beat) })
 	}
 	wg.Wait()
-	return hostEnd(results, errs)
+	res, err := hostEnd(results, errs)
+	return res, blame(err, ranks[0], places[0])
 }
 
 // hostEnd is how a host's epoch ended, from its ranks' ends: the first
 // rank's result if every rank finished; else a user error before a
-// preemption that carries a checkpoint before any preemption before the
-// lowest rank's error.
+// preemption that carries a checkpoint before any preemption before a
+// rank's own failure before the lowest rank's error (a rank's own failure
+// is any error but a collective's blaming a peer: blame tells the run
+// whether this host is to blame).
 func hostEnd(results []spec.EpochResult, errs []error) (spec.EpochResult, error) {
 	var first error
 	for _, err := range errs {
@@ -89,6 +94,12 @@ func hostEnd(results []spec.EpochResult, errs []error) (spec.EpochResult, error)
 		func(app *temporal.ApplicationError) bool { return app.Type() == spec.ErrPreempted },
 	} {
 		if err := firstOf(pick); err != nil {
+			return spec.EpochResult{}, err
+		}
+	}
+	for _, err := range errs {
+		var pe *collective.PeerError
+		if err != nil && !errors.As(err, &pe) {
 			return spec.EpochResult{}, err
 		}
 	}
@@ -270,16 +281,16 @@ func (a *Agent) leaveGang(ctx context.Context, key replicaKey, rep *replica, in 
 	beat.set(map[string]any{"epoch": c.Epoch, "step": c.Step, "checkpointing": true, "leaving": true})
 	ref, err := a.checkpointTogether(ctx, rep, in, nil)
 	a.replicas.drop(key)
-	msg := fmt.Sprintf("worker %s is shutting down", a.Identity)
+	msg, end := fmt.Sprintf("worker %s is shutting down", a.Identity), preemption
 	if !isClosed(leave) {
-		msg = "stopped with its gang: another rank's worker is shutting down"
+		msg, end = "stopped with its gang: another rank's worker is shutting down", leftWithGang
 	}
 	if err != nil {
 		a.Log.Warn("leaving without a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.Error(err))
-		return preemption(msg+"; the checkpoint on leaving failed: "+err.Error(), nil)
+		return end(msg+"; the checkpoint on leaving failed: "+err.Error(), nil)
 	}
 	a.Log.Info("left the gang after a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.String("checkpoint", ref.ID))
-	return preemption(msg, ref)
+	return end(msg, ref)
 }
 
 // anyLeaving asks the gang whether any rank's worker is stopping (one float all-reduce).

@@ -7,6 +7,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 )
@@ -36,6 +37,24 @@ func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err erro
 	return err
 }
 
+// blame tells the run when a host's epoch ended only because a rank of
+// another host broke the gang (a *collective.PeerError naming it): the error
+// becomes an ErrPeerFailed carrying spec.BrokenBy, so the run keeps this
+// host, alive and still held, for its next gang. Any other end, and a
+// failure blamed on this host's own ranks, is returned as it is.
+func blame(err error, in spec.EpochInput, place spec.LocalPlace) error {
+	var pe *collective.PeerError
+	var app *temporal.ApplicationError
+	if err == nil || errors.As(err, &app) || !errors.As(err, &pe) || pe.Rank < 0 {
+		return err
+	}
+	first := in.Rank - place.LocalRank
+	if pe.Rank >= first && pe.Rank < first+max(1, place.LocalWorld) {
+		return err
+	}
+	return temporal.NewApplicationError(err.Error(), spec.ErrPeerFailed, spec.BrokenBy{Rank: pe.Rank, Reason: pe.Reason})
+}
+
 func userError(err error) error {
 	return temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, err)
 }
@@ -58,6 +77,18 @@ func preemption(msg string, ref *spec.CheckpointRef) error {
 		return temporal.NewApplicationError(fmt.Sprintf("%s; checkpointed at epoch %d step %d", msg, ref.Epoch, ref.Step), spec.ErrPreempted, *ref)
 	}
 	return temporal.NewApplicationError(msg, spec.ErrPreempted)
+}
+
+// leftWithGang is the error of a rank that left its gang because another
+// rank's worker is stopping: a preemption whose second detail says that this
+// host stays (spec.BrokenBy with no rank to blame).
+func leftWithGang(msg string, ref *spec.CheckpointRef) error {
+	if ref != nil {
+		msg = fmt.Sprintf("%s; checkpointed at epoch %d step %d", msg, ref.Epoch, ref.Step)
+	} else {
+		ref = &spec.CheckpointRef{}
+	}
+	return temporal.NewApplicationError(msg, spec.ErrPreempted, *ref, spec.BrokenBy{Rank: -1, Reason: "another rank's worker is shutting down"})
 }
 
 func isClosed(c <-chan struct{}) bool {

@@ -35,7 +35,18 @@ const (
 	ErrNoSlot          = "durabletrain.NoSlot"          // a worker asked for a slot had none free
 	ErrBudgetExhausted = "durabletrain.BudgetExhausted" // more failures or preemptions than the spec allows
 	ErrForgedGrant     = "durabletrain.ForgedGrant"     // a placement its worker's pool key does not prove
+	ErrPeerFailed      = "durabletrain.PeerFailed"      // another host's rank broke the gang; details: BrokenBy
 )
+
+// BrokenBy is carried by the epoch error of a host whose ranks ended only
+// because another host's rank failed: as the details of an ErrPeerFailed, or
+// as the second detail of an ErrPreempted whose worker is not the one
+// stopping. Such a host is alive and its hold good, so the run keeps it for
+// its next gang instead of letting its slots go and asking again.
+type BrokenBy struct {
+	Rank   int    `json:"rank"`   // the first rank blamed (another host's); -1 when none is (another worker stopping)
+	Reason string `json:"reason"` // what the ranks saw: "stalled", "connection closed", ...
+}
 
 // Progress is a run as the progress query shows it; it is also the state
 // that continue-as-new carries and the workflow's result.

@@ -60,9 +60,11 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			}
 		})
 	}
+	holdEnded := make([]bool, len(g.holds))
 	for i, h := range g.holds {
 		sel.AddFuture(h, func(f workflow.Future) {
 			err := f.Get(ctx, nil)
+			holdEnded[i] = true
 			if first == nil {
 				first = &rankError{what: "lost the slot of " + where(g.placements[i], r.spec), err: leaseErr(err)}
 			}
@@ -71,6 +73,19 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	}
 	for done < len(futures) && first == nil {
 		sel.Select(ctx)
+	}
+	if first != nil && r.reuseHolds {
+		// The hosts that survive a broken gang say so within moments (the
+		// collective's abort reaches every rank at once): wait for those not
+		// blamed, briefly, so that the next gang can keep them.
+		perHost := max(1, r.spec.Scaling.WorkersPerHost)
+		timerCtx, cancelTimer := workflow.WithCancel(ctx)
+		graceOver := false
+		sel.AddFuture(workflow.NewTimer(timerCtx, survivorGrace), func(workflow.Future) { graceOver = true })
+		for !graceOver && awaitingSurvivors(ranks, settled, holdEnded, g.placements, perHost) {
+			sel.Select(ctx)
+		}
+		cancelTimer()
 	}
 	if first != nil {
 		// Cancelled activities settle at once; those that finished keep their results.
@@ -81,8 +96,16 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			}
 		}
 	}
-	return mergeEpoch(ranks, first, leftWith)
+	out := mergeEpoch(ranks, first, leftWith)
+	if out.err != nil && r.reuseHolds {
+		out.survivors = survivors(ranks, settled, holdEnded, g.placements, max(1, r.spec.Scaling.WorkersPerHost))
+	}
+	return out
 }
+
+// survivorGrace bounds how long a broken gang's run waits for its hosts
+// that are not blamed to report that they survived.
+const survivorGrace = time.Second
 
 // record counts a finished epoch and tells the run's search, if it is a trial.
 func (r *run) record(ctx workflow.Context, res spec.EpochResult) {

@@ -3,6 +3,7 @@ package workflows
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -19,8 +20,38 @@ type gang struct {
 	placements []spec.Placement // one per host, by host; Rank is the host's first rank
 	holdIDs    []holdID         // what each host's hold was asked as, by host
 	holds      []workflow.Future
+	cancels    []workflow.CancelFunc // each host's hold on its own, by host; nil where the holds share one context
 	release    workflow.CancelFunc
 	secret     []byte // runs before per-rank keys only (run.rankKeys)
+}
+
+// survivingHosts are the hosts of a broken gang that the run keeps for its
+// next one (run.reuseHolds): their ranks ended only because another host's
+// rank failed, and their holds are still good. The next gang asks only for
+// the hosts it lacks, and its ranks on these hosts find the state they kept
+// (failure.recover_from_peers): a gang without a spare slot forms as soon as
+// the lost host's replacement grants its hold.
+type survivingHosts struct {
+	placements []spec.Placement
+	holdIDs    []holdID
+	holds      []workflow.Future
+	cancels    []workflow.CancelFunc
+}
+
+// held is the surviving hosts, as run runID holds them.
+func (s *survivingHosts) held(runID string) []heldHost {
+	hosts := make([]heldHost, len(s.placements))
+	for i, pl := range s.placements {
+		hosts[i] = heldHost{hold: s.holdIDs[i], queue: pl.HostQueue, runs: []string{runID}}
+	}
+	return hosts
+}
+
+// release cancels the surviving hosts' holds.
+func (s *survivingHosts) release() {
+	for _, c := range s.cancels {
+		c()
+	}
 }
 
 var errStopped = errors.New("stopped while forming a gang")
@@ -123,11 +154,33 @@ func (r *run) holdSlotsAgain(ctx workflow.Context, gen int, requests []int) ([]w
 // taken.
 func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	workers, perHost := r.spec.Scaling.Hosts(), max(1, r.spec.Scaling.WorkersPerHost)
-	requests := make([]int, workers)
-	for i := range requests {
-		requests[i] = i
+	// The hosts kept from the gang before are hosts 0..kept-1, granted
+	// already; the others are asked for as requests kept..workers-1.
+	surv := r.survivors
+	r.survivors = nil
+	kept := 0
+	if surv != nil {
+		kept = min(len(surv.placements), workers)
 	}
-	holds, cancels, release, again := r.holdSlotsAgain(ctx, gen, requests)
+	requests := make([]int, workers-kept)
+	for i := range requests {
+		requests[i] = kept + i
+	}
+	asks, askCancels, newRelease, askAgain := r.holdSlotsAgain(ctx, gen, requests)
+	holds := make([]workflow.Future, workers)
+	cancels := make([]workflow.CancelFunc, workers)
+	copy(holds[kept:], asks)
+	copy(cancels[kept:], askCancels)
+	again := func(i int) {
+		askAgain(i - kept)
+		holds[i] = asks[i-kept]
+	}
+	release := newRelease
+	if surv != nil {
+		copy(holds, surv.holds[:kept])
+		copy(cancels, surv.cancels[:kept])
+		release = func() { newRelease(); surv.release() }
+	}
 	var secret []byte
 	if !r.rankKeys {
 		workflow.SideEffect(ctx, func(workflow.Context) any { return newSecret() }).Get(&secret)
@@ -137,6 +190,13 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	granted := make([]bool, workers)
 	ended := make([]bool, workers) // a hold that ended before it was granted: no slot came
 	asked := make([]int, workers)  // holds asked for again after a worker had too few slots
+	holdIDs := make([]holdID, workers)
+	for i := range workers {
+		holdIDs[i] = holdID{gen, i}
+	}
+	for i := range kept {
+		granted[i], placements[i], holdIDs[i] = true, surv.placements[i], surv.holdIDs[i]
+	}
 	var goneErr error              // why the last ungranted hold ended
 	const maxAsks = 8
 	timedOut := false
@@ -144,7 +204,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	timerCtx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
 	timer := workflow.NewTimer(timerCtx, time.Duration(r.spec.Scaling.GangTimeout))
-	count, gone := 0, 0
+	count, gone := kept, 0
 	deadline := workflow.Now(ctx).Add(time.Duration(r.spec.Scaling.GangTimeout)).UTC().Format(time.TimeOnly)
 	say := func() {
 		what := "slots"
@@ -203,7 +263,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		runID := workflow.GetInfo(ctx).WorkflowExecution.RunID
 		for i := range workers {
 			if granted[i] {
-				hosts = append(hosts, heldHost{hold: holdID{gen, i}, queue: placements[i].HostQueue, runs: []string{runID}})
+				hosts = append(hosts, heldHost{hold: holdIDs[i], queue: placements[i].HostQueue, runs: []string{runID}})
 			}
 		}
 		return hosts
@@ -235,8 +295,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range workers {
 		if granted[i] {
 			g.placements = append(g.placements, placements[i])
-			g.holdIDs = append(g.holdIDs, holdID{gen, i})
+			g.holdIDs = append(g.holdIDs, holdIDs[i])
 			g.holds = append(g.holds, holds[i])
+			g.cancels = append(g.cancels, cancels[i])
 		} else {
 			cancels[i]()
 		}
@@ -289,5 +350,43 @@ func (r *run) releaseGang(ctx workflow.Context, wait bool) {
 		r.p.Gang = nil
 		r.p.World = 0
 	}
+	if r.survivors != nil {
+		hosts = append(hosts, r.survivors.held(runID)...)
+		r.survivors.release()
+		r.survivors = nil
+	}
 	r.letGo(ctx, hosts, wait)
+}
+
+// breakGang gives up a gang that broke but keeps its surviving hosts
+// (survivors: host indices) for the next one, where the run can: it lets
+// go of the other hosts and any probe at once.
+func (r *run) breakGang(ctx workflow.Context, survivors []int) {
+	g := r.gang
+	if !r.reuseHolds || g == nil || len(survivors) == 0 || len(g.cancels) != len(g.placements) || len(g.holdIDs) != len(g.placements) {
+		r.releaseGang(ctx, false)
+		return
+	}
+	runID := workflow.GetInfo(ctx).WorkflowExecution.RunID
+	var hosts []heldHost
+	if r.probe != nil {
+		hosts = append(hosts, r.probe.held(runID)...)
+		r.probe.release()
+		r.probe = nil
+	}
+	s := &survivingHosts{}
+	for i, pl := range g.placements {
+		if slices.Contains(survivors, i) {
+			s.placements = append(s.placements, pl)
+			s.holdIDs = append(s.holdIDs, g.holdIDs[i])
+			s.holds = append(s.holds, g.holds[i])
+			s.cancels = append(s.cancels, g.cancels[i])
+			continue
+		}
+		hosts = append(hosts, heldHost{hold: g.holdIDs[i], queue: pl.HostQueue, runs: []string{runID}})
+		g.cancels[i]()
+	}
+	r.survivors = s
+	r.gang, r.p.Gang, r.p.World = nil, nil, 0
+	r.letGo(ctx, hosts, false)
 }

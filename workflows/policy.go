@@ -147,6 +147,9 @@ type epochOutcome struct {
 	result *spec.EpochResult   // a rank's full result, if the epoch counts
 	latest *spec.CheckpointRef // the newest checkpoint any rank reported, even in an error
 	err    error               // why the gang ended, if it did
+	// survivors are the gang's hosts to keep for the next gang, by host
+	// index (run.reuseHolds; see survivors).
+	survivors []int
 }
 
 // rankEnd is how one rank's RunEpoch ended.
@@ -193,6 +196,89 @@ func mergeEpoch(ranks []rankEnd, first error, leftWith []*spec.CheckpointRef) ep
 				out.err = &rankError{what: r.where, err: r.err}
 				return out
 			}
+		}
+	}
+	return out
+}
+
+// brokenBy is what a host's epoch error says of the rank that broke the
+// gang, if the host's ranks ended only because of it (spec.BrokenBy); nil
+// for any other end.
+func brokenBy(err error) *spec.BrokenBy {
+	var app *temporal.ApplicationError
+	if err == nil || !errors.As(err, &app) || !app.HasDetails() {
+		return nil
+	}
+	var b spec.BrokenBy
+	switch app.Type() {
+	case spec.ErrPeerFailed:
+		if app.Details(&b) != nil {
+			return nil
+		}
+	case spec.ErrPreempted:
+		var ref spec.CheckpointRef
+		if app.Details(&ref, &b) != nil || b.Reason == "" {
+			return nil
+		}
+	default:
+		return nil
+	}
+	return &b
+}
+
+// hostOf is the index of the host whose ranks include rank, or -1.
+func hostOf(placements []spec.Placement, perHost, rank int) int {
+	for i, pl := range placements {
+		if rank >= pl.Rank && rank < pl.Rank+perHost {
+			return i
+		}
+	}
+	return -1
+}
+
+// blamed marks the hosts that a settled host's epoch error blames.
+func blamed(ranks []rankEnd, settled []bool, placements []spec.Placement, perHost int) []bool {
+	out := make([]bool, len(placements))
+	for i, r := range ranks {
+		if b := brokenBy(r.err); settled[i] && b != nil && b.Rank >= 0 {
+			if h := hostOf(placements, perHost, b.Rank); h >= 0 {
+				out[h] = true
+			}
+		}
+	}
+	return out
+}
+
+// awaitingSurvivors says whether a broken gang may still hear from a
+// surviving host: some host has said it survived, and some host that
+// nobody blamed, whose hold is good, has not ended its epoch yet.
+func awaitingSurvivors(ranks []rankEnd, settled, holdEnded []bool, placements []spec.Placement, perHost int) bool {
+	heard := false
+	for i, r := range ranks {
+		heard = heard || settled[i] && brokenBy(r.err) != nil
+	}
+	if !heard {
+		return false
+	}
+	blame := blamed(ranks, settled, placements, perHost)
+	for i := range ranks {
+		if !settled[i] && !blame[i] && !holdEnded[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// survivors are the hosts of a broken gang that the next gang keeps: those
+// whose ranks ended only because another host's rank failed (brokenBy),
+// whose hold is still good, and that no host blamed. A host that blames
+// another while being blamed itself (both sides of a partition) is not kept.
+func survivors(ranks []rankEnd, settled, holdEnded []bool, placements []spec.Placement, perHost int) []int {
+	blame := blamed(ranks, settled, placements, perHost)
+	var out []int
+	for i, r := range ranks {
+		if settled[i] && !holdEnded[i] && !blame[i] && brokenBy(r.err) != nil {
+			out = append(out, i)
 		}
 	}
 	return out

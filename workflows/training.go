@@ -76,6 +76,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// A run lets go of the holds it gives up at once, through each host's
 	// queue (release.go); runs recorded before only cancelled them.
 	r.releaseByHost = workflow.GetVersion(ctx, "release-by-host", workflow.DefaultVersion, 1) >= 1
+	// A broken gang's surviving hosts stay held for the next gang
+	// (breakGang); runs recorded before let every host go.
+	r.reuseHolds = workflow.GetVersion(ctx, "reuse-holds", workflow.DefaultVersion, 1) >= 1 && r.elastic && r.releaseByHost
 	if kept != nil && r.keepGang {
 		r.takeOverGang(ctx, *kept)
 	}
@@ -93,6 +96,8 @@ type run struct {
 	grants workflow.ReceiveChannel
 	gang   *gang
 	probe  *probe // while the gang has fewer ranks than scaling.workers
+	// survivors: the hosts of the last broken gang kept for the next one.
+	survivors *survivingHosts
 	ended  bool
 	// elastic: this run's history has the elastic-gangs version (each slot
 	// held on its own context). Runs started before it replay without.
@@ -107,6 +112,8 @@ type run struct {
 	askAgain bool
 	// releaseByHost: holds given up are let go of through their hosts' queues.
 	releaseByHost bool
+	// reuseHolds: a broken gang's surviving hosts are kept for the next gang.
+	reuseHolds bool
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
 	// signals counts the signals this execution has received (Temporal
@@ -202,7 +209,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		}
 		r.p.Latest = newer(r.p.Latest, out.latest)
 		if out.err != nil {
-			r.releaseGang(ctx, false)
+			r.breakGang(ctx, out.survivors)
 			inc, fatal := charge(r.p, r.spec.Failure, epoch, out.err)
 			countFailure(ctx, inc)
 			if inc != nil {

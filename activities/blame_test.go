@@ -1,0 +1,54 @@
+package activities
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// A host's epoch that ended because another host's rank broke the gang says
+// so, naming that rank; one whose own rank is to blame, or that ended any
+// other way, says nothing of the kind.
+func TestBlameNamesAnotherHostsRank(t *testing.T) {
+	in := spec.EpochInput{Rank: 5}
+	place := spec.LocalPlace{LocalRank: 1, LocalWorld: 4} // ranks 4..7
+	wrapped := func(rank int) error {
+		return fmt.Errorf("step 3: %w", &collective.PeerError{Rank: rank, Reporter: 4, Reason: "stalled"})
+	}
+	for name, c := range map[string]struct {
+		err  error
+		want int // the rank blamed; -2: not blamed
+	}{
+		"another host's rank":         {wrapped(8), 8},
+		"rank 0":                      {wrapped(0), 0},
+		"a rank of this host":         {wrapped(7), -2},
+		"this rank":                   {wrapped(5), -2},
+		"nobody to blame (cancelled)": {wrapped(-1), -2},
+		"not the collective's":        {errors.New("disk full"), -2},
+		"a user error":                {userError(wrapped(8)), -2},
+	} {
+		err := blame(c.err, in, place)
+		var app *temporal.ApplicationError
+		if c.want == -2 {
+			if err != c.err {
+				t.Errorf("%s: %v became %v; want it as it was", name, c.err, err)
+			}
+			continue
+		}
+		var b spec.BrokenBy
+		if !errors.As(err, &app) || app.Type() != spec.ErrPeerFailed || app.Details(&b) != nil || b.Rank != c.want || b.Reason != "stalled" {
+			t.Errorf("%s: %v; want an %s blaming rank %d", name, err, spec.ErrPeerFailed, c.want)
+		}
+		if app != nil && app.Message() != c.err.Error() {
+			t.Errorf("%s: message %q; want %q", name, app.Message(), c.err.Error())
+		}
+	}
+	if blame(nil, in, place) != nil {
+		t.Error("no error became one")
+	}
+}
