@@ -197,7 +197,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range kept {
 		granted[i], placements[i], holdIDs[i] = true, surv.placements[i], surv.holdIDs[i]
 	}
-	var goneErr error              // why the last ungranted hold ended
+	var goneErr error // why the last ungranted hold ended
 	const maxAsks = 8
 	timedOut := false
 	var holdErr error

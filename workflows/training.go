@@ -98,7 +98,7 @@ type run struct {
 	probe  *probe // while the gang has fewer ranks than scaling.workers
 	// survivors: the hosts of the last broken gang kept for the next one.
 	survivors *survivingHosts
-	ended  bool
+	ended     bool
 	// elastic: this run's history has the elastic-gangs version (each slot
 	// held on its own context). Runs started before it replay without.
 	elastic bool
