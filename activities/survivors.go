@@ -138,11 +138,19 @@ const peerVote = 8
 // checkpoint. Every rank calls it (it communicates); ok is the same on
 // every rank: false means restore from storage. at is the newest position
 // any survivor among the ranks had reached, if any survived.
-func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.EpochInput) (_ *spec.RestoreReport, ok bool, at *spec.Position, _ error) {
+func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.EpochInput) (_ *spec.RestoreReport, ok bool, at *spec.Position, err error) {
 	if in.Restore == nil && !in.Resume {
 		return nil, false, nil, nil // a fresh run, or one resumed from another run's checkpoint
 	}
 	mine := a.survivors.take(survivorKey(ctx))
+	defer func() {
+		// The new gang broke before it agreed (a rank killed while it
+		// restores): what this rank kept is still the newest state, for
+		// the gang after.
+		if err != nil && mine != nil {
+			a.survivors.keep(survivorKey(ctx), mine)
+		}
+	}()
 	usable := mine != nil && mine.state != nil && rep.peerRecovery && mine.cursor.Epoch < in.Spec.Hyper.Epochs &&
 		(in.Restore == nil || !cursorBefore(mine.cursor, trainer.Cursor{Epoch: in.Restore.Epoch, Step: in.Restore.Step})) &&
 		mine.cursor.Epoch < 1<<24 && mine.cursor.Step < 1<<24 && len(mine.state) < 1<<47
@@ -188,7 +196,6 @@ func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.Epoc
 		return nil, false, at, fmt.Errorf("receiving the survivor's state from rank %d: %w", donor, err)
 	}
 	state := raw[32 : 32+size]
-	var err error
 	if sum := blake3.Sum256(state); !slices.Equal(sum[:], raw[:32]) {
 		err = fmt.Errorf("the state rank %d sent does not match its digest", donor)
 	} else if st, derr := decodeState(state); derr != nil {
@@ -200,6 +207,7 @@ func (a *Agent) restoreFromPeers(ctx context.Context, rep *replica, in spec.Epoc
 	if err != nil {
 		done[0] = 0
 		a.Log.Warn("could not restore the survivor's state; the gang restores from storage", zap.Int("rank", in.Rank), zap.Int("donor", donor), zap.Error(err))
+		err = nil
 	}
 	if aerr := rep.group.AllReduce(ctx, done); aerr != nil {
 		return nil, false, at, fmt.Errorf("agreeing on the survivor's state: %w", aerr)

@@ -139,6 +139,8 @@ type Group struct {
 	sendRing, recvRing  *shmRing    // shared memory with the right / left neighbour, if on this host
 	shmSent, shmDrained uint64      // chunks put in sendRing; chunks taken from recvRing
 	inOp                atomic.Bool // an operation is in progress: the left reader may spin
+	spin                time.Duration
+	leftClosed          atomic.Bool // the left neighbour closed its group gracefully (shared-memory links)
 	rightClosed         atomic.Bool // the right neighbour closed its group gracefully
 	writeMu             sync.Mutex
 	frameBuf            []byte // header and small payload, under writeMu
@@ -246,6 +248,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		// rank it waits for (measured: 4 ranks on 2 cores, 3x slower with polling).
 		spin = 0
 	}
+	g.spin = spin
 	g.leftReader = bufio.NewReaderSize(newSpinReader(g.leftConn, spin, &g.inOp), 64<<10)
 	g.lastWrite.Store(time.Now().UnixNano())
 	g.wg.Add(3)
@@ -318,6 +321,10 @@ func (g *Group) Err() error {
 func (g *Group) Close() error {
 	g.fail(ErrClosed, &PeerError{Rank: g.rank, Reporter: g.rank, Reason: closedReason})
 	g.wg.Wait()
+	// An operation in progress returns now that the group failed; it may
+	// still be reading a ring until it does.
+	g.opMu.Lock()
+	defer g.opMu.Unlock()
 	g.closeRings.Do(func() {
 		if g.sendRing != nil {
 			g.sendRing.close()
@@ -338,8 +345,6 @@ const (
 	frameAbort     = 3
 	headerLen      = 16
 	maxAbortMsg    = 1024
-
-	flagShm = 1 // data frame: the payload is in shared-memory slot aux, not on the wire
 )
 
 const (
@@ -363,26 +368,6 @@ func (h header) put(b []byte) {
 
 func parseHeader(b []byte) header {
 	return header{typ: b[0], op: b[1], flags: b[2], seq: binary.LittleEndian.Uint32(b[4:]), length: binary.LittleEndian.Uint32(b[8:]), aux: binary.LittleEndian.Uint32(b[12:])}
-}
-
-// waitForSlot waits until the right neighbour has drained the chunk in the
-// slot this rank is about to fill: polling briefly, then sleeping in short
-// steps (this only happens when the receiver is behind).
-func (g *Group) waitForSlot() error {
-	consumed := g.sendRing.consumed()
-	for spins := 0; g.shmSent-consumed.Load() >= uint64(g.sendRing.slots); spins++ {
-		select {
-		case <-g.done:
-			return g.err
-		default:
-		}
-		if spins < 200 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(20 * time.Microsecond)
-		}
-	}
-	return nil
 }
 
 // writeRight sends one frame to the right neighbour.
@@ -512,6 +497,7 @@ func (g *Group) fail(local error, pe *PeerError) {
 		if g.world == 1 {
 			return
 		}
+		g.wakeRings()
 		if local != ErrClosed && pe.Reason != closedReason {
 			g.log.Warn("collective group failed", zap.Int("culprit", pe.Rank), zap.Int("reporter", pe.Reporter), zap.String("reason", pe.Reason))
 		}
@@ -590,6 +576,13 @@ func (g *Group) readLeft() {
 		case frameKeepalive:
 			continue
 		case frameAbort:
+			if h.op == 1 && g.recvRing != nil {
+				// The left neighbour finished and closed: the operation that
+				// expects more data from it fails (shmReceiver.await).
+				g.leftClosed.Store(true)
+				futexWake(g.recvRing.published())
+				return
+			}
 			if h.op == 1 && job == nil {
 				// The left neighbour finished and closed. That fails nothing until
 				// this rank expects data from it again (a pending or later operation).
@@ -604,6 +597,10 @@ func (g *Group) readLeft() {
 			g.readAbort(g.leftReader, h)
 			return
 		case frameData:
+			if g.recvRing != nil {
+				g.failPeer(g.left, "protocol error", errors.New("a data frame over TCP on a shared-memory link"))
+				return
+			}
 		default:
 			g.failPeer(g.left, "protocol error", fmt.Errorf("unknown frame type %d", h.typ))
 			return
@@ -622,26 +619,6 @@ func (g *Group) readLeft() {
 				"received operation #%d kind %d with %d bytes, expected operation #%d kind %d with %d bytes: ranks called collectives in different orders or with different lengths",
 				h.seq, h.op, h.length, job.seq, job.op, 4*len(it.dst)))
 			return
-		}
-		if h.flags&flagShm != 0 {
-			if g.recvRing == nil || int(h.aux) >= g.recvRing.slots || int(h.length) > g.recvRing.slotBytes {
-				g.failPeer(g.left, "protocol error", fmt.Errorf("shared-memory frame for slot %d of %d bytes without a ring for it", h.aux, h.length))
-				return
-			}
-			src := asFloats(g.recvRing.slot(int(h.aux))[:h.length])
-			if it.add {
-				addInto(it.dst, src)
-			} else {
-				copy(it.dst, src)
-			}
-			g.shmDrained++
-			g.recvRing.consumed().Store(g.shmDrained) // the slot is the sender's again
-			job.tokens <- struct{}{}
-			if next++; next == len(job.items) {
-				close(job.finished)
-				job = nil
-			}
-			continue
 		}
 		dst := it.dst
 		if it.add {
@@ -687,9 +664,16 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	}
 	g.seq++
 	job := &recvJob{seq: g.seq, op: op, items: recvs, tokens: make(chan struct{}, len(recvs)), finished: make(chan struct{})}
-	if len(recvs) == 0 {
+	var shm *shmReceiver // receives from shared memory, in this goroutine (shmlink.go)
+	switch {
+	case len(recvs) == 0:
 		close(job.finished)
-	} else {
+	case g.recvRing != nil:
+		shm = &shmReceiver{g: g, job: job}
+		if bytes <= g.opts.SpinMaxBytes {
+			shm.spin = g.spin
+		}
+	default:
 		if bytes <= g.opts.SpinMaxBytes {
 			g.inOp.Store(true)
 			defer g.inOp.Store(false)
@@ -702,30 +686,38 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 		g.fail(pe, pe)
 	})
 	defer stop()
+	tokens := 0
 	for _, s := range sends {
 		if s.afterToken {
-			select {
-			case <-job.tokens:
-			case <-g.done:
-				return g.err
+			tokens++
+			if shm != nil {
+				if err := shm.await(tokens); err != nil {
+					return err
+				}
+			} else {
+				select {
+				case <-job.tokens:
+				case <-g.done:
+					return g.err
+				}
 			}
+		}
+		if g.sendRing != nil {
+			if err := g.sendShm(op, job.seq, s.src, shm); err != nil {
+				return err
+			}
+			continue
 		}
 		h := header{typ: frameData, op: op, seq: job.seq, length: uint32(4 * len(s.src))}
 		payload := asBytes(s.src)
-		if g.sendRing != nil && len(payload) >= shmMinBytes {
-			if err := g.waitForSlot(); err != nil {
-				return err
-			}
-			slot := int(g.shmSent % uint64(g.sendRing.slots))
-			copy(g.sendRing.slot(slot), payload)
-			g.shmSent++
-			h.flags, h.aux, payload = flagShm, uint32(slot), nil
-		}
 		if err := g.writeRight(h, payload); err != nil {
 			g.failPeer(g.right, "sending", err)
 			<-g.done
 			return g.err
 		}
+	}
+	if shm != nil {
+		return shm.await(len(recvs))
 	}
 	select {
 	case <-job.finished:

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -91,11 +92,56 @@ func (r *shmRing) slot(i int) []byte {
 
 func (r *shmRing) close() { unix.Munmap(r.mem) }
 
-// consumed is the count of chunks the receiver has drained, published in the
-// header page: the sender may reuse a slot once the chunk in it is consumed.
-func (r *shmRing) consumed() *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&r.mem[shmConsumedOffset]))
+// The header page, after the token: four 32-bit words, each on its own
+// cache line, and one descriptor per slot. Counters wrap (they are compared
+// by difference); the futex words are the counters themselves.
+const (
+	shmConsumedOffset    = 64  // chunks the receiver has drained (receiver writes)
+	shmPublishedOffset   = 128 // chunks the sender has filled (sender writes)
+	shmRecvWaitingOffset = 192 // the receiver sleeps on published (receiver writes)
+	shmSendWaitingOffset = 256 // the sender sleeps on consumed (sender writes)
+	shmDescOffset        = 512 // slot i's descriptor: seq, op, length (16 bytes each)
+	shmMaxSlots          = (shmHeader - shmDescOffset) / 16
+)
+
+func (r *shmRing) word(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&r.mem[off]))
 }
 
-// shmConsumedOffset is where the consumed counter lives (8-byte aligned, after the token).
-const shmConsumedOffset = 64
+// consumed is the count of chunks the receiver has drained: the sender may
+// reuse a slot once the chunk in it is consumed.
+func (r *shmRing) consumed() *atomic.Uint32 { return r.word(shmConsumedOffset) }
+
+// published is the count of chunks the sender has put in the ring.
+func (r *shmRing) published() *atomic.Uint32 { return r.word(shmPublishedOffset) }
+
+// recvWaiting and sendWaiting say that a side sleeps on its counter: the
+// other side wakes it after moving the counter.
+func (r *shmRing) recvWaiting() *atomic.Uint32 { return r.word(shmRecvWaitingOffset) }
+func (r *shmRing) sendWaiting() *atomic.Uint32 { return r.word(shmSendWaitingOffset) }
+
+// desc is slot i's descriptor: the operation's sequence number and kind,
+// and the chunk's length in bytes. The sender writes it before publishing
+// the slot, the receiver checks it before using the slot.
+func (r *shmRing) desc(i int) (seq, op, length *atomic.Uint32) {
+	off := shmDescOffset + 16*i
+	return r.word(off), r.word(off + 4), r.word(off + 8)
+}
+
+// The futex operations (linux/futex.h), shared (not FUTEX_PRIVATE_FLAG).
+const (
+	futexWaitOp = 0
+	futexWakeOp = 1
+)
+
+// futexWait sleeps while *w == val, for at most d (or until futexWake).
+// The words live in memory shared between processes: no FUTEX_PRIVATE_FLAG.
+func futexWait(w *atomic.Uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(d.Nanoseconds())
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+// futexWake wakes every sleeper on w, in this process or the peer's.
+func futexWake(w *atomic.Uint32) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<30), 0, 0, 0)
+}

@@ -14,9 +14,12 @@ import (
 const (
 	// shmSlots is how many chunks a sender can have in flight through shared memory.
 	shmSlots = 4
-	// shmMinBytes: smaller chunks go inline over TCP, where a descriptor and a
-	// credit frame would cost more than the copy they save.
-	shmMinBytes = 32 << 10
+	// shmSignalled marks an offer of a ring whose sender signals through the
+	// ring itself (a counter and a futex, shmlink.go), not over TCP. It is
+	// set in the offer's slot count, so that a peer of an earlier release,
+	// which signalled every chunk over TCP, sees too many slots and declines:
+	// the two then talk over TCP only.
+	shmSignalled = 1 << 31
 )
 
 // negotiateShm runs after both handshakes: this rank offers a ring to its left
@@ -61,7 +64,7 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 			defer os.Remove(path)
 			offer = binary.BigEndian.AppendUint16(nil, uint16(len(path)))
 			offer = append(offer, path...)
-			offer = binary.BigEndian.AppendUint32(offer, shmSlots)
+			offer = binary.BigEndian.AppendUint32(offer, shmSlots|shmSignalled)
 			offer = binary.BigEndian.AppendUint32(offer, uint32(slotBytes))
 			offer = append(offer, token...)
 		}
@@ -82,10 +85,11 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 			return fmt.Errorf("reading rank %d's transport offer: %w", g.right, err)
 		}
 		peerPath := string(rest[:l])
-		slots := int(binary.BigEndian.Uint32(rest[l:]))
+		slots := binary.BigEndian.Uint32(rest[l:])
 		size := int(binary.BigEndian.Uint32(rest[l+4:]))
-		if size == g.opts.ChunkBytes && slots > 0 && slots <= 64 && g.shmWith(g.right) {
-			if ring, err := openShmRing(peerPath, slots, size, rest[l+8:]); err == nil {
+		signalled, n := slots&shmSignalled != 0, int(slots&^shmSignalled)
+		if size == g.opts.ChunkBytes && signalled && n > 0 && n <= shmMaxSlots && g.shmWith(g.right) {
+			if ring, err := openShmRing(peerPath, n, size, rest[l+8:]); err == nil {
 				g.sendRing = ring
 				answer[0] = 1
 			}
