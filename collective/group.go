@@ -136,12 +136,13 @@ type Group struct {
 
 	leftConn, rightConn net.Conn // data flows left -> us -> right
 	leftReader          *bufio.Reader
-	sendRing, recvRing  *shmRing    // shared memory with the right / left neighbour, if on this host
-	shmSent, shmDrained uint64      // chunks put in sendRing; chunks taken from recvRing
-	inOp                atomic.Bool // an operation is in progress: the left reader may spin
-	spin                time.Duration
-	leftClosed          atomic.Bool // the left neighbour closed its group gracefully (shared-memory links)
-	rightClosed         atomic.Bool // the right neighbour closed its group gracefully
+	sendRing, recvRing  *shmRing      // shared memory with the right / left neighbour, if on this host
+	shmSent, shmDrained uint64        // chunks put in sendRing; chunks taken from recvRing
+	inOp                atomic.Bool   // an operation is in progress: the left reader may spin
+	spin                time.Duration // how long a shared-memory link polls its ring before it sleeps
+	yield               bool          // more ranks than cores here: poll by yielding the core
+	leftClosed          atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
+	rightClosed         atomic.Bool   // the right neighbour closed its group gracefully
 	writeMu             sync.Mutex
 	frameBuf            []byte // header and small payload, under writeMu
 	leftWriteMu         sync.Mutex
@@ -246,9 +247,12 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if ranksOnHost(gang.Peers, rank) > runtime.NumCPU() {
 		// More ranks than cores here: a polling rank would take the core from the
 		// rank it waits for (measured: 4 ranks on 2 cores, 3x slower with polling).
+		// A shared-memory link polls its ring by giving the core up (sched_yield)
+		// between looks instead.
 		spin = 0
+		g.yield = true
 	}
-	g.spin = spin
+	g.spin = opts.SpinWindow
 	g.leftReader = bufio.NewReaderSize(newSpinReader(g.leftConn, spin, &g.inOp), 64<<10)
 	g.lastWrite.Store(time.Now().UnixNano())
 	g.wg.Add(3)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -24,6 +25,34 @@ type shmRing struct {
 	mem       []byte
 	slots     int
 	slotBytes int
+	// clock, in race builds only, is shared by the two sides of the ring
+	// when they are in one process (raceEnabled).
+	clock *atomic.Uint64
+}
+
+// raceClocks are the rings' clocks in race builds, by token.
+var raceClocks sync.Map
+
+func (r *shmRing) setClock(token []byte) *shmRing {
+	if raceEnabled {
+		c, _ := raceClocks.LoadOrStore(string(token), new(atomic.Uint64))
+		r.clock = c.(*atomic.Uint64)
+	}
+	return r
+}
+
+// release and acquire order a side's use of a slot before the other
+// side's, for the race detector (raceEnabled); they do nothing otherwise.
+func (r *shmRing) release() {
+	if r.clock != nil {
+		r.clock.Add(1)
+	}
+}
+
+func (r *shmRing) acquire() {
+	if r.clock != nil {
+		r.clock.Load()
+	}
 }
 
 const (
@@ -54,7 +83,7 @@ func createShmRing(slots, slotBytes int) (ring *shmRing, path string, token []by
 	token = make([]byte, shmTokenLen)
 	rand.Read(token)
 	copy(mem, token)
-	return &shmRing{mem: mem, slots: slots, slotBytes: slotBytes}, f.Name(), token, nil
+	return (&shmRing{mem: mem, slots: slots, slotBytes: slotBytes}).setClock(token), f.Name(), token, nil
 }
 
 // openShmRing maps a peer's ring and proves it is the same memory by its token.
@@ -82,7 +111,7 @@ func openShmRing(path string, slots, slotBytes int, token []byte) (*shmRing, err
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("shared memory %s holds another token: not the peer's memory", path)
 	}
-	return &shmRing{mem: mem, slots: slots, slotBytes: slotBytes}, nil
+	return (&shmRing{mem: mem, slots: slots, slotBytes: slotBytes}).setClock(token), nil
 }
 
 func (r *shmRing) slot(i int) []byte {
@@ -145,3 +174,6 @@ func futexWait(w *atomic.Uint32, val uint32, d time.Duration) {
 func futexWake(w *atomic.Uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<30), 0, 0, 0)
 }
+
+// osYield gives the core to another runnable thread (sched_yield).
+func osYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -33,3 +33,7 @@ func (r *shmRing) sendWaiting() *atomic.Uint32               { return nil }
 func (r *shmRing) desc(int) (seq, op, length *atomic.Uint32) { return nil, nil, nil }
 func futexWait(*atomic.Uint32, uint32, time.Duration)        {}
 func futexWake(*atomic.Uint32)                               {}
+
+func osYield()              {}
+func (r *shmRing) release() {}
+func (r *shmRing) acquire() {}

@@ -39,6 +39,7 @@ type shmReceiver struct {
 func (r *shmReceiver) take() (bool, error) {
 	g, ring := r.g, r.g.recvRing
 	published := ring.published().Load()
+	ring.acquire()
 	took := false
 	for uint32(g.shmDrained) != published && r.received < len(r.job.items) {
 		if published-uint32(g.shmDrained) > uint32(ring.slots) {
@@ -62,6 +63,7 @@ func (r *shmReceiver) take() (bool, error) {
 			copy(it.dst, src)
 		}
 		g.shmDrained++
+		ring.release()
 		ring.consumed().Store(uint32(g.shmDrained)) // the slot is the sender's again
 		if ring.sendWaiting().Load() != 0 {
 			futexWake(ring.consumed())
@@ -103,7 +105,7 @@ func (r *shmReceiver) await(n int) error {
 				until = time.Now().Add(r.spin)
 			}
 			if spins%64 != 0 || time.Now().Before(until) {
-				runtime.Gosched()
+				g.pause()
 				continue
 			}
 		}
@@ -140,7 +142,7 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 				until = time.Now().Add(g.spin)
 			}
 			if spins%64 != 0 || time.Now().Before(until) {
-				runtime.Gosched()
+				g.pause()
 				continue
 			}
 		}
@@ -155,6 +157,7 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 		}
 		ring.sendWaiting().Store(0)
 	}
+	ring.acquire()
 	slot := int(g.shmSent % uint64(ring.slots))
 	payload := asBytes(src)
 	copy(ring.slot(slot), payload)
@@ -163,11 +166,23 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 	opW.Store(uint32(op))
 	lenW.Store(uint32(len(payload)))
 	g.shmSent++
+	ring.release()
 	ring.published().Store(uint32(g.shmSent))
 	if ring.recvWaiting().Load() != 0 {
 		futexWake(ring.published())
 	}
 	return nil
+}
+
+// pause is one wait between two looks at a ring: a yield of the goroutine,
+// or of the core where ranks outnumber cores (the rank polled for may be
+// the one that needs it).
+func (g *Group) pause() {
+	if g.yield {
+		osYield()
+	} else {
+		runtime.Gosched()
+	}
 }
 
 // wakeRings wakes this rank's own sleepers on its rings (the group failed).
