@@ -123,6 +123,12 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 		} else {
 			if f.Detected == 0 && (q.Failures+q.Preemptions > before || phase == PhaseGang && troubles(q) > incidents) {
 				f.Detected = time.Since(start)
+				if heal != nil && h.cfg.Hosts <= h.cfg.Ranks {
+					// No spare host: the next gang needs the struck one, which
+					// comes back once its fault is noticed, as a restarted one does.
+					heal()
+					heal = nil
+				}
 			}
 			if phase == PhaseGang && q.State == spec.StateTraining && len(q.Gang) > 0 {
 				// Struck while the gang formed: whether or not it cost a gang, training began.

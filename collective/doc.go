@@ -1,6 +1,8 @@
 // Package collective owns the communication between the ranks of one gang:
 // ring all-reduce (reduce-scatter, then all-gather), broadcast and barrier of
-// float32 buffers over TCP.
+// float32 buffers over TCP, and over shared memory between neighbours on one
+// host (shmlink.go: the data and its signal both cross the ring; TCP carries
+// the keepalives and aborts).
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join
