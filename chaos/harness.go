@@ -48,6 +48,13 @@ const (
 	PhaseCheckpoint = "checkpoint-write"
 )
 
+// workflowTaskTimeout is the runs' workflow task timeout. Every host here
+// is a workflow worker too (-role both): a host cut off just after it took a
+// workflow task holds the run up for this long before the server gives the
+// task to another (Temporal's default, 10 s, made a partition look 11–12 s
+// slow to detect). A training run's workflow tasks take milliseconds.
+const workflowTaskTimeout = 2 * time.Second
+
 // Config is one chaos session.
 type Config struct {
 	Seed           int64
@@ -357,7 +364,7 @@ func (h *Harness) progress(ctx context.Context, id string) *spec.Progress {
 func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, rep *Report) (*spec.Progress, error) {
 	start := time.Now()
 	input, _ := json.Marshal(h.spec(id))
-	run, err := h.client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: "chaos"}, spec.WorkflowTraining, json.RawMessage(input))
+	run, err := h.client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: "chaos", WorkflowTaskTimeout: workflowTaskTimeout}, spec.WorkflowTraining, json.RawMessage(input))
 	if err != nil {
 		return nil, err
 	}

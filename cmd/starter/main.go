@@ -157,6 +157,7 @@ func train(cmd string, args []string) {
 	data := fs.String("dataset", "", "dataset.url")
 	ckpt := fs.String("checkpoint", "", "checkpoint.url")
 	attrs := fs.Bool("search-attributes", false, "search_attributes: upsert DurabletrainState/DurabletrainEpoch (the namespace must have them; the dev server does)")
+	taskTimeout := fs.Duration("workflow-task-timeout", 0, "the run's workflow task timeout (default Temporal's, 10s): how long a workflow task taken by a worker that is then cut off delays the run, where workflow workers share hosts with GPU agents (-role both)")
 	fs.Parse(args)
 	if err := spec.CheckWorkflowID("-id", *id, len("-resumed-20060102T150405")); *id != "" && err != nil {
 		fail(exitUsage, "%v", err)
@@ -221,7 +222,7 @@ func train(cmd string, args []string) {
 	cl := c.dial()
 	defer cl.Close()
 	input, _ := json.Marshal(s)
-	run, err := cl.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: workflowID, TaskQueue: c.ControlQueue},
+	run, err := cl.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: workflowID, TaskQueue: c.ControlQueue, WorkflowTaskTimeout: *taskTimeout},
 		spec.WorkflowTraining, json.RawMessage(input))
 	if err != nil {
 		fail(exitFailed, "starting the run: %v", err)
