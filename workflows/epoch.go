@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -74,6 +75,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	for done < len(futures) && first == nil {
 		sel.Select(ctx)
 	}
+	heardBefore := slices.Clone(settled) // what the epoch's outcome is made of (below)
 	if first != nil && r.reuseHolds {
 		// The hosts that survive a broken gang say so within moments (the
 		// collective's abort reaches every rank at once): wait for those not
@@ -96,7 +98,17 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			}
 		}
 	}
-	out := mergeEpoch(ranks, first, leftWith)
+	// The wait for survivors only tells which hosts to keep: a rank that
+	// ended in it (a program failing because its peer was killed, say)
+	// counts as cancelled, as it would have been without the wait, so
+	// that its error never becomes the epoch's (a user error would end the run).
+	merged := slices.Clone(ranks)
+	for i := range merged {
+		if !heardBefore[i] && settled[i] && merged[i].err != nil {
+			merged[i].err = temporal.NewCanceledError("cancelled: the gang had broken")
+		}
+	}
+	out := mergeEpoch(merged, first, leftWith)
 	if out.err != nil && r.reuseHolds {
 		out.survivors = survivors(ranks, settled, holdEnded, g.placements, max(1, r.spec.Scaling.WorkersPerHost))
 	}
