@@ -133,3 +133,30 @@ func equalInts(a, b []int) bool {
 	}
 	return true
 }
+
+// A rank that ends while the run waits for survivors (here a program that
+// failed by itself once its peer died: a user error) counts as cancelled:
+// the gang's failure is charged and the run goes on, as it did before the wait.
+func TestARankEndingInTheSurvivorWaitDoesNotEndTheRun(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 3, 0)
+	h.grant(2, 3, 0)
+	h.blockEpoch = func(in spec.EpochInput) bool { return in.Generation == 1 && in.Epoch == 1 && in.Rank == 1 } // killed
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Generation == 1 && in.Epoch == 1 {
+			if in.Rank == 0 {
+				return peerFailed(1)
+			}
+			time.Sleep(100 * time.Millisecond)
+			return temporal.NewNonRetryableApplicationError("rank 2: the program exited: connection closed by peer", spec.ErrUser, nil)
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 3}, "scaling": {"workers": 3}}`)
+	if err != nil {
+		t.Fatalf("the run failed: %v", err)
+	}
+	if p.State != spec.StateCompleted || p.Failures != 1 {
+		t.Fatalf("progress %+v", p)
+	}
+}
