@@ -171,9 +171,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	cancels := make([]workflow.CancelFunc, workers)
 	copy(holds[kept:], asks)
 	copy(cancels[kept:], askCancels)
-	again := func(i int) {
+	again := func(i int) { // a hold asked again has a new future and, elastic, a new cancel
 		askAgain(i - kept)
-		holds[i] = asks[i-kept]
+		holds[i], cancels[i] = asks[i-kept], askCancels[i-kept]
 	}
 	release := newRelease
 	if surv != nil {
