@@ -44,6 +44,7 @@ var accepted = map[string]string{
 	"scaling.gpus_per_worker":   "1 (one rank per GPU slot)",
 	"scaling.workers_per_host":  fmt.Sprintf("1 to %d ranks per host, dividing scaling.workers and scaling.min_workers", MaxWorkersPerHost),
 	"scaling.all_reduce":        `"hierarchical" (within each host, then a ring of hosts; the default) or "ring" (one ring of every rank)`,
+	"scaling.bucket_bytes":      fmt.Sprintf("%d (4 KiB) to %d (1 GiB) bytes of gradient per all-reduce bucket", MinBucketBytes, MaxBucketBytes),
 	"scaling.task_queue":        "1-200 letters, digits or ._=+@:- (the GPU agents' -task-queue), starting with a letter or digit",
 	"scaling.gang_timeout":      "1s to 168h",
 	"checkpoint.every_epochs":   "1 or more",
@@ -95,6 +96,7 @@ type explicitZeros struct {
 		GPUsPerWorker  *int      `json:"gpus_per_worker"`
 		WorkersPerHost *int      `json:"workers_per_host"`
 		GangTimeout    *Duration `json:"gang_timeout"`
+		BucketBytes    *int      `json:"bucket_bytes"`
 	} `json:"scaling"`
 	Checkpoint struct {
 		EveryEpochs *int `json:"every_epochs"`
@@ -123,6 +125,7 @@ func refuseExplicitZeros(data []byte) error {
 		{"scaling.gpus_per_worker", z.Scaling.GPUsPerWorker != nil && *z.Scaling.GPUsPerWorker == 0},
 		{"scaling.workers_per_host", z.Scaling.WorkersPerHost != nil && *z.Scaling.WorkersPerHost == 0},
 		{"scaling.gang_timeout", z.Scaling.GangTimeout != nil && *z.Scaling.GangTimeout == 0},
+		{"scaling.bucket_bytes", z.Scaling.BucketBytes != nil && *z.Scaling.BucketBytes == 0},
 		{"checkpoint.every_epochs", z.Checkpoint.EveryEpochs != nil && *z.Checkpoint.EveryEpochs == 0},
 		{"failure.heartbeat_timeout", z.Failure.HeartbeatTimeout != nil && *z.Failure.HeartbeatTimeout == 0},
 	} {

@@ -13,8 +13,7 @@ import (
 func TestDefaultsAgreeWithTheNativeTrainer(t *testing.T) {
 	for _, opt := range []string{"", "adam", "sgd"} {
 		s := spec.Training{Hyper: spec.Hyper{Optimizer: opt}}.WithDefaults()
-		fromSpec := native.Config{Hidden: s.Model.Hidden, Optimizer: s.Hyper.Optimizer, LR: s.Hyper.LR, Momentum: s.Hyper.Momentum,
-			WeightDecay: s.Hyper.WeightDecay, BatchSize: s.Hyper.BatchSize, Seed: s.Hyper.Seed}
+		fromSpec := native.ConfigOf(s, s.Hyper.BatchSize)
 		own := native.Config{Optimizer: opt}.WithDefaults()
 		if !reflect.DeepEqual(fromSpec, own) {
 			t.Errorf("optimizer %q: the spec's defaults give %+v, the native trainer's %+v", opt, fromSpec, own)

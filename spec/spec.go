@@ -95,7 +95,15 @@ type Scaling struct {
 	// of every rank, whose sums do not depend on how ranks are packed onto
 	// hosts (a run moved between layouts stays bit-identical). Hosts of one
 	// rank always use the ring.
-	AllReduce   string   `json:"all_reduce,omitempty"`
+	AllReduce string `json:"all_reduce,omitempty"`
+	// BucketBytes is how much gradient the native trainer hands to the
+	// all-reduce at once while its backward pass computes the rest (DDP's
+	// bucket_cap_mb): communication overlaps computation. The gradient's
+	// size or more: one all-reduce after the backward pass. Default 256 KiB.
+	// Every rank of a run uses the same buckets, so its sums are
+	// bit-identical across ranks and runs; a run resumed with another bucket
+	// size goes on correctly but not bit for bit as it would have.
+	BucketBytes int      `json:"bucket_bytes,omitempty"`
 	TaskQueue   string   `json:"task_queue,omitempty"`   // the GPU agents' queue; default "durabletrain-gpu"
 	GangTimeout Duration `json:"gang_timeout,omitempty"` // to reserve every slot at once; default 2m
 }
@@ -173,6 +181,12 @@ const (
 	// MaxWorkersPerHost bounds scaling.workers_per_host (hosts have 8 GPUs, a
 	// few 16; CPU hosts may run more ranks).
 	MaxWorkersPerHost = 64
+	// DefaultBucketBytes, MinBucketBytes and MaxBucketBytes are
+	// scaling.bucket_bytes's default and range: below 4 KiB a bucket costs
+	// more in per-operation overhead than it hides.
+	DefaultBucketBytes = 256 << 10
+	MinBucketBytes     = 4 << 10
+	MaxBucketBytes     = 1 << 30
 	// MaxHosts bounds the hosts of a gang: each holds a HoldSlot and a
 	// RunEpoch activity, and Temporal fails a workflow past 2,000 pending
 	// activities (limit.numPendingActivities.error); and the workflow task
@@ -251,6 +265,9 @@ func (t Training) WithDefaults() Training {
 	}
 	if s.AllReduce == "" {
 		s.AllReduce = AllReduceHierarchical
+	}
+	if s.BucketBytes == 0 {
+		s.BucketBytes = DefaultBucketBytes
 	}
 	if s.TaskQueue == "" {
 		s.TaskQueue = DefaultTaskQueue
@@ -364,6 +381,8 @@ func (t Training) validateFields() error {
 		return bad("scaling.workers_per_host", s.WorkersPerHost)
 	case s.AllReduce != AllReduceHierarchical && s.AllReduce != AllReduceRing:
 		return bad("scaling.all_reduce", q(s.AllReduce))
+	case s.BucketBytes < MinBucketBytes || s.BucketBytes > MaxBucketBytes:
+		return bad("scaling.bucket_bytes", s.BucketBytes)
 	case s.Workers%s.WorkersPerHost != 0:
 		return fmt.Errorf("spec: scaling.workers is %d; want a multiple of scaling.workers_per_host (%d): every host runs the same number of ranks", s.Workers, s.WorkersPerHost)
 	case s.MinWorkers%s.WorkersPerHost != 0:

@@ -66,5 +66,5 @@ func MemoryNeeded(cfg Config, features int) int64 {
 func ConfigOf(s spec.Training, batch int) Config {
 	h := s.Hyper
 	return Config{Hidden: s.Model.Hidden, Optimizer: h.Optimizer, LR: h.LR, Momentum: h.Momentum,
-		WeightDecay: h.WeightDecay, BatchSize: batch, Seed: h.Seed}
+		WeightDecay: h.WeightDecay, BatchSize: batch, Seed: h.Seed, BucketBytes: s.Scaling.BucketBytes}
 }

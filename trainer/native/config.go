@@ -14,6 +14,10 @@ type Config struct {
 	WeightDecay float64  `json:"weight_decay,omitempty"` // L2 penalty added to gradients; default 0
 	BatchSize   int      `json:"batch_size,omitempty"`   // examples per rank per step; default 128
 	Seed        uint64   `json:"seed,omitempty"`         // weights and shuffle order; default 0
+	// BucketBytes is how much gradient a rank hands to the all-reduce at
+	// once while backward computes the rest (scaling.bucket_bytes); at least
+	// the gradient's size: one all-reduce after backward. Default DefaultBucketBytes.
+	BucketBytes int `json:"bucket_bytes,omitempty"`
 }
 
 // WithDefaults fills the fields left out.
@@ -34,6 +38,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 128
+	}
+	if c.BucketBytes == 0 {
+		c.BucketBytes = DefaultBucketBytes
 	}
 	return c
 }
@@ -56,6 +63,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("hyper.weight_decay is %v; want a number in [0, 1)", c.WeightDecay)
 	case c.BatchSize < 1 || c.BatchSize > 1<<16:
 		return fmt.Errorf("hyper.batch_size is %d; want 1 to 65536 examples per rank", c.BatchSize)
+	case c.BucketBytes < MinBucketBytes || c.BucketBytes > MaxBucketBytes:
+		return fmt.Errorf("scaling.bucket_bytes is %d; want %d (4 KiB) to %d (1 GiB)", c.BucketBytes, MinBucketBytes, MaxBucketBytes)
 	}
 	return nil
 }

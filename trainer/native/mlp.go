@@ -17,6 +17,7 @@ type mlp struct {
 	grads   []float32 // len(params)+2: the two last slots carry the leave votes and the batch loss through the all-reduce
 	w, b    [][]float32
 	gw, gb  [][]float32
+	woff    []int       // where layer l's weights start in params (and its weight gradient in grads)
 	acts    [][]float32 // acts[0] is the input batch; acts[l] the output of layer l
 	deltas  [][]float32 // gradient of the loss with respect to layer l's pre-activation
 	batched int         // rows the buffers hold
@@ -33,6 +34,7 @@ func newMLP(sizes []int) *mlp {
 	off := 0
 	for l := range len(sizes) - 1 {
 		in, out := sizes[l], sizes[l+1]
+		m.woff = append(m.woff, off)
 		m.w = append(m.w, m.params[off:off+in*out])
 		m.gw = append(m.gw, m.grads[off:off+in*out])
 		off += in * out
@@ -130,19 +132,36 @@ func lossAndDelta(logits []float32, labels []uint8, classes int, delta []float32
 	return loss, correct
 }
 
-// backward fills grads from the deltas of the last layer (already in deltas[L]).
-func (m *mlp) backward(rows int) {
+// backward fills grads from the deltas of the last layer (already in
+// deltas[L]), from the last layer to the first. With ready set, it computes a
+// weight gradient blockRows input rows at a time, from the last row up, and
+// calls ready(lo) each time grads[lo:] (the two vote slots included) is
+// complete, so the gradient can be all-reduced while the rest is computed.
+// A block is as many whole rows as fit in blockFloats (at least one). The
+// blocks are the same on every rank and in every run, so the sums are too.
+func (m *mlp) backward(rows int, blockFloats int, ready func(lo int)) {
 	impl := blas32.Implementation()
 	for l := m.layers() - 1; l >= 0; l-- {
 		in, out := m.sizes[l], m.sizes[l+1]
 		a, d := m.acts[l][:rows*in], m.deltas[l+1][:rows*out]
-		impl.Sgemm(blas.Trans, blas.NoTrans, in, out, rows, 1, a, in, d, out, 0, m.gw[l], out)
 		gb := m.gb[l]
 		clear(gb)
 		for r := range rows {
 			row := d[r*out : (r+1)*out]
 			for j, v := range row {
 				gb[j] += v
+			}
+		}
+		if ready == nil {
+			impl.Sgemm(blas.Trans, blas.NoTrans, in, out, rows, 1, a, in, d, out, 0, m.gw[l], out)
+		} else {
+			ready(m.woff[l] + in*out)
+			block := max(1, blockFloats/out)
+			for hi := in; hi > 0; hi -= block {
+				lo := max(0, hi-block)
+				// Rows lo..hi of gw = columns lo..hi of a, transposed, times d.
+				impl.Sgemm(blas.Trans, blas.NoTrans, hi-lo, out, rows, 1, a[lo:], in, d, out, 0, m.gw[l][lo*out:hi*out], out)
+				ready(m.woff[l] + lo*out)
 			}
 		}
 		if l == 0 {

@@ -88,7 +88,11 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 	start := time.Now()
 	var lossSum float64
 	ran := 0
-	scale := 1 / float32(world)
+	var reduce *buckets // nil: a single rank, nothing to reduce
+	if world > 1 {
+		reduce = newBuckets(ctx, t.comm, t.model.grads, t.cfg.BucketBytes)
+		defer reduce.close()
+	}
 	for step := t.cursor.Step; step < last; step++ {
 		if err := ctx.Err(); err != nil {
 			return m, err
@@ -98,26 +102,28 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 		t.train.Gather(idx, t.x, t.y)
 		logits := t.model.forward(t.x, rows)
 		loss, _ := lossAndDelta(logits, t.y[:rows], dataset.Classes, t.model.deltas[t.model.layers()])
-		t.model.backward(rows)
 		grads := t.model.grads
+		// The two last slots ride the all-reduce: the leave votes and the loss.
 		grads[len(grads)-2] = 0
 		if leaving(opts.Leave) {
 			grads[len(grads)-2] = 1
 		}
 		grads[len(grads)-1] = float32(loss / float64(rows))
-		if err := t.comm.AllReduce(ctx, grads); err != nil {
-			return m, err
-		}
-		if world > 1 {
-			for i := range grads {
-				grads[i] *= scale
+		if reduce == nil {
+			t.model.backward(rows, 0, nil)
+		} else {
+			reduce.begin()
+			t.model.backward(rows, reduce.floats, reduce.ready)
+			if err := reduce.wait(); err != nil {
+				return m, err
 			}
 		}
 		globalLoss := float64(grads[len(grads)-1])
 		if math.IsNaN(globalLoss) || math.IsInf(globalLoss, 0) {
 			return m, trainer.DivergedError(epoch, step, globalLoss)
 		}
-		t.opt.step(t.model.params, grads)
+		t.opt.begin()
+		t.opt.update(t.model.params, grads, 0, len(t.model.params))
 		t.cursor.Step = step + 1
 		lossSum += globalLoss
 		ran++

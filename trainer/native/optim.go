@@ -3,8 +3,14 @@ package native
 import "math"
 
 // optimizer updates params in place from grads, as torch.optim defines it.
+// A step is begin, then update over ranges that cover the parameters once, in
+// any order: every rule here is element-wise, so a step applied bucket by
+// bucket (as the buckets' all-reduces finish) is bit-identical to one pass.
 type optimizer interface {
-	step(params, grads []float32)
+	// begin starts a step: it counts it and fixes what depends on the count.
+	begin()
+	// update applies the step begun to params[lo:hi] from grads[lo:hi].
+	update(params, grads []float32, lo, hi int)
 	// buffers are the optimizer's state vectors, saved with the weights.
 	buffers() [][]float32
 	steps() int64
@@ -23,13 +29,18 @@ type sgd struct {
 	lr, momentum, decay float32
 	velocity            []float32
 	t                   int64
+	first               bool // the step begun is the first: the velocity starts as the gradient
 }
 
-func (o *sgd) step(p, g []float32) {
-	first := o.t == 0
+func (o *sgd) begin() {
+	o.first = o.t == 0
 	o.t++
+}
+
+func (o *sgd) update(p, g []float32, lo, hi int) {
+	first := o.first
 	v := o.velocity
-	for i := range p {
+	for i := lo; i < hi; i++ {
 		gi := g[i] + o.decay*p[i]
 		if o.momentum != 0 {
 			if first {
@@ -49,19 +60,23 @@ func (o *sgd) setSteps(t int64)     { o.t = t }
 
 // adam is torch.optim.Adam (L2 weight decay added to the gradient, not AdamW).
 type adam struct {
-	lr                  float64
-	decay, beta1, beta2 float32
-	eps                 float64
-	m, v                []float32
-	t                   int64
+	lr                   float64
+	decay, beta1, beta2  float32
+	eps                  float64
+	m, v                 []float32
+	t                    int64
+	stepSize, invSqrtBC2 float32 // of the step begun: lr over the first moment's bias correction, and 1/sqrt of the second's
 }
 
-func (o *adam) step(p, g []float32) {
+func (o *adam) begin() {
 	o.t++
 	bc1 := 1 - math.Pow(float64(o.beta1), float64(o.t))
 	bc2 := 1 - math.Pow(float64(o.beta2), float64(o.t))
-	adamStep(p, g[:len(p)], o.m[:len(p)], o.v[:len(p)], o.beta1, o.beta2, o.decay,
-		float32(o.lr/bc1), float32(1/math.Sqrt(bc2)), float32(o.eps))
+	o.stepSize, o.invSqrtBC2 = float32(o.lr/bc1), float32(1/math.Sqrt(bc2))
+}
+
+func (o *adam) update(p, g []float32, lo, hi int) {
+	adamStep(p[lo:hi], g[lo:hi], o.m[lo:hi], o.v[lo:hi], o.beta1, o.beta2, o.decay, o.stepSize, o.invSqrtBC2, float32(o.eps))
 }
 
 // minNormal32 is the smallest normal float32 (FLT_MIN).
