@@ -24,6 +24,9 @@ type trainFlags struct {
 	seed                                   uint64
 	data                                   string
 	peers                                  bool
+	bucketBytes                            int // scaling.bucket_bytes of our ranks; 0: the default
+	gomaxprocs                             int // GOMAXPROCS of our rank processes; 0: the runtime's default
+	scalingRepeats, scalingEpochs          int
 }
 
 func benchTrain(args []string) error {
@@ -37,8 +40,15 @@ func benchTrain(args []string) error {
 	fs.StringVar(&f.data, "data", dataset.DefaultURL, "Fashion-MNIST bucket URL")
 	fs.BoolVar(&f.peers, "peers", true, "also run PyTorch (1 process, and DDP over gloo) for the table")
 	fs.IntVar(&f.throughputEpochs, "throughput-epochs", 2, "epochs of the 1-rank throughput runs")
+	fs.IntVar(&f.bucketBytes, "bucket-bytes", 0, "gradient per all-reduce bucket, overlapped with backward (scaling.bucket_bytes); 0: the default")
+	fs.IntVar(&f.gomaxprocs, "gomaxprocs", 2, "GOMAXPROCS of each rank process: the training thread and the one that all-reduces beside it (PyTorch DDP also all-reduces on a thread of its own); 0: the runtime's default")
+	fs.IntVar(&f.scalingRepeats, "scaling-repeats", 3, "rounds of the scaling table (1 rank, 2 ranks overlapped, 2 ranks all-reducing after backward), interleaved; 0: no table")
+	fs.IntVar(&f.scalingEpochs, "scaling-epochs", 3, "epochs of each scaling run; the first is a warm-up and not counted")
 	fs.Parse(args)
 	ctx := context.Background()
+	if f.epochs == 0 {
+		return trainScaling(ctx, f)
+	}
 
 	fmt.Printf("# native trainer (%s), MLP 784-256-128-10, Adam lr %g, batch %d per rank, full Fashion-MNIST\n", native.BLAS(), f.lr, f.batch)
 	fmt.Printf("# %d ranks as processes, one BLAS thread each, gradients all-reduced over loopback TCP every step\n\n", f.ranks)
@@ -52,7 +62,7 @@ func benchTrain(args []string) error {
 	fmt.Printf("\nours: test accuracy %.4f after %d epochs, %.0f samples/s over %d ranks, %.1fs wall\n\n",
 		num(last, "test_accuracy"), f.epochs, meanOf(ours, "samples_per_second"), f.ranks, wall.Seconds())
 	if !f.peers {
-		return nil
+		return trainScaling(ctx, f)
 	}
 	dir, err := peerDir()
 	if err != nil {
@@ -81,7 +91,7 @@ func benchTrain(args []string) error {
 		{fmt.Sprintf("samples/s, %d ranks on %d processes (pytorch: DDP, gloo)", f.ranks, f.ranks), fmt.Sprintf("%.0f", meanOf(ours, "samples_per_second")), fmt.Sprintf("%.0f", meanOf(torchDDP, "samples_per_second")),
 			ratio(meanOf(ours, "samples_per_second"), meanOf(torchDDP, "samples_per_second")), ">= 1.0x"},
 	})
-	return nil
+	return trainScaling(ctx, f)
 }
 
 func meanOf(rows []map[string]any, key string) float64 {
@@ -95,14 +105,17 @@ func meanOf(rows []map[string]any, key string) float64 {
 // runOurTraining trains with `ranks` rank processes and returns rank 0's epoch reports.
 func runOurTraining(ctx context.Context, f trainFlags, ranks, epochs int, show bool) ([]map[string]any, error) {
 	cmds, err := selfRanks(ctx, ranks, func(rank int, peers string) []string {
-		return []string{"train-rank", "-rank", strconv.Itoa(rank), "-peers", peers,
+		return []string{"train-rank", "-rank", strconv.Itoa(rank), "-peers", peers, "-bucket-bytes", strconv.Itoa(f.bucketBytes),
 			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data}
 	})
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range cmds {
-		c.Env = append(os.Environ(), "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "GOMAXPROCS=1")
+		c.Env = append(os.Environ(), "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1")
+		if f.gomaxprocs > 0 {
+			c.Env = append(c.Env, "GOMAXPROCS="+strconv.Itoa(f.gomaxprocs))
+		}
 	}
 	onText := func(rank int, line string) {
 		if show && rank == 0 {
@@ -149,6 +162,7 @@ func trainRank(args []string) error {
 	lr := fs.Float64("lr", 1e-3, "")
 	seed := fs.Uint64("seed", 0, "")
 	data := fs.String("data", dataset.DefaultURL, "")
+	bucketBytes := fs.Int("bucket-bytes", 0, "")
 	fs.Parse(args)
 	ctx := context.Background()
 	train, err := dataset.Load(ctx, *data, dataset.Train)
@@ -176,7 +190,7 @@ func trainRank(args []string) error {
 		defer g.Close()
 		comm = g
 	}
-	tr, err := native.New(native.Config{BatchSize: *batch, LR: *lr, Seed: *seed}, train, test, comm)
+	tr, err := native.New(native.Config{BatchSize: *batch, LR: *lr, Seed: *seed, BucketBytes: *bucketBytes}, train, test, comm)
 	if err != nil {
 		return err
 	}

@@ -117,6 +117,56 @@ func TestFailingProgramReportsItsStderr(t *testing.T) {
 	}
 }
 
+// A program's control socket closes before its exit status is known. One
+// killed by a signal just after is a killed rank, not a user error, whether
+// the worker finds the socket closed as it sends (a paused program told to
+// go on) or as it reads (the next epoch); one that closes its socket and
+// lives on is killed as broken, a user error, and never wedges the epoch.
+func TestClosedControlSocketWaitsForTheExitStatus(t *testing.T) {
+	for _, c := range []struct {
+		name, then string
+		paused     bool // closed while paused mid-epoch: found by the worker's send
+	}{
+		{"send/kill", "kill", true}, {"send/hang", "hang", true},
+		{"read/kill", "kill", false}, {"read/hang", "hang", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			env := map[string]string{"CLOSE_THEN": c.then, "STEPS": "8"}
+			if c.paused {
+				env["CLOSE_ON_USR1"] = "1"
+			} else {
+				env["CLOSE_AFTER_EPOCH"] = "0"
+			}
+			tr := newCounter(t, env)
+			if err := tr.Init(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c.paused {
+				if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: 3}); err != nil || !tr.paused {
+					t.Fatalf("epoch 0 until step 3: %v (paused %v)", err, tr.paused)
+				}
+				tr.cmd.Process.Signal(syscall.SIGUSR1)
+			} else if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // the socket is closed; the program lives on for 0.3 s more
+			epoch := tr.cursor.Epoch
+			_, err := tr.TrainEpoch(ctx, epoch, trainer.EpochOptions{})
+			var ee *ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("got %v; want an ExitError", err)
+			}
+			if c.then == "kill" && (!ee.Killed() || errors.Is(err, trainer.ErrUser)) {
+				t.Fatalf("got %v (killed %v); want a killed rank, not a user error", err, ee.Killed())
+			}
+			if c.then == "hang" && (!errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "did not exit")) {
+				t.Fatalf("got %v; want a user error saying the program did not exit", err)
+			}
+		})
+	}
+}
+
 // Cancelling an epoch kills the program's whole process group at once.
 func TestCancelKillsTheProcessGroup(t *testing.T) {
 	tr := newCounter(t, map[string]string{"HANG": "1"})

@@ -82,10 +82,33 @@ func (in *inbox) close() {
 func (t *Trainer) send(msg message) error {
 	b, _ := json.Marshal(msg)
 	if _, err := t.conn.Write(append(b, '\n')); err != nil {
-		return t.exitError("closed its control socket")
+		return t.ended(context.Background(), "closed its control socket")
 	}
 	return nil
 }
+
+// ended describes how a program whose control socket closed ended. The
+// socket closes as the program ends, before the kernel hands over its exit
+// status, and the status says whether a signal ended it (a killed rank) or it
+// ended by itself (a user error): so it waits for the status, for at most
+// exitStatusWait, then kills the program as broken.
+func (t *Trainer) ended(ctx context.Context, what string) error {
+	select {
+	case <-t.exited:
+		return t.exitError(what)
+	case <-ctx.Done():
+		t.kill()
+		return ctx.Err()
+	case <-time.After(exitStatusWait):
+		e := &ExitError{Program: strings.Join(t.cfg.Command, " "), Rank: t.cfg.Rank, What: fmt.Sprintf("closed its control socket but did not exit within %v", exitStatusWait), Stderr: t.tail.lines()}
+		t.kill()
+		return e
+	}
+}
+
+// exitStatusWait is how long a program whose control socket closed has to
+// exit before it is killed as broken.
+const exitStatusWait = 5 * time.Second
 
 // next is the program's next message; a cancelled context kills its
 // process group. doing says what the program should be doing, for the
@@ -98,8 +121,7 @@ func (t *Trainer) next(ctx context.Context, doing string) (message, error) {
 				t.kill()
 				return message{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent a message longer than %d bytes", t.cfg.Rank, maxLine))
 			}
-			<-t.exited
-			return message{}, t.exitError("ended while it should " + doing)
+			return message{}, t.ended(ctx, "ended while it should "+doing)
 		}
 		var m message
 		if err := json.Unmarshal(b, &m); err != nil || m.Op == "" {

@@ -4,9 +4,14 @@ switches for the tests: FAIL_AT_EPOCH exits 3 with a message there, HANG
 sleeps forever in the epoch. With STEPS=n it trains n steps an epoch in
 durabletrain.steps(), each adding 1000*(epoch+1) + step; NO_SAVE passes no
 save=; CHECKPOINT_AT=s reports a checkpoint after step s (its index); HANG_AT=s
-sleeps forever in step s; SEEN=path appends every step it trains there."""
+sleeps forever in step s; SEEN=path appends every step it trains there.
+CLOSE_AFTER_EPOCH=e closes the control socket after reporting epoch e, and
+CLOSE_ON_USR1 on SIGUSR1; half a second later it kills itself with SIGKILL
+(CLOSE_THEN=kill) or sleeps forever."""
 import json
 import os
+import signal
+import socket
 import sys
 import time
 
@@ -34,6 +39,18 @@ def save():
     return save_at(*dt.position())
 
 
+def close_control_socket(*_):
+    dt._sock.shutdown(socket.SHUT_RDWR)
+    dt._sock.close()
+    time.sleep(0.5)
+    if os.environ.get("CLOSE_THEN") == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(3600)
+
+
+if os.environ.get("CLOSE_ON_USR1"):
+    signal.signal(signal.SIGUSR1, close_control_socket)
+
 steps = int(os.environ.get("STEPS", "0"))
 for epoch in dt.epochs():
     if os.environ.get("FAIL_AT_EPOCH") == str(epoch):
@@ -56,3 +73,5 @@ for epoch in dt.epochs():
         value += epoch + 1
     print("epoch %d value %d" % (epoch, value))
     dt.report({"train_loss": 1.0 / (epoch + 1), "test_loss": 0.5, "test_accuracy": value / 100.0}, checkpoint_dir=save_at(epoch + 1, 0))
+    if os.environ.get("CLOSE_AFTER_EPOCH") == str(epoch):
+        close_control_socket()
