@@ -77,12 +77,12 @@ func (r *shmReceiver) take() (bool, error) {
 // await returns once n items of the operation have been taken.
 func (r *shmReceiver) await(n int) error {
 	g, ring := r.g, r.g.recvRing
-	var until time.Time
-	for spins := 0; r.received < n; spins++ {
+	wait := spinWait{window: r.spin}
+	for r.received < n {
 		if took, err := r.take(); err != nil {
 			return err
 		} else if took {
-			spins, until = 0, time.Time{}
+			wait = spinWait{window: r.spin}
 			continue
 		}
 		if err := g.Err(); err != nil {
@@ -100,14 +100,8 @@ func (r *shmReceiver) await(n int) error {
 			g.blame(g.left, closedReason+" before sending this operation's data")
 			return g.err
 		}
-		if r.spin > 0 {
-			if until.IsZero() {
-				until = time.Now().Add(r.spin)
-			}
-			if spins%64 != 0 || time.Now().Before(until) {
-				g.pause()
-				continue
-			}
+		if wait.poll(g) {
+			continue
 		}
 		seen := uint32(g.shmDrained)
 		ring.recvWaiting().Store(1)
@@ -125,8 +119,8 @@ func (r *shmReceiver) await(n int) error {
 // left link is shared memory too).
 func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) error {
 	ring := g.sendRing
-	var until time.Time
-	for spins := 0; uint32(g.shmSent)-ring.consumed().Load() >= uint32(ring.slots); spins++ {
+	wait := spinWait{window: g.spin}
+	for uint32(g.shmSent)-ring.consumed().Load() >= uint32(ring.slots) {
 		if recv != nil {
 			if took, err := recv.take(); err != nil {
 				return err
@@ -137,14 +131,8 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 		if err := g.Err(); err != nil {
 			return err
 		}
-		if g.spin > 0 {
-			if until.IsZero() {
-				until = time.Now().Add(g.spin)
-			}
-			if spins%64 != 0 || time.Now().Before(until) {
-				g.pause()
-				continue
-			}
+		if wait.poll(g) {
+			continue
 		}
 		sleep := shmSleep
 		if recv != nil {
@@ -172,6 +160,29 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 		futexWake(ring.published())
 	}
 	return nil
+}
+
+// spinWait polls a ring for a window before its loop sleeps on the futex.
+type spinWait struct {
+	window time.Duration // 0: no polling
+	until  time.Time
+	spins  int
+}
+
+// poll pauses once and reports true while the window lasts (the clock is
+// read every 64 polls); false: time to sleep.
+func (w *spinWait) poll(g *Group) bool {
+	if w.window <= 0 {
+		return false
+	}
+	if w.until.IsZero() {
+		w.until = time.Now().Add(w.window)
+	}
+	if w.spins++; w.spins%64 != 0 || time.Now().Before(w.until) {
+		g.pause()
+		return true
+	}
+	return false
 }
 
 // pause is one wait between two looks at a ring: a yield of the goroutine,
