@@ -42,12 +42,13 @@ bin/minio:
 	GOBIN=$(CURDIR)/bin $(GO) install github.com/minio/minio@$(MINIO_VERSION)
 
 ## test: every test, again under the race detector (all but integration), and the OpenBLAS build
+## of the native trainer (the one package with OpenBLAS code)
 ## (vet and the two tools build side by side: much of a cold build waits on module downloads)
 test: deps-test
 	$(MAKE) -j3 vet bin/temporal bin/minio
 	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE)
-	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/...
+	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/native/...
 
 vet:
 	$(GO) vet ./...
