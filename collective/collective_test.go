@@ -478,3 +478,78 @@ func TestTransportSameIPKeepsHostsApart(t *testing.T) {
 		t.Fatalf("sums %v, %v; want 6", bufs[0][99_999], bufs[2][0])
 	}
 }
+
+// A small all-reduce gathers every rank's buffer and sums them in rank
+// order: every rank's result is, bit for bit, rank 0's buffer plus rank 1's
+// plus ..., over both transports; with GatherBytes negative the ring sums
+// instead, within rounding of the same total.
+func TestSmallAllReduceSumsInRankOrder(t *testing.T) {
+	for _, transport := range []string{TransportAuto, TransportTCP} {
+		for _, n := range []int{2, 3, 4} {
+			for _, gather := range []int{0, -1} {
+				t.Run(fmt.Sprintf("%s/ranks=%d/gather=%d", transport, n, gather), func(t *testing.T) {
+					groups := gang(t, n, Options{Transport: transport, GatherBytes: gather, ChunkBytes: 1024})
+					const length = 1003
+					bufs := make([][]float32, n)
+					want := make([]float32, length)
+					for r := range n {
+						rng := rand.New(rand.NewPCG(uint64(r), 7))
+						bufs[r] = make([]float32, length)
+						for i := range bufs[r] {
+							bufs[r][i] = float32(rng.NormFloat64() * 100)
+							want[i] += bufs[r][i]
+						}
+					}
+					// Twice on the same buffers: the second call reuses the first's plan.
+					for round := range 2 {
+						for r, err := range each(groups, func(r int, g *Group) error {
+							if g.gathers(length) != (gather == 0) {
+								t.Errorf("rank %d: gathers(%d) = %v with GatherBytes %d", r, length, g.gathers(length), gather)
+							}
+							return g.AllReduce(context.Background(), bufs[r])
+						}) {
+							if err != nil {
+								t.Fatalf("round %d, rank %d: %v", round, r, err)
+							}
+						}
+						for i := range length {
+							for r := range n {
+								if math.Float32bits(bufs[r][i]) != math.Float32bits(bufs[0][i]) {
+									t.Fatalf("round %d, element %d: rank %d has %v, rank 0 %v", round, i, r, bufs[r][i], bufs[0][i])
+								}
+							}
+							if gather == 0 && math.Float32bits(bufs[0][i]) != math.Float32bits(want[i]) {
+								t.Fatalf("round %d, element %d: got %v, want %v, the sum in rank order", round, i, bufs[0][i], want[i])
+							}
+							if d := math.Abs(float64(bufs[0][i] - want[i])); d > 1e-4*math.Abs(float64(want[i]))+1e-3 {
+								t.Fatalf("round %d, element %d: got %v, want %v", round, i, bufs[0][i], want[i])
+							}
+						}
+						// The next round sums the results again: n times each.
+						for i := range want {
+							want[i] = 0
+							for range n {
+								want[i] += bufs[0][i]
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// Ranks that disagree on the small all-reduce's bound fail with a protocol
+// error on every rank instead of summing different things.
+func TestRanksThatDisagreeOnGatherBytesFail(t *testing.T) {
+	groups := gang(t, 2, Options{})
+	groups[1].opts.GatherBytes = -1
+	errs := each(groups, func(r int, g *Group) error {
+		return g.AllReduce(context.Background(), make([]float32, 100))
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "protocol error") {
+			t.Errorf("rank %d: got %v, want a protocol error", r, err)
+		}
+	}
+}

@@ -59,6 +59,15 @@ type Options struct {
 	SpinWindow time.Duration
 	// SpinMaxBytes is the largest operation that spins. Default 256 KiB.
 	SpinMaxBytes int
+	// GatherBytes bounds the small all-reduce: while a rank would receive at
+	// most this many bytes by gathering every other rank's whole buffer
+	// (bytes × (world-1)), AllReduce gathers them in world-1 ring steps and
+	// every rank sums the buffers in rank order, instead of the 2(world-1)
+	// steps of reduce-scatter and all-gather. Small operations are bound by
+	// the steps, not the bytes (MPI's small-message all-reduce makes the same
+	// trade). Default 64 KiB; negative: never. Every rank must use the same
+	// value: ranks that disagree fail the operation with a protocol error.
+	GatherBytes int
 	// Transport is TransportAuto (shared memory with neighbours on the same
 	// host, TCP otherwise), TransportTCP or TransportSameIP.
 	Transport string
@@ -93,6 +102,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.SpinMaxBytes == 0 {
 		o.SpinMaxBytes = 256 << 10
+	}
+	if o.GatherBytes == 0 {
+		o.GatherBytes = 64 << 10
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -152,6 +164,11 @@ type Group struct {
 	seq     uint32
 	jobs    chan *recvJob
 	scratch []float32
+	// gathered holds the other ranks' buffers of a small all-reduce and the
+	// sum being made (world × its length); plan the last plan made, reused
+	// while the caller passes the same buffer.
+	gathered []float32
+	plan     plan
 
 	failOnce   sync.Once
 	closeRings sync.Once
@@ -354,6 +371,7 @@ const (
 const (
 	opAllReduce = 1
 	opBroadcast = 2
+	opGatherSum = 3 // AllReduce of a small buffer: gather, then sum in rank order
 )
 
 type header struct {
@@ -653,6 +671,9 @@ func (g *Group) failLeft(err error) {
 	g.failPeer(g.left, "connection lost", err)
 }
 
+// closedChan is the finished channel of an operation that receives nothing.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // sendItem is one chunk this rank sends to the right; afterToken means it
 // is the chunk received from the left one step earlier and must wait for it.
 type sendItem struct {
@@ -667,17 +688,18 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 		return err
 	}
 	g.seq++
-	job := &recvJob{seq: g.seq, op: op, items: recvs, tokens: make(chan struct{}, len(recvs)), finished: make(chan struct{})}
+	job := &recvJob{seq: g.seq, op: op, items: recvs}
 	var shm *shmReceiver // receives from shared memory, in this goroutine (shmlink.go)
 	switch {
 	case len(recvs) == 0:
-		close(job.finished)
-	case g.recvRing != nil:
+		job.finished = closedChan
+	case g.recvRing != nil: // no channels: nothing to hand over to readLeft
 		shm = &shmReceiver{g: g, job: job}
 		if bytes <= g.opts.SpinMaxBytes {
 			shm.spin = g.spin
 		}
 	default:
+		job.tokens, job.finished = make(chan struct{}, len(recvs)), make(chan struct{})
 		if bytes <= g.opts.SpinMaxBytes {
 			g.inOp.Store(true)
 			defer g.inOp.Store(false)
@@ -736,14 +758,55 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 }
 
 // AllReduce replaces buf on every rank by the element-wise sum over all ranks.
-// Every rank ends with bit-identical values: each segment is summed once, in a
-// fixed order, by one rank, and copied to the others.
+// Every rank ends with bit-identical values: each element is summed once, in a
+// fixed order, and copied to the others (or, for a small buffer, summed by
+// every rank in rank order from the same inputs).
 func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
 	g.opMu.Lock()
 	defer g.opMu.Unlock()
 	if g.world == 1 {
 		return g.Err()
 	}
+	if g.gathers(len(buf)) {
+		return g.gatherSum(ctx, buf)
+	}
+	p := g.planFor(opAllReduce, buf, g.ringPlan)
+	return g.run(ctx, opAllReduce, 4*len(buf), p.sends, p.recvs)
+}
+
+// gathers reports whether an all-reduce of n floats takes the small path.
+func (g *Group) gathers(n int) bool {
+	return g.opts.GatherBytes > 0 && 4*n <= g.opts.GatherBytes/(g.world-1)
+}
+
+// plan is the chunks one operation sends and receives, kept for the next
+// call on the same buffer: a training loop reduces the same buffers again
+// and again, and planning allocates.
+type plan struct {
+	op    byte
+	base  *float32
+	n     int
+	sends []sendItem
+	recvs []recvItem
+}
+
+// planFor is the plan of operation op on buf, made by build unless the last
+// one was of the same operation on the same buffer.
+func (g *Group) planFor(op byte, buf []float32, build func([]float32) ([]sendItem, []recvItem)) plan {
+	var base *float32
+	if len(buf) > 0 {
+		base = &buf[0]
+	}
+	if p := g.plan; p.op == op && p.base == base && p.n == len(buf) && p.sends != nil {
+		return p
+	}
+	sends, recvs := build(buf)
+	g.plan = plan{op: op, base: base, n: len(buf), sends: sends, recvs: recvs}
+	return g.plan
+}
+
+// ringPlan is the ring all-reduce: reduce-scatter, then all-gather.
+func (g *Group) ringPlan(buf []float32) ([]sendItem, []recvItem) {
 	n, w, r := len(buf), g.world, g.rank
 	segs := make([][]float32, w)
 	largest := 0
@@ -776,7 +839,57 @@ func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
 			recvs = append(recvs, recvItem{dst: c})
 		}
 	}
-	return g.run(ctx, opAllReduce, 4*len(buf), sends, recvs)
+	return sends, recvs
+}
+
+// gatherSum is the small all-reduce: in world-1 ring steps every rank sends
+// its buffer and forwards the one it received a step earlier, so each ends
+// with all of them; then each sums them in rank order (rank 0's, plus rank
+// 1's, ...), the same additions in the same order on every rank.
+func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
+	n, w, r := len(buf), g.world, g.rank
+	if cap(g.gathered) < w*n {
+		g.gathered = make([]float32, w*n)
+		g.plan = plan{} // the old plan's chunks point into the old slice
+	}
+	// got[k] (k < w-1) is the buffer received at step k, rank r-1-k's;
+	// the last n floats are where the sum is made.
+	got := g.gathered[:w*n]
+	p := g.planFor(opGatherSum, buf, func(buf []float32) ([]sendItem, []recvItem) {
+		var sends []sendItem
+		var recvs []recvItem
+		for s := range w - 1 {
+			src := buf
+			if s > 0 {
+				src = got[(s-1)*n : s*n]
+			}
+			for _, c := range g.chunks(src) {
+				sends = append(sends, sendItem{src: c, afterToken: s > 0})
+			}
+			for _, c := range g.chunks(got[s*n : (s+1)*n]) {
+				recvs = append(recvs, recvItem{dst: c})
+			}
+		}
+		return sends, recvs
+	})
+	if err := g.run(ctx, opGatherSum, 4*n*(w-1), p.sends, p.recvs); err != nil {
+		return err
+	}
+	// Rank q's buffer: our own, or the one received at step r-1-q (mod w).
+	of := func(q int) []float32 {
+		if q == r {
+			return buf
+		}
+		k := ((r-1-q)%w + w) % w
+		return got[k*n : (k+1)*n]
+	}
+	sum := got[(w-1)*n:]
+	copy(sum, of(0))
+	for q := 1; q < w; q++ {
+		addInto(sum, of(q))
+	}
+	copy(buf, sum)
+	return nil
 }
 
 // Broadcast copies root's buf to every rank, pipelined along the ring.
