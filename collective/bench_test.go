@@ -8,32 +8,46 @@ import (
 
 // BenchmarkAllReduce is one all-reduce of each size between ranks in this
 // process, over shared memory and over TCP (bench allreduce runs ranks as
-// processes, against peers).
+// processes, against peers). Sizes the small all-reduce takes are measured
+// with it and with the ring ("/ring", GatherBytes -1), side by side.
 func BenchmarkAllReduce(b *testing.B) {
 	for _, transport := range []string{TransportAuto, TransportTCP} {
-		for _, size := range []int{4 << 10, 1 << 20} {
-			b.Run(fmt.Sprintf("%s/%dKiB", map[string]string{TransportAuto: "shm", TransportTCP: "tcp"}[transport], size>>10), func(b *testing.B) {
-				groups := gang(b, 2, Options{Transport: transport})
-				bufs := [][]float32{make([]float32, size/4), make([]float32, size/4)}
-				b.SetBytes(int64(size))
-				b.ResetTimer()
-				done := make(chan error, 1)
-				go func() {
-					var err error
-					for i := 0; i < b.N && err == nil; i++ {
-						err = groups[1].AllReduce(context.Background(), bufs[1])
-					}
-					done <- err
-				}()
-				for i := 0; i < b.N; i++ {
-					if err := groups[0].AllReduce(context.Background(), bufs[0]); err != nil {
-						b.Fatal(err)
-					}
+		for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
+			for _, gather := range []int{0, -1} {
+				if gather < 0 && size > 64<<10 {
+					continue // the ring either way
 				}
-				if err := <-done; err != nil {
-					b.Fatal(err)
+				name := fmt.Sprintf("%s/%dKiB", map[string]string{TransportAuto: "shm", TransportTCP: "tcp"}[transport], size>>10)
+				if gather < 0 {
+					name += "/ring"
 				}
-			})
+				b.Run(name, func(b *testing.B) { benchAllReduce(b, transport, size, gather) })
+			}
 		}
+	}
+}
+
+// benchAllReduce times all-reduces of size bytes between two ranks; gather
+// is Options.GatherBytes.
+func benchAllReduce(b *testing.B, transport string, size, gather int) {
+	groups := gang(b, 2, Options{Transport: transport, GatherBytes: gather})
+	bufs := [][]float32{make([]float32, size/4), make([]float32, size/4)}
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < b.N && err == nil; i++ {
+			err = groups[1].AllReduce(context.Background(), bufs[1])
+		}
+		done <- err
+	}()
+	for i := 0; i < b.N; i++ {
+		if err := groups[0].AllReduce(context.Background(), bufs[0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
 	}
 }
