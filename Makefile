@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
 
-.PHONY: chaos images minio temporal-cli test-packages test-integration deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -33,28 +33,22 @@ demo-direct: deps
 ## temporal-cli: the Temporal CLI v1.5.1 in bin/, for the test that drives a run with it
 temporal-cli: bin/temporal
 bin/temporal:
-	GOBIN=$(CURDIR)/bin $(GO) install -ldflags='-s -w' github.com/temporalio/cli/cmd/temporal@v1.5.1
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/temporalio/cli/cmd/temporal@v1.5.1
 
 ## minio: the MinIO server (S3-compatible) in bin/, built from the Go module proxy, for the S3 tests
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 minio: bin/minio
 bin/minio:
-	GOBIN=$(CURDIR)/bin $(GO) install -ldflags='-s -w' github.com/minio/minio@$(MINIO_VERSION)
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/minio/minio@$(MINIO_VERSION)
 
 ## test: every test, again under the race detector (all but integration), and the OpenBLAS build
-## of the native trainer (the one package with OpenBLAS code). Two lines at once: the packages'
-## tests, then the race pass; and the two tools integration needs, then integration (the longest
-## package). On 2 cores the tools' compiles fill the time the tests spend waiting.
+## of the native trainer (the one package with OpenBLAS code)
+## (vet and the two tools build side by side: much of a cold build waits on module downloads)
 test: deps-test
-	$(MAKE) -j2 test-packages test-integration
-
-test-packages: vet
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v '/integration$$')
+	$(MAKE) -j3 vet bin/temporal bin/minio
+	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE)
 	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/native/...
-
-test-integration: bin/temporal bin/minio
-	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 ./integration
 
 vet:
 	$(GO) vet ./...
