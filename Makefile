@@ -46,8 +46,8 @@ bin/minio:
 ## (vet and the two tools build side by side: much of a cold build waits on module downloads)
 test: deps-test
 	$(MAKE) -j3 vet bin/temporal bin/minio
-	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 ./...
-	$(GO) test -count=1 -race $(RACE)
+	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 -timeout 25m ./...
+	$(GO) test -count=1 -timeout 25m -race $(RACE)
 	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/native/...
 
 vet:
