@@ -553,3 +553,49 @@ func TestRanksThatDisagreeOnGatherBytesFail(t *testing.T) {
 		}
 	}
 }
+
+// Plans are kept per buffer: buffers taken in turn, one a prefix of
+// another, and more buffers than are kept, each still sum right.
+func TestPlansFollowTheirBuffers(t *testing.T) {
+	for _, transport := range []string{TransportAuto, TransportTCP} {
+		t.Run(transport, func(t *testing.T) {
+			groups := gang(t, 3, Options{Transport: transport, ChunkBytes: 64})
+			for _, buffers := range []int{4, maxPlans + 6} { // plans kept, then more than are kept
+				bufs := make([][][]float32, len(groups)) // rank, buffer
+				for r := range bufs {
+					bufs[r] = make([][]float32, buffers)
+					for i := range bufs[r] {
+						bufs[r][i] = make([]float32, 40)
+					}
+				}
+				for round := range 3 {
+					for i := range buffers {
+						length := 40
+						if (i+round)%2 == 1 {
+							length = 17 // a prefix of the same buffer, from round to round: a plan of its own
+						}
+						for r, err := range each(groups, func(r int, g *Group) error {
+							b := bufs[r][i][:length]
+							for j := range b {
+								b[j] = float32(r*1000 + i*10 + j + round)
+							}
+							return g.AllReduce(context.Background(), b)
+						}) {
+							if err != nil {
+								t.Fatalf("round %d buffer %d rank %d: %v", round, i, r, err)
+							}
+						}
+						for j := range length {
+							want := float32(3*(i*10+j+round) + 1000 + 2000)
+							for r := range groups {
+								if got := bufs[r][i][j]; got != want {
+									t.Fatalf("round %d buffer %d element %d rank %d: got %v, want %v", round, i, j, r, got, want)
+								}
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}

@@ -164,10 +164,10 @@ type Group struct {
 	jobs    chan *recvJob
 	scratch []float32
 	// gathered holds the other ranks' buffers of a small all-reduce and the
-	// sum being made (world × its length); plan the last plan made, reused
-	// while the caller passes the same buffer.
+	// sum being made (world × its length); plans the plans made, reused
+	// while the caller passes the same buffers (at most maxPlans of them).
 	gathered []float32
-	plan     plan
+	plans    map[planKey]plan
 
 	failOnce   sync.Once
 	closeRings sync.Once
@@ -779,29 +779,41 @@ func (g *Group) gathers(n int) bool {
 }
 
 // plan is the chunks one operation sends and receives, kept for the next
-// call on the same buffer: a training loop reduces the same buffers again
-// and again, and planning allocates.
+// call on the same buffer: a training loop reduces the same few buffers (its
+// gradient buckets) again and again, and planning allocates.
 type plan struct {
-	op    byte
-	base  *float32
-	n     int
 	sends []sendItem
 	recvs []recvItem
 }
 
-// planFor is the plan of operation op on buf, made by build unless the last
-// one was of the same operation on the same buffer.
+// planKey names a buffer: the operation, its first element and its length.
+type planKey struct {
+	op   byte
+	base *float32
+	n    int
+}
+
+// maxPlans bounds the plans kept: a caller that passes ever new buffers
+// drops them all and starts again (a plan also keeps its buffer alive).
+const maxPlans = 64
+
+// planFor is the plan of operation op on buf, made by build unless one was
+// made for the same operation on the same buffer.
 func (g *Group) planFor(op byte, buf []float32, build func([]float32) ([]sendItem, []recvItem)) plan {
-	var base *float32
+	key := planKey{op: op, n: len(buf)}
 	if len(buf) > 0 {
-		base = &buf[0]
+		key.base = &buf[0]
 	}
-	if p := g.plan; p.op == op && p.base == base && p.n == len(buf) && p.sends != nil {
+	if p, ok := g.plans[key]; ok {
 		return p
 	}
+	if g.plans == nil || len(g.plans) >= maxPlans {
+		g.plans = make(map[planKey]plan)
+	}
 	sends, recvs := build(buf)
-	g.plan = plan{op: op, base: base, n: len(buf), sends: sends, recvs: recvs}
-	return g.plan
+	p := plan{sends: sends, recvs: recvs}
+	g.plans[key] = p
+	return p
 }
 
 // ringPlan is the ring all-reduce: reduce-scatter, then all-gather.
@@ -849,7 +861,7 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 	n, w, r := len(buf), g.world, g.rank
 	if cap(g.gathered) < w*n {
 		g.gathered = make([]float32, w*n)
-		g.plan = plan{} // the old plan's chunks point into the old slice
+		g.plans = nil // the gathering plans' chunks point into the old slice
 	}
 	// got[k] (k < w-1) is the buffer received at step k, rank r-1-k's;
 	// the last n floats are where the sum is made.
