@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/durabletrain/durabletrain/internal/race"
 )
 
 // shmRing is the shared memory between a rank and its left neighbour on the
@@ -25,8 +27,9 @@ type shmRing struct {
 	mem       []byte
 	slots     int
 	slotBytes int
-	// clock, in race builds only, is shared by the two sides of the ring
-	// when they are in one process (raceEnabled).
+	// clock, in race builds only (race.Enabled), is shared by the two sides
+	// of the ring when they are in one process: the detector cannot see the
+	// order the ring's own counters give them through two mappings of one page.
 	clock *atomic.Uint64
 }
 
@@ -34,7 +37,7 @@ type shmRing struct {
 var raceClocks sync.Map
 
 func (r *shmRing) setClock(token []byte) *shmRing {
-	if raceEnabled {
+	if race.Enabled {
 		c, _ := raceClocks.LoadOrStore(string(token), new(atomic.Uint64))
 		r.clock = c.(*atomic.Uint64)
 	}
@@ -42,7 +45,7 @@ func (r *shmRing) setClock(token []byte) *shmRing {
 }
 
 // release and acquire order a side's use of a slot before the other
-// side's, for the race detector (raceEnabled); they do nothing otherwise.
+// side's, for the race detector (race.Enabled); they do nothing otherwise.
 func (r *shmRing) release() {
 	if r.clock != nil {
 		r.clock.Add(1)

@@ -1,5 +1,0 @@
-//go:build !race
-
-package exectrainer
-
-const underRace = false
