@@ -203,3 +203,59 @@ func testUnusableSurvivor(t *testing.T, at trainer.Cursor) {
 		}
 	}
 }
+
+// A gang that breaks while it asks for a survivor's state (a newcomer
+// dies before the vote) loses nothing: the survivor puts what it kept
+// back, and the gang after restores from it, not from storage.
+func TestSurvivorStateOutlivesAGangThatBreaksBeforeTheVote(t *testing.T) {
+	const crashEpoch, crashStep = 1, 5
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	s := survivorSpec(t, true)
+	agents, peers := newAgents(t, 4) // 0 survives; 1 crashes; 2 dies before the vote; 3 joins after
+	agents[1].Backends = crashAfter(crashEpoch, crashStep)
+	failing := trainer.NewBackends()
+	failing.Register(spec.TrainerNative, trainer.BackendFunc(func(context.Context, trainer.Rank) (trainer.Trainer, error) {
+		return nil, errors.New("this newcomer's process died")
+	}))
+	agents[2].Backends = failing
+
+	in := spec.EpochInput{Run: "putback", Generation: 1, Peers: peers[:2], Secret: secret, Spec: s}
+	res, errs := runEpochOnAll(t, agents[:2], in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	in.Epoch, in.Restore = 1, res[0].Checkpoint
+	if _, errs = runEpochOnAll(t, agents[:2], in); errs[0] == nil {
+		t.Fatal("the gang went on without its crashed rank")
+	}
+	key := "default-test-workflow-id/default-test-run-id"
+	kept := func() *survivor {
+		agents[0].survivors.mu.Lock()
+		defer agents[0].survivors.mu.Unlock()
+		return agents[0].survivors.m[key]
+	}
+	if k := kept(); k == nil || k.state == nil || k.cursor != (trainer.Cursor{Epoch: crashEpoch, Step: crashStep}) {
+		t.Fatalf("the survivor kept %+v; want its state at epoch %d step %d", k, crashEpoch, crashStep)
+	}
+
+	// The second gang breaks: its newcomer never gets as far as the vote.
+	in.Generation, in.Peers = 2, []string{peers[0], peers[2]}
+	if _, errs = runEpochOnAll(t, []*Agent{agents[0], agents[2]}, in); errs[0] == nil || errs[1] == nil {
+		t.Fatalf("the gang whose newcomer died went on: %v", errs)
+	}
+	if k := kept(); k == nil || k.state == nil || k.cursor != (trainer.Cursor{Epoch: crashEpoch, Step: crashStep}) {
+		t.Fatalf("after the broken gang the survivor holds %+v; want what it kept before", k)
+	}
+
+	// The third gang restores from the survivor's memory.
+	in.Generation, in.Peers = 3, []string{peers[0], peers[3]}
+	res, errs = runEpochOnAll(t, []*Agent{agents[0], agents[3]}, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		if got := res[r].Restored; got == nil || got.Peer == nil || got.Peer.Epoch != crashEpoch || got.Peer.Step != crashStep || got.From.ID != "" {
+			t.Fatalf("rank %d of the third gang restored %+v; want the survivor's state, nothing from storage", r, got)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -410,7 +411,10 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 }
 
 // costs fills in what each fault of a run cost from the "restored"
-// incident of the first gang formed after it.
+// incident of the first gang formed after it. A gang's restore is recorded
+// when its first epoch ends; where the next fault broke that gang before
+// then, the fault's cost is not known and stays blank (with a note), not
+// taken from the next fault's gang.
 func costs(faults []Fault, p *spec.Progress) {
 	stepsPerEpoch := 0
 	for _, m := range p.Metrics {
@@ -421,10 +425,21 @@ func costs(faults []Fault, p *spec.Progress) {
 		if f.Detected == 0 {
 			continue // no gang broke (a server restart, or a host that held no slot of it)
 		}
+		// The generations this fault's recovery can have used: up to the
+		// one the next fault that broke a gang struck.
+		until := math.MaxInt
+		for _, next := range faults[i+1:] {
+			if next.Detected > 0 {
+				until = next.gen
+				break
+			}
+		}
+		found := false
 		for _, inc := range p.Incidents {
-			if inc.Kind != spec.IncidentRestored || inc.Restore == nil || inc.Generation <= f.gen {
+			if inc.Kind != spec.IncidentRestored || inc.Restore == nil || inc.Generation <= f.gen || inc.Generation > until {
 				continue
 			}
+			found = true
 			rr := inc.Restore
 			f.RestoredFrom, f.BlobBytes = "storage", rr.Bytes
 			if rr.Peer != nil {
@@ -435,6 +450,9 @@ func costs(faults []Fault, p *spec.Progress) {
 				f.StepsLost = (at.Epoch-from.Epoch)*stepsPerEpoch + at.Step - from.Step
 			}
 			break
+		}
+		if !found && until != math.MaxInt {
+			f.Note = strings.TrimPrefix(f.Note+"; the next fault broke the new gang before its first epoch ended: what it restored is not recorded", "; ")
 		}
 	}
 }
