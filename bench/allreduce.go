@@ -74,6 +74,7 @@ func benchAllReduce(args []string) error {
 	repeat := fs.Int("repeat", 3, "runs of each implementation, interleaved; the table shows medians")
 	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every implementation) or both")
 	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
+	gather := fs.Int("gather", 0, "also measure ours with Options.GatherBytes set to this (the small all-reduce: gather in world-1 steps, sum in rank order), interleaved with the ring; 0: not measured")
 	fs.Parse(args)
 	var sizes []int
 	for _, s := range strings.Split(*sizesFlag, ",") {
@@ -129,6 +130,9 @@ func benchAllReduce(args []string) error {
 		var tcpRows, shmRows [][]string
 		for _, world := range worlds {
 			impls := []string{"ours-tcp", "ours-shm"}
+			if *gather > 0 {
+				impls = append(impls, "ours-tcp-gather", "ours-shm-gather")
+			}
 			if *peers {
 				impls = append(impls, "gloo", "mpi-tcp", "mpi-shm")
 			}
@@ -140,9 +144,13 @@ func benchAllReduce(args []string) error {
 					var err error
 					switch impl {
 					case "ours-tcp":
-						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP)
+						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP, 0)
 					case "ours-shm":
-						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto)
+						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto, 0)
+					case "ours-tcp-gather":
+						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP, *gather)
+					case "ours-shm-gather":
+						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto, *gather)
 					default:
 						r, err = runPeerAllReduce(ctx, impl, dir, mpiBin, world, sizes)
 					}
@@ -165,6 +173,10 @@ func benchAllReduce(args []string) error {
 			for _, size := range sizes {
 				tcp := []string{humanBytes(size), fmt.Sprint(world), us("ours-tcp", size), fmt.Sprintf("%.2f", bus("ours-tcp", size))}
 				shm := []string{humanBytes(size), fmt.Sprint(world), us("ours-shm", size), fmt.Sprintf("%.2f", bus("ours-shm", size))}
+				if *gather > 0 {
+					tcp = append(tcp, us("ours-tcp-gather", size), fmt.Sprintf("%.2fx", med["ours-tcp-gather"][size]/med["ours-tcp"][size]))
+					shm = append(shm, us("ours-shm-gather", size), fmt.Sprintf("%.2fx", med["ours-shm-gather"][size]/med["ours-shm"][size]))
+				}
 				if *peers {
 					best := max(bus("gloo", size), bus("mpi-tcp", size))
 					tcp = append(tcp, us("gloo", size), us("mpi-tcp", size), fmt.Sprintf("%.2f", best),
@@ -177,12 +189,19 @@ func benchAllReduce(args []string) error {
 		}
 		fmt.Printf("\n## %s, TCP\n\n", load)
 		header := []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
+		gathered := []string{fmt.Sprintf("gathered (%s) µs", humanBytes(*gather)), "gathered / ring"}
+		if *gather > 0 {
+			header = append(header, gathered...)
+		}
 		if *peers {
 			header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi")
 		}
 		table(header, tcpRows)
 		fmt.Printf("\n## %s, shared memory\n\n", load)
 		header = []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
+		if *gather > 0 {
+			header = append(header, gathered...)
+		}
 		if *peers {
 			header = append(header, "mpi µs", "mpi busbw", "busbw vs mpi", "time vs mpi")
 		}
@@ -248,9 +267,9 @@ func medians(runs []map[int]float64) map[int]float64 {
 	return out
 }
 
-func runOurAllReduce(ctx context.Context, world int, sizes []int, transport string) (map[int]float64, error) {
+func runOurAllReduce(ctx context.Context, world int, sizes []int, transport string, gatherBytes int) (map[int]float64, error) {
 	cmds, err := selfRanks(ctx, world, func(rank int, peers string) []string {
-		return append([]string{"allreduce-rank", strconv.Itoa(rank), peers, "transport=" + transport}, sizeSpecs(sizes)...)
+		return append([]string{"allreduce-rank", strconv.Itoa(rank), peers, "transport=" + transport, "gather=" + strconv.Itoa(gatherBytes)}, sizeSpecs(sizes)...)
 	})
 	if err != nil {
 		return nil, err
@@ -259,11 +278,12 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, transport stri
 	return perOp(lines), err
 }
 
-// allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS transport=T SIZE:ITERS...
+// allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS transport=T gather=BYTES SIZE:ITERS...
 func allReduceRank(args []string) error {
 	rank, _ := strconv.Atoi(args[0])
 	peers := strings.Split(args[1], ",")
 	transport := strings.TrimPrefix(args[2], "transport=")
+	gatherBytes, _ := strconv.Atoi(strings.TrimPrefix(args[3], "gather="))
 	ln, err := collective.Listen(peers[rank], nil)
 	if err != nil {
 		return err
@@ -271,12 +291,12 @@ func allReduceRank(args []string) error {
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, collective.Options{Secret: benchSecret, Transport: transport})
+	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, collective.Options{Secret: benchSecret, Transport: transport, GatherBytes: gatherBytes})
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	for _, spec := range args[3:] {
+	for _, spec := range args[4:] {
 		var size, iters int
 		fmt.Sscanf(spec, "%d:%d", &size, &iters)
 		buf := make([]float32, size/4)
