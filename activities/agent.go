@@ -78,7 +78,9 @@ type Agent struct {
 	// startedFrom, in tests, stands for Temporal's answer about the run a
 	// run continued as new from ("" if it did not).
 	startedFrom func(workflowID, runID string) (string, error)
-	data        dataCache
+	// signalled, in tests, stands for signalling the run (signalRun).
+	signalled func(name string, arg any) error
+	data      dataCache
 }
 
 // DeviceStats reads what a GPU slot is doing; gpuworker implements it with NVML.

@@ -28,7 +28,7 @@ func newAgents(t *testing.T, n int) ([]*Agent, []string) {
 		}
 		t.Cleanup(func() { ln.Close() })
 		agents[i] = &Agent{Identity: fmt.Sprintf("worker-%d", i), HostQueue: fmt.Sprintf("q-%d", i), Listener: ln, Slots: []Slot{{Index: 0}},
-			Policy: testPolicy()}
+			Policy: testPolicy(), signalled: func(string, any) error { return nil }}
 		peers[i] = ln.Addr()
 	}
 	return agents, peers

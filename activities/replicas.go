@@ -217,6 +217,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.close()
 		return nil, nil, err
 	}
+	a.reportRestored(ctx, in, report)
 	a.replicas.put(key, rep)
 	return rep, report, nil
 }

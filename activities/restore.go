@@ -135,11 +135,42 @@ func (a *Agent) agreeOnCheckpoint(ctx context.Context, rep *replica, in spec.Epo
 // reportSkipped tells the run at once which checkpoints a restore passed over
 // as damaged: the epoch may yet fail and its result be lost.
 func (a *Agent) reportSkipped(ctx context.Context, generation int, c *checkpoint.Checkpoint, skipped []spec.SkippedCheckpoint) {
-	info := activity.GetInfo(ctx)
-	if err := activity.GetClient(ctx).SignalWorkflow(ctx, info.WorkflowExecution.ID, info.WorkflowExecution.RunID, spec.SignalCheckpointSkipped,
+	if err := a.signalRun(ctx, spec.SignalCheckpointSkipped,
 		spec.CheckpointsSkipped{Generation: generation, Epoch: c.Manifest.Epoch, Step: c.Manifest.Step, Skipped: skipped}); err != nil {
 		a.Log.Warn("could not report the skipped checkpoints", zap.String("run", c.Manifest.Run), zap.Error(err))
 	}
+}
+
+// reportRestored tells the run, from rank 0, where its new gang's state
+// came from, once the gang agreed on it: the gang may break before its
+// first epoch ends, and with it the epoch's result that reports it too.
+// Training does not wait for it (the server may be restarting); it is
+// given up after reportTimeout.
+func (a *Agent) reportRestored(ctx context.Context, in spec.EpochInput, report *spec.RestoreReport) {
+	if in.Rank != 0 || report == nil {
+		return
+	}
+	msg := spec.GangRestored{Generation: in.Generation, Epoch: in.Epoch, Report: *report}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	go func() {
+		defer cancel()
+		if err := a.signalRun(sctx, spec.SignalGangRestored, msg); err != nil {
+			a.Log.Warn("could not report the gang's restore", zap.String("run", in.Run), zap.Int("generation", in.Generation), zap.Error(err))
+		}
+	}()
+}
+
+// reportTimeout bounds a report to the run that training does not wait for.
+const reportTimeout = 10 * time.Second
+
+// signalRun signals the workflow execution the activity belongs to (in
+// tests, a.signalled stands for it).
+func (a *Agent) signalRun(ctx context.Context, name string, arg any) error {
+	if a.signalled != nil {
+		return a.signalled(name, arg)
+	}
+	info := activity.GetInfo(ctx)
+	return activity.GetClient(ctx).SignalWorkflow(ctx, info.WorkflowExecution.ID, info.WorkflowExecution.RunID, name, arg)
 }
 
 // refOf is a restored checkpoint's reference, with the spec's URL (see replica.storeURL).

@@ -3,6 +3,7 @@ package activities
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -108,10 +109,33 @@ func TestNewGangRestoresFromASurvivorsMemory(t *testing.T) {
 		}
 		// The next gang: the survivor's worker and a new one.
 		gang = []*Agent{agents[0], agents[2]}
+		told := make(chan spec.GangRestored, 4)
+		for _, a := range gang {
+			a.signalled = func(name string, arg any) error {
+				if name == spec.SignalGangRestored {
+					told <- arg.(spec.GangRestored)
+				}
+				return nil
+			}
+		}
 		in.Generation, in.Peers = 2, []string{peers[0], peers[2]}
 		res, errs = runEpochOnAll(t, gang, in)
 		if err := errors.Join(errs...); err != nil {
 			t.Fatal(err)
+		}
+		// Rank 0 told the run where the state came from, once.
+		select {
+		case g := <-told:
+			if g.Generation != 2 || g.Epoch != 1 || !reflect.DeepEqual(&g.Report, res[0].Restored) {
+				t.Fatalf("peers %v: the run was told %+v; want generation 2's report, equal to rank 0's result %+v", fromPeers, g, res[0].Restored)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("peers %v: rank 0 never told the run about the gang's restore", fromPeers)
+		}
+		select {
+		case g := <-told:
+			t.Fatalf("peers %v: the run was told twice (again: %+v)", fromPeers, g)
+		case <-time.After(100 * time.Millisecond):
 		}
 		for r := range 2 {
 			got := res[r].Restored

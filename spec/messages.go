@@ -23,7 +23,12 @@ const (
 	// over damaged checkpoints (CheckpointsSkipped), so the reason is in the
 	// run's history even if the epoch then fails.
 	SignalCheckpointSkipped = "checkpoint-skipped"
-	QueryProgress           = "progress" // the run's Progress
+	// SignalGangRestored: rank 0 -> workflow, as soon as a new gang agreed
+	// on its state (GangRestored), so where it came from and what it cost
+	// are in the run's progress even if the gang breaks before its first
+	// epoch ends.
+	SignalGangRestored = "gang-restored"
+	QueryProgress      = "progress" // the run's Progress
 
 	// Search attributes a run upserts when spec.search_attributes is on.
 	SearchAttributeState = "DurabletrainState" // Keyword: forming-gang, training, ...
@@ -214,6 +219,13 @@ type CheckpointsSkipped struct {
 	Epoch      int                 `json:"epoch"` // the cursor restored instead
 	Step       int                 `json:"step"`
 	Skipped    []SkippedCheckpoint `json:"skipped"`
+}
+
+// GangRestored is what SignalGangRestored carries.
+type GangRestored struct {
+	Generation int           `json:"generation"`
+	Epoch      int           `json:"epoch"` // the epoch the gang trains
+	Report     RestoreReport `json:"report"`
 }
 
 // RestoreReport says where a rank's state came from, and which newer

@@ -127,11 +127,7 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	r.p.Epoch = res.Metrics.Epoch + 1
 	r.p.Latest = newer(r.p.Latest, res.Checkpoint)
 	if res.Restored != nil {
-		for _, s := range res.Restored.Skipped {
-			r.skipped(r.p.Generation, res.Metrics.Epoch, s)
-		}
-		r.p.AddIncident(spec.Incident{Generation: r.p.Generation, Epoch: res.Metrics.Epoch, Kind: spec.IncidentRestored,
-			Detail: restoredDetail(*res.Restored), Restore: res.Restored})
+		r.restored(r.p.Generation, res.Metrics.Epoch, *res.Restored)
 	}
 	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
 		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
@@ -141,6 +137,21 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 		workflow.SignalExternalWorkflow(ctx, parent.ID, "", spec.SignalTrialReport,
 			spec.TrialReport{WorkflowID: workflow.GetInfo(ctx).WorkflowExecution.ID, Metrics: res.Metrics, Checkpoint: r.p.Latest})
 	}
+}
+
+// restored records where generation gen's state came from, once: rank 0
+// reports it as soon as the gang agreed (SignalGangRestored), and the
+// gang's first epoch result reports it again.
+func (r *run) restored(gen, epoch int, rr spec.RestoreReport) {
+	for _, s := range rr.Skipped {
+		r.skipped(gen, epoch, s)
+	}
+	for _, inc := range r.p.Incidents {
+		if inc.Kind == spec.IncidentRestored && inc.Generation == gen {
+			return
+		}
+	}
+	r.p.AddIncident(spec.Incident{Generation: gen, Epoch: epoch, Kind: spec.IncidentRestored, Detail: restoredDetail(rr), Restore: &rr})
 }
 
 // restoredDetail says where a new gang's state came from and what it cost.

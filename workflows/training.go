@@ -146,6 +146,21 @@ func (r *run) handle(ctx workflow.Context) error {
 			}
 		}
 	})
+	// Where a new gang's state came from, reported by rank 0 once the gang
+	// agreed on it (the epoch's result reports it too, if the gang lasts).
+	workflow.Go(ctx, func(ctx workflow.Context) {
+		signals := workflow.GetSignalChannel(ctx, spec.SignalGangRestored)
+		for {
+			var g spec.GangRestored
+			if !signals.Receive(ctx, &g) {
+				return
+			}
+			r.signals++
+			if g.Generation >= 1 && g.Generation <= r.p.Generation {
+				r.restored(g.Generation, g.Epoch, g.Report)
+			}
+		}
+	})
 	return workflow.SetUpdateHandlerWithOptions(ctx, spec.UpdateStop, func(ctx workflow.Context) (spec.StopResult, error) {
 		r.requestStop()
 		if err := workflow.Await(ctx, func() bool { return r.ended }); err != nil {

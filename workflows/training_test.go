@@ -37,6 +37,8 @@ type harness struct {
 	lost func(in spec.HoldSlotInput, asked int) error
 	// restoredEpoch: the epoch a rank's state is at (default: the one asked for).
 	restoredEpoch func(in spec.EpochInput) int
+	// restoreReport: what a rank's epoch result says it restored (default: nothing).
+	restoreReport func(in spec.EpochInput) *spec.RestoreReport
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
 	grants map[int]int
 	saves  int
@@ -110,6 +112,9 @@ func newHarness(t *testing.T) *harness {
 			epoch = h.restoredEpoch(in)
 		}
 		res := spec.EpochResult{Rank: in.Rank, Metrics: spec.EpochMetrics{Epoch: epoch, Steps: 10, TestAccuracy: 0.5 + 0.01*float64(epoch)}}
+		if h.restoreReport != nil {
+			res.Restored = h.restoreReport(in)
+		}
 		if in.Rank == 0 && (in.Checkpoint || (epoch+1)%in.Spec.Checkpoint.EveryEpochs == 0) {
 			res.Checkpoint = &spec.CheckpointRef{URL: in.Spec.Checkpoint.URL, Run: in.Run, ID: fmt.Sprintf("ckpt-e%06d", epoch+1), Epoch: epoch + 1}
 		}
@@ -768,5 +773,61 @@ func TestHoldLostBeforeItsGrantIsAskedForAgain(t *testing.T) {
 		if r.queue == "q-stale" {
 			t.Fatal("the late grant of a lost hold made it into the gang: the run let go of its host")
 		}
+	}
+}
+
+// Rank 0 reports a new gang's restore as soon as the gang agreed on it: a
+// gang that breaks before its first epoch ends still leaves its restore in
+// the run's progress, and a gang that lasts is recorded once, not twice
+// (its first epoch's result reports the restore again).
+func TestGangRestoreIsRecordedBeforeItsFirstEpochEnds(t *testing.T) {
+	h := newHarness(t)
+	for gen := 1; gen <= 3; gen++ {
+		h.grant(gen, 2, time.Second)
+	}
+	report := func(gen int) spec.RestoreReport {
+		return spec.RestoreReport{Peer: &spec.PeerRestore{Rank: 1, Epoch: 1, Step: 3 + gen, Bytes: 1000}}
+	}
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 1 && in.Generation == 1 {
+			return errors.New("collective: rank 1 failed")
+		}
+		if in.Generation >= 2 && in.Epoch == 1 && in.Rank == 0 {
+			h.env.SignalWorkflow(spec.SignalGangRestored, spec.GangRestored{Generation: in.Generation, Epoch: 1, Report: report(in.Generation)})
+			if in.Generation == 2 {
+				time.Sleep(50 * time.Millisecond) // the signal is in before the failure
+				return errors.New("collective: rank 1 failed")
+			}
+		}
+		if in.Generation == 2 {
+			return errors.New("collective: rank 0 failed: connection lost")
+		}
+		return nil
+	}
+	h.restoreReport = func(in spec.EpochInput) *spec.RestoreReport {
+		if in.Generation == 3 && in.Epoch == 1 {
+			r := report(3)
+			return &r
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 3}, "scaling": {"workers": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 3 {
+		t.Fatalf("progress %+v", p)
+	}
+	restored := map[int]int{}
+	for _, inc := range p.Incidents {
+		if inc.Kind == spec.IncidentRestored {
+			restored[inc.Generation]++
+			if inc.Restore == nil || inc.Restore.Peer == nil || inc.Restore.Peer.Step != 3+inc.Generation || inc.Epoch != 1 {
+				t.Fatalf("restored incident %+v (report %+v)", inc, inc.Restore)
+			}
+		}
+	}
+	if restored[2] != 1 || restored[3] != 1 || len(restored) != 2 {
+		t.Fatalf("restores recorded per generation: %v; want generation 2 (broken before its first epoch ended) and 3, once each", restored)
 	}
 }
