@@ -37,7 +37,7 @@ func TestCostsTakeOnlyTheirOwnGangsRestore(t *testing.T) {
 			t.Fatalf("%s took a restore that was not its gang's: %+v", f.Kind, f)
 		}
 	}
-	if !strings.Contains(faults[1].Note, "not recorded") || !strings.Contains(faults[3].Note, "not recorded") || faults[2].Note != "" {
+	if !strings.Contains(faults[1].Note, "before its restore was recorded") || !strings.Contains(faults[3].Note, "before its restore was recorded") || faults[2].Note != "" {
 		t.Fatalf("notes: %q, %q, %q", faults[1].Note, faults[2].Note, faults[3].Note)
 	}
 	if f := faults[4]; f.RestoredFrom != "storage" || f.StepsLost != 30 || f.BlobBytes != 1<<20 {

@@ -411,8 +411,8 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 }
 
 // costs fills in what each fault of a run cost from the "restored"
-// incident of the first gang formed after it. A gang's restore is recorded
-// when its first epoch ends; where the next fault broke that gang before
+// incident of the first gang formed after it (rank 0 reports it once the
+// gang agreed on its state). Where the next fault broke that gang before
 // then, the fault's cost is not known and stays blank (with a note), not
 // taken from the next fault's gang.
 func costs(faults []Fault, p *spec.Progress) {
@@ -452,7 +452,7 @@ func costs(faults []Fault, p *spec.Progress) {
 			break
 		}
 		if !found && until != math.MaxInt {
-			f.Note = strings.TrimPrefix(f.Note+"; the next fault broke the new gang before its first epoch ended: what it restored is not recorded", "; ")
+			f.Note = strings.TrimPrefix(f.Note+"; the next fault broke the new gang before its restore was recorded", "; ")
 		}
 	}
 }
