@@ -36,6 +36,12 @@ func newAgents(t *testing.T, n int) ([]*Agent, []string) {
 
 // runEpochOnAll runs RunEpoch for every rank at once, each in its own activity environment.
 func runEpochOnAll(t *testing.T, agents []*Agent, in spec.EpochInput) ([]spec.EpochResult, []error) {
+	return runEpochOnAllWith(t, agents, in, nil)
+}
+
+// runEpochOnAllWith is runEpochOnAll with each rank's environment set up
+// by setup (if not nil) before its epoch starts.
+func runEpochOnAllWith(t *testing.T, agents []*Agent, in spec.EpochInput, setup func(rank int, env *testsuite.TestActivityEnvironment)) ([]spec.EpochResult, []error) {
 	var suite testsuite.WorkflowTestSuite
 	results := make([]spec.EpochResult, len(agents))
 	errs := make([]error, len(agents))
@@ -44,6 +50,9 @@ func runEpochOnAll(t *testing.T, agents []*Agent, in spec.EpochInput) ([]spec.Ep
 		wg.Go(func() {
 			env := suite.NewTestActivityEnvironment()
 			env.RegisterActivity(a.RunEpoch)
+			if setup != nil {
+				setup(rank, env)
+			}
 			rin := in
 			rin.Rank = rank
 			v, err := env.ExecuteActivity(a.RunEpoch, rin)

@@ -280,11 +280,14 @@ func (a *Agent) leaveGang(ctx context.Context, key replicaKey, rep *replica, in 
 	c := rep.tr.Cursor()
 	beat.set(map[string]any{"epoch": c.Epoch, "step": c.Step, "checkpointing": true, "leaving": true})
 	ref, err := a.checkpointTogether(ctx, rep, in, nil)
-	a.replicas.drop(key)
 	msg, end := fmt.Sprintf("worker %s is shutting down", a.Identity), preemption
 	if !isClosed(leave) {
+		// This rank's worker stays: its state, the one just checkpointed,
+		// is kept for the next gang, which then reads nothing from storage.
 		msg, end = "stopped with its gang: another rank's worker is shutting down", leftWithGang
+		a.keepSurvivor(ctx, rep, nil)
 	}
+	a.replicas.drop(key)
 	if err != nil {
 		a.Log.Warn("leaving without a checkpoint", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.Error(err))
 		return end(msg+"; the checkpoint on leaving failed: "+err.Error(), nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,8 @@ import (
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
 )
 
 // crashing is a trainer whose rank dies, as far as its gang can tell,
@@ -281,5 +284,90 @@ func TestSurvivorStateOutlivesAGangThatBreaksBeforeTheVote(t *testing.T) {
 		if got := res[r].Restored; got == nil || got.Peer == nil || got.Peer.Epoch != crashEpoch || got.Peer.Step != crashStep || got.From.ID != "" {
 			t.Fatalf("rank %d of the third gang restored %+v; want the survivor's state, nothing from storage", r, got)
 		}
+	}
+}
+
+// stoppingAt is a trainer whose worker is told to stop (SIGTERM) right
+// after step `step` of epoch `epoch`: it closes the worker's stop channel.
+type stoppingAt struct {
+	trainer.Trainer
+	epoch, step int
+	stop        func()
+}
+
+func (s stoppingAt) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochOptions) (trainer.EpochMetrics, error) {
+	progress := opts.Progress
+	opts.Progress = func(p trainer.Progress) {
+		if progress != nil {
+			progress(p)
+		}
+		if p.Epoch == s.epoch && p.Step == s.step {
+			s.stop()
+		}
+	}
+	return s.Trainer.TrainEpoch(ctx, epoch, opts)
+}
+
+// A rank's worker is stopping (SIGTERM): the gang leaves together after a
+// checkpoint. The rank whose worker stays keeps its state, the one just
+// checkpointed, and the next gang (it and a newcomer) restores from its
+// memory: nothing read from storage, nothing trained again, and weights
+// bit-identical to a run never interrupted.
+func TestSurvivorOfAGangThatLeftWithAStoppingWorkerKeepsItsState(t *testing.T) {
+	const stopEpoch, stopStep = 1, 5
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	s := survivorSpec(t, true)
+	agents, peers := newAgents(t, 2)
+	in := spec.EpochInput{Run: "leave", Generation: 1, Peers: peers, Secret: secret, Spec: s}
+	trainEpochs(t, agents, &in, 2)
+	want := finalStateHash(t, s, "leave")
+
+	s = survivorSpec(t, true)
+	agents, peers = newAgents(t, 3) // the third replaces the second, whose worker stops
+	stop := make(chan struct{})
+	var once sync.Once
+	native, _ := trainer.DefaultBackends.Lookup(spec.TrainerNative)
+	stopping := trainer.NewBackends()
+	stopping.Register(spec.TrainerNative, trainer.BackendFunc(func(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
+		tr, err := native.NewRank(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		return stoppingAt{tr, stopEpoch, stopStep, func() { once.Do(func() { close(stop) }) }}, nil
+	}))
+	agents[1].Backends = stopping
+	gang := agents[:2]
+	in = spec.EpochInput{Run: "leave", Generation: 1, Peers: peers[:2], Secret: secret, Spec: s}
+	res, errs := runEpochOnAll(t, gang, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	in.Epoch, in.Restore = 1, res[0].Checkpoint
+	_, errs = runEpochOnAllWith(t, gang, in, func(rank int, env *testsuite.TestActivityEnvironment) {
+		if rank == 1 {
+			env.SetWorkerStopChannel(stop)
+		}
+	})
+	var left, stopped *temporal.ApplicationError
+	if !errors.As(errs[0], &left) || left.Type() != spec.ErrPreempted || !errors.As(errs[1], &stopped) || stopped.Type() != spec.ErrPreempted {
+		t.Fatalf("the gang did not leave with its stopping worker: %v", errs)
+	}
+	var ref spec.CheckpointRef
+	if err := left.Details(&ref); err != nil || ref.ID == "" || ref.Epoch != stopEpoch || ref.Step <= stopStep {
+		t.Fatalf("the staying rank left with checkpoint %+v (%v); want one after epoch %d step %d", ref, err, stopEpoch, stopStep)
+	}
+
+	in.Generation, in.Peers, in.Restore = 2, []string{peers[0], peers[2]}, &ref
+	res, errs = runEpochOnAll(t, []*Agent{agents[0], agents[2]}, in)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		if got := res[r].Restored; got == nil || got.Peer == nil || got.Peer.Rank != 0 || got.Peer.Epoch != ref.Epoch || got.Peer.Step != ref.Step || got.From.ID != "" {
+			t.Fatalf("rank %d of the next gang restored %+v; want the staying rank's state at the leave checkpoint's step (%d, %d), nothing from storage", r, got, ref.Epoch, ref.Step)
+		}
+	}
+	if got := finalStateHash(t, s, "leave"); got != want {
+		t.Fatalf("the run ends with state %s after its gang left; the uninterrupted one with %s", got, want)
 	}
 }
