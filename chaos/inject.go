@@ -17,6 +17,9 @@ import (
 // harness moves on (and reports it as not recovered).
 const recoveryLimit = 90 * time.Second
 
+// restartWait bounds how long a fault waits for its target's restart.
+const restartWait = 30 * time.Second
+
 // inject waits for the phase, injects one fault of the kind, and measures
 // how long the run takes to count it and to train again.
 func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
@@ -38,8 +41,6 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 			return f
 		}
 	}
-	before, gen, epoch, incidents := p.Failures+p.Preemptions, p.Generation, p.Epoch, troubles(p)
-	f.gen = gen
 	rank := h.rng.IntN(max(1, len(p.Gang)))
 	if kind == Corrupt {
 		rank = 0
@@ -49,6 +50,20 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 		// The gang's placements are not known until it has formed: strike any host.
 		target = h.hosts[h.rng.IntN(len(h.hosts))]
 	}
+	// A fault strikes a running process. A host killed by the fault before
+	// may still be down, waiting for its restart, while the run has not yet
+	// counted its loss: wait for it to come back, then look at the run again,
+	// so that the loss before is not taken for this fault's.
+	for deadline := time.Now().Add(restartWait); target != nil && kind != Server && !target.alive() && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(20 * time.Millisecond)
+		if target.alive() {
+			if q := h.progress(ctx, id); q != nil {
+				p = q
+			}
+		}
+	}
+	before, gen, epoch, incidents := p.Failures+p.Preemptions, p.Generation, p.Epoch, troubles(p)
+	f.gen = gen
 	if target == nil && kind != Server {
 		f.Note = "no gang to strike"
 		return f
