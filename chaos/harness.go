@@ -128,7 +128,8 @@ type Fault struct {
 	RestoredFrom string
 	StepsLost    int
 	BlobBytes    int64
-	gen          int // the run's generation when struck
+	gen          int       // the run's generation when struck
+	at           time.Time // when it was injected
 }
 
 // RunResult is one training run under faults.
@@ -376,13 +377,16 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 		}
 		f := h.inject(ctx, id, kind, phases[h.rng.IntN(len(phases))])
 		f.StepsLost = -1
-		h.logf("  %-18s %-16s on %-9s detected %-8v resumed %-8v %s", f.Kind, f.Phase, f.Target, f.Detected.Round(time.Millisecond), f.Resumed.Round(time.Millisecond), f.Note)
+		h.logf("  %-18s %-16s on %-9s at %s detected %-8v resumed %-8v %s", f.Kind, f.Phase, f.Target, stamp(f.at), f.Detected.Round(time.Millisecond), f.Resumed.Round(time.Millisecond), f.Note)
 		rep.Faults = append(rep.Faults, f)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	var p *spec.Progress
 	err = run.Get(wctx, &p)
+	if herr := h.saveHistory(wctx, id); herr != nil {
+		h.logf("  could not keep %s's history: %v", id, herr)
+	}
 	r := RunResult{ID: id, Seconds: time.Since(start).Seconds()}
 	if p != nil {
 		r.State, r.Epochs, r.Failures, r.Preemptions = p.State, p.Epoch, p.Failures, p.Preemptions

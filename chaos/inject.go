@@ -73,6 +73,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 	}
 	var heal func()
 	start := time.Now()
+	f.at = start
 	var err error
 	switch kind {
 	case Kill:

@@ -855,8 +855,9 @@ func (g *Group) ringPlan(buf []float32) ([]sendItem, []recvItem) {
 
 // gatherSum is the small all-reduce: in world-1 ring steps every rank sends
 // its buffer and forwards the one it received a step earlier, so each ends
-// with all of them; then each sums them in rank order (rank 0's, plus rank
-// 1's, ...), the same additions in the same order on every rank.
+// with all of them; then each sums them, segment by segment, in the order
+// the ring would have: the same additions in the same order on every rank,
+// and the same sums as the ring's.
 func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 	n, w, r := len(buf), g.world, g.rank
 	if cap(g.gathered) < w*n {
@@ -894,10 +895,17 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 		k := ((r-1-q)%w + w) % w
 		return got[k*n : (k+1)*n]
 	}
+	// Each segment is summed in the order the ring sums it (ringPlan):
+	// segment k starts from rank k's values, then adds rank k+1's, k+2's,
+	// ... around the ring. The result is the ring's, bit for bit, so which
+	// of the two an operation takes changes its speed, never its sums.
 	sum := got[(w-1)*n:]
-	copy(sum, of(0))
-	for q := 1; q < w; q++ {
-		addInto(sum, of(q))
+	for k := range w {
+		lo, hi := k*n/w, (k+1)*n/w
+		copy(sum[lo:hi], of(k)[lo:hi])
+		for j := 1; j < w; j++ {
+			addInto(sum[lo:hi], of((k+j)%w)[lo:hi])
+		}
 	}
 	copy(buf, sum)
 	return nil
