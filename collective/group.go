@@ -904,7 +904,7 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 		lo, hi := k*n/w, (k+1)*n/w
 		copy(sum[lo:hi], of(k)[lo:hi])
 		for j := 1; j < w; j++ {
-			addInto(sum[lo:hi], of((k+j)%w)[lo:hi])
+			addInto(sum[lo:hi], of((k + j) % w)[lo:hi])
 		}
 	}
 	copy(buf, sum)
