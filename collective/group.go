@@ -62,13 +62,14 @@ type Options struct {
 	// GatherBytes enables the small all-reduce: while a rank would receive at
 	// most this many bytes by gathering every other rank's whole buffer
 	// (bytes × (world-1)), AllReduce gathers them in world-1 ring steps and
-	// every rank sums the buffers in rank order, instead of the 2(world-1)
-	// steps of reduce-scatter and all-gather (MPI's small-message trade).
-	// Off by default (0 or negative): with 2 ranks in one process
-	// (BenchmarkAllReduce) its gain over the ring changed sign with the
-	// order the two ran in, so it has not earned the default yet. Every rank must
-	// use the same value: ranks that disagree fail the operation with a
-	// protocol error.
+	// every rank sums the buffers, instead of the 2(world-1) steps of
+	// reduce-scatter and all-gather (MPI's small-message trade). The sums are
+	// the ring's, bit for bit: each segment is added in the ring's order.
+	// Off by default (0 or negative): every rank must use the same value, and
+	// ranks that disagree (a gang with ranks of an earlier release, which
+	// never gathers) fail the operation with a protocol error. Gather only
+	// small buffers: 4 KiB takes about half the ring's time, 64 KiB with 2
+	// ranks several times longer (BENCHMARKS.md).
 	GatherBytes int
 	// Transport is TransportAuto (shared memory with neighbours on the same
 	// host, TCP otherwise), TransportTCP or TransportSameIP.
@@ -370,7 +371,7 @@ const (
 const (
 	opAllReduce = 1
 	opBroadcast = 2
-	opGatherSum = 3 // AllReduce of a small buffer: gather, then sum in rank order
+	opGatherSum = 3 // AllReduce of a small buffer: gather, then sum in the ring's order
 )
 
 type header struct {
@@ -759,7 +760,7 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 // AllReduce replaces buf on every rank by the element-wise sum over all ranks.
 // Every rank ends with bit-identical values: each element is summed once, in a
 // fixed order, and copied to the others (or, for a small buffer, summed by
-// every rank in rank order from the same inputs).
+// every rank in that same order from the same inputs).
 func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
 	g.opMu.Lock()
 	defer g.opMu.Unlock()
