@@ -188,6 +188,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	if in.Spec.Scaling.Hierarchical() && place.LocalWorld > 1 {
 		rep.group, err = a.joinHost(jctx, key, in, place, gang, opts)
 	} else {
+		opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(in.Peers))
 		rep.group, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts)
 	}
 	endSpan(span, err)
@@ -318,4 +319,18 @@ func fileSafe(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// maxGatherBytes bounds what one rank gathers in a small all-reduce: past
+// it the ring's bytes beat the gather's fewer steps.
+const maxGatherBytes = 64 << 10
+
+// gatherBytes is collective.Options.GatherBytes for a gang of world ranks
+// whose run asked for all-reduces of at most perRank bytes to gather: what
+// a rank receives gathering them, at most maxGatherBytes (0: never).
+func gatherBytes(perRank, world int) int {
+	if perRank <= 0 || world < 2 {
+		return 0
+	}
+	return min(perRank, maxGatherBytes/(world-1)) * (world - 1)
 }

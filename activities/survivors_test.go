@@ -371,3 +371,44 @@ func TestSurvivorOfAGangThatLeftWithAStoppingWorkerKeepsItsState(t *testing.T) {
 		t.Fatalf("the run ends with state %s after its gang left; the uninterrupted one with %s", got, want)
 	}
 }
+
+// gatherBytes turns the run's per-rank bound into the collective's
+// option: what a rank gathers, at most 64 KiB, 0 when not asked or alone.
+func TestGatherBytes(t *testing.T) {
+	for _, c := range []struct{ perRank, world, want int }{
+		{0, 4, 0}, {-5, 4, 0}, {4096, 1, 0},
+		{4096, 2, 4096}, {4096, 4, 3 * 4096}, {4096, 17, 16 * 4096},
+		{4096, 100, 99 * (65536 / 99)}, {1 << 40, 3, 2 * 32768},
+	} {
+		if got := gatherBytes(c.perRank, c.world); got != c.want {
+			t.Errorf("gatherBytes(%d, %d) = %d; want %d", c.perRank, c.world, got, c.want)
+		}
+	}
+}
+
+// A gang told to gather small all-reduces trains to the same weights, bit
+// for bit, as one that runs the ring for all of them: 3 ranks (where the
+// order of additions matters) and 4 KiB buckets, whose last one is small
+// enough to gather.
+func TestSmallAllReduceTrainsTheSameWeights(t *testing.T) {
+	hashes := map[int]string{}
+	for _, small := range []int{0, 4096} {
+		s := spec.Training{
+			Model:      spec.Model{Hidden: []int{32}},
+			Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
+			Hyper:      spec.Hyper{Epochs: 1, BatchSize: 16},
+			Scaling:    spec.Scaling{Workers: 3, BucketBytes: 4096},
+			Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip", KeepLast: spec.Int(0)},
+		}.WithDefaults()
+		if err := s.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		agents, peers := newAgents(t, 3)
+		in := spec.EpochInput{Run: "small", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s, SmallAllReduceBytes: small}
+		trainEpochs(t, agents, &in, 1)
+		hashes[small] = finalStateHash(t, s, "small")
+	}
+	if hashes[0] != hashes[4096] {
+		t.Fatalf("gathering small all-reduces changed the weights: %s against the ring's %s", hashes[4096], hashes[0])
+	}
+}

@@ -71,6 +71,10 @@ type Placement struct {
 	// collective address and PublicKey: ranks on workers of the same pool
 	// refuse a gang with a placement it does not prove (a forged slot-granted).
 	Grant []byte `json:"grant,omitempty"`
+	// SmallAllReduce says the worker gathers small all-reduces when its
+	// gang asks it to (EpochInput.SmallAllReduceBytes): a worker of an
+	// earlier release never does, and a gang must agree.
+	SmallAllReduce bool `json:"small_all_reduce,omitempty"`
 }
 
 // LocalRanks is how many ranks the host runs.
@@ -186,6 +190,11 @@ type EpochInput struct {
 	// BatchSize is the rank's batch: hyper.batch_size, scaled up when the gang
 	// runs with fewer ranks than scaling.workers so the global batch stays.
 	BatchSize int `json:"batch_size,omitempty"`
+	// SmallAllReduceBytes: an all-reduce of at most this many bytes per rank
+	// gathers every rank's buffer instead of running the ring (the same sums,
+	// in fewer steps: collective.Options.GatherBytes). The run sets it only
+	// when every placement of the gang says SmallAllReduce; 0: the ring only.
+	SmallAllReduceBytes int `json:"small_all_reduce_bytes,omitempty"`
 }
 
 // EpochResult is what a rank reports; rank 0's carries the checkpoint.

@@ -36,7 +36,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 		in := spec.EpochInput{
 			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
-			Slot: pl.Slot, BatchSize: batch,
+			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: smallAllReduceBytes(g.placements),
 		}
 		if !r.rankKeys { // the shared secret authenticates: no keys in placements
 			for i := range in.Hosts {
@@ -193,4 +193,22 @@ func (r *run) saveCheckpoint(ctx workflow.Context) error {
 	}
 	r.p.Latest = &ref
 	return nil
+}
+
+// smallAllReduce is the largest all-reduce, per rank, that a gang gathers
+// instead of running the ring (the same sums in fewer steps): at 4 KiB the
+// gather took about half the ring's time, at 64 KiB with 2 ranks several
+// times more (BENCHMARKS.md).
+const smallAllReduce = 4 << 10
+
+// smallAllReduceBytes is EpochInput.SmallAllReduceBytes for a gang: the
+// small all-reduce if every host's worker can gather, else 0 (a worker of
+// an earlier release in the gang runs the ring only, and ranks must agree).
+func smallAllReduceBytes(placements []spec.Placement) int {
+	for _, p := range placements {
+		if !p.SmallAllReduce {
+			return 0
+		}
+	}
+	return smallAllReduce
 }

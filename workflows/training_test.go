@@ -33,6 +33,9 @@ type harness struct {
 	hold func(ctx context.Context, in spec.HoldSlotInput) error
 	// noSlot: the HoldSlot calls refused at once for want of free slots.
 	noSlot func(in spec.HoldSlotInput, asked int) bool
+	// earlierRelease: the fake agent granting this hold is of a release
+	// before the small all-reduce (its placement does not say SmallAllReduce).
+	earlierRelease func(in spec.HoldSlotInput) bool
 	// lost: the HoldSlot calls that end with this error before their grant.
 	lost func(in spec.HoldSlotInput, asked int) error
 	// restoredEpoch: the epoch a rank's state is at (default: the one asked for).
@@ -82,7 +85,8 @@ func newHarness(t *testing.T) *harness {
 		if in.Request < grant { // this fake agent has a slot for it: tell the workflow where
 			pl := spec.Placement{
 				Worker: fmt.Sprintf("host-%d", (in.Request+in.Generation)%3), HostQueue: fmt.Sprintf("q-%d-%d", in.Generation, in.Request),
-				Collective: fmt.Sprintf("10.0.%d.%d:7070", in.Request/256, in.Request%256), PublicKey: fakePublicKey(in.Generation, in.Request)}
+				Collective: fmt.Sprintf("10.0.%d.%d:7070", in.Request/256, in.Request%256), PublicKey: fakePublicKey(in.Generation, in.Request),
+				SmallAllReduce: h.earlierRelease == nil || !h.earlierRelease(in)}
 			for i := range in.Slots {
 				pl.Slots = append(pl.Slots, i)
 			}
@@ -829,5 +833,38 @@ func TestGangRestoreIsRecordedBeforeItsFirstEpochEnds(t *testing.T) {
 	}
 	if restored[2] != 1 || restored[3] != 1 || len(restored) != 2 {
 		t.Fatalf("restores recorded per generation: %v; want generation 2 (broken before its first epoch ended) and 3, once each", restored)
+	}
+}
+
+// A gang gathers small all-reduces only when every host's worker says it
+// can: one worker of an earlier release (whose grant does not say so) and
+// every rank of the gang runs the ring only, since ranks must agree.
+func TestSmallAllReduceOnlyWhenEveryHostCan(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		h := newHarness(t)
+		h.grant(1, 3, time.Second)
+		if old {
+			h.earlierRelease = func(in spec.HoldSlotInput) bool { return in.Request == 1 }
+		}
+		p, err := h.start(`{"name": "small", "hyper": {"epochs": 2}, "scaling": {"workers": 3}}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.State != spec.StateCompleted {
+			t.Fatalf("state %s", p.State)
+		}
+		want := smallAllReduce
+		if old {
+			want = 0
+		}
+		ins := h.inputs()
+		if len(ins) != 6 {
+			t.Fatalf("%d rank inputs; want 6", len(ins))
+		}
+		for _, in := range ins {
+			if in.SmallAllReduceBytes != want {
+				t.Fatalf("a worker of an earlier release in the gang: %v; rank %d was told to gather up to %d bytes; want %d", old, in.Rank, in.SmallAllReduceBytes, want)
+			}
+		}
 	}
 }
