@@ -68,6 +68,16 @@ func survivorSpec(t *testing.T, peers bool) spec.Training {
 	return s
 }
 
+// uninterruptedStateHash is the final state's hash of a 2-rank run of
+// survivorSpec never interrupted: what a recovered run must end with.
+func uninterruptedStateHash(t *testing.T, run string, secret []byte) string {
+	s := survivorSpec(t, true)
+	agents, peers := newAgents(t, 2)
+	in := spec.EpochInput{Run: run, Generation: 1, Peers: peers, Secret: secret, Spec: s}
+	trainEpochs(t, agents, &in, 2)
+	return finalStateHash(t, s, run)
+}
+
 // finalStateHash is the hash of the run's checkpoint at the end of training.
 func finalStateHash(t *testing.T, s spec.Training, run string) string {
 	store, _ := checkpoint.Open(t.Context(), s.Checkpoint.URL, nil)
@@ -89,12 +99,7 @@ func TestNewGangRestoresFromASurvivorsMemory(t *testing.T) {
 	const crashEpoch, crashStep = 1, 7
 	secret := []byte("0123456789abcdef0123456789abcdef")
 
-	// The run that is never interrupted.
-	s := survivorSpec(t, true)
-	agents, peers := newAgents(t, 2)
-	in := spec.EpochInput{Run: "peers", Generation: 1, Peers: peers, Secret: secret, Spec: s}
-	trainEpochs(t, agents, &in, 2)
-	want := finalStateHash(t, s, "peers")
+	want := uninterruptedStateHash(t, "peers", secret)
 
 	for _, fromPeers := range []bool{true, false} {
 		s := survivorSpec(t, fromPeers)
@@ -316,14 +321,10 @@ func (s stoppingAt) TrainEpoch(ctx context.Context, epoch int, opts trainer.Epoc
 func TestSurvivorOfAGangThatLeftWithAStoppingWorkerKeepsItsState(t *testing.T) {
 	const stopEpoch, stopStep = 1, 5
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	s := survivorSpec(t, true)
-	agents, peers := newAgents(t, 2)
-	in := spec.EpochInput{Run: "leave", Generation: 1, Peers: peers, Secret: secret, Spec: s}
-	trainEpochs(t, agents, &in, 2)
-	want := finalStateHash(t, s, "leave")
+	want := uninterruptedStateHash(t, "leave", secret)
 
-	s = survivorSpec(t, true)
-	agents, peers = newAgents(t, 3) // the third replaces the second, whose worker stops
+	s := survivorSpec(t, true)
+	agents, peers := newAgents(t, 3) // the third replaces the second, whose worker stops
 	stop := make(chan struct{})
 	var once sync.Once
 	native, _ := trainer.DefaultBackends.Lookup(spec.TrainerNative)
@@ -337,7 +338,7 @@ func TestSurvivorOfAGangThatLeftWithAStoppingWorkerKeepsItsState(t *testing.T) {
 	}))
 	agents[1].Backends = stopping
 	gang := agents[:2]
-	in = spec.EpochInput{Run: "leave", Generation: 1, Peers: peers[:2], Secret: secret, Spec: s}
+	in := spec.EpochInput{Run: "leave", Generation: 1, Peers: peers[:2], Secret: secret, Spec: s}
 	res, errs := runEpochOnAll(t, gang, in)
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
