@@ -900,12 +900,18 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 	// segment k starts from rank k's values, then adds rank k+1's, k+2's,
 	// ... around the ring. The result is the ring's, bit for bit, so which
 	// of the two an operation takes changes its speed, never its sums.
+	// The segments are small (the whole buffer is at most GatherBytes over
+	// world-1): plain loops, not world² calls into BLAS (cgo with OpenBLAS);
+	// a float32 add rounds the same either way.
 	sum := got[(w-1)*n:]
 	for k := range w {
 		lo, hi := k*n/w, (k+1)*n/w
-		copy(sum[lo:hi], of(k)[lo:hi])
+		seg := sum[lo:hi]
+		copy(seg, of(k)[lo:hi])
 		for j := 1; j < w; j++ {
-			addInto(sum[lo:hi], of((k + j) % w)[lo:hi])
+			for i, x := range of((k + j) % w)[lo:hi] {
+				seg[i] += x
+			}
 		}
 	}
 	copy(buf, sum)
