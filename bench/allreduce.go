@@ -74,7 +74,7 @@ func benchAllReduce(args []string) error {
 	repeat := fs.Int("repeat", 3, "runs of each implementation, interleaved; the table shows medians")
 	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every implementation) or both")
 	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
-	gather := fs.Int("gather", 0, "also measure ours with Options.GatherBytes set to this (the small all-reduce: gather in world-1 steps, sum in rank order), interleaved with the ring; 0: not measured")
+	gather := fs.Int("gather", 0, "also measure ours with Options.GatherBytes set to this (the small all-reduce: gather in world-1 steps, sum in the ring's order), interleaved with the ring; 0: not measured")
 	fs.Parse(args)
 	var sizes []int
 	for _, s := range strings.Split(*sizesFlag, ",") {

@@ -62,5 +62,11 @@ func writeEvent(w io.Writer, e *history.HistoryEvent) {
 	fmt.Fprintf(w, "%s %5d %-40s %s\n", e.GetEventTime().AsTime().UTC().Format("15:04:05.000"), e.GetEventId(), e.GetEventType(), what)
 }
 
-// stamp is a fault's injection time as the history files write it.
-func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }
+// stamp is a fault's injection time as the history files write it ("–"
+// for a fault that was never injected).
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "–"
+	}
+	return t.UTC().Format("15:04:05.000")
+}
