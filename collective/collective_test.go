@@ -188,38 +188,48 @@ func TestBarrierWaitsForTheLastRank(t *testing.T) {
 	}
 }
 
+// Both transports: over TCP a small operation's forwards are sent by the
+// left reader (run), and its failures must reach the caller all the same.
 func TestMismatchedLengthsFailOnBothRanks(t *testing.T) {
-	groups := gang(t, 2, Options{})
-	errs := each(groups, func(r int, g *Group) error {
-		return g.AllReduce(context.Background(), make([]float32, 10+2*r))
-	})
-	for r, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "different lengths") {
-			t.Errorf("rank %d: got %v, want a protocol error about different lengths", r, err)
-		}
+	for _, transport := range []string{TransportAuto, TransportTCP} {
+		t.Run(transport, func(t *testing.T) {
+			groups := gang(t, 2, Options{Transport: transport})
+			errs := each(groups, func(r int, g *Group) error {
+				return g.AllReduce(context.Background(), make([]float32, 10+2*r))
+			})
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), "different lengths") {
+					t.Errorf("rank %d: got %v, want a protocol error about different lengths", r, err)
+				}
+			}
+		})
 	}
 }
 
 func TestCancelledRankAbortsTheGroup(t *testing.T) {
-	groups := gang(t, 3, Options{})
-	errs := each(groups, func(r int, g *Group) error {
-		switch r {
-		case 0:
-			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-			defer cancel()
-			return g.AllReduce(ctx, make([]float32, 100))
-		case 1:
-			return g.AllReduce(context.Background(), make([]float32, 100))
-		default: // rank 2 is late; by then the group is aborted
-			time.Sleep(time.Second)
-			return g.AllReduce(context.Background(), make([]float32, 100))
-		}
-	})
-	for r, err := range errs {
-		var pe *PeerError
-		if !errors.As(err, &pe) || pe.Reporter != 0 || pe.Rank != -1 {
-			t.Errorf("rank %d: got %v, want an abort reported by rank 0", r, err)
-		}
+	for _, transport := range []string{TransportAuto, TransportTCP} {
+		t.Run(transport, func(t *testing.T) {
+			groups := gang(t, 3, Options{Transport: transport})
+			errs := each(groups, func(r int, g *Group) error {
+				switch r {
+				case 0:
+					ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+					defer cancel()
+					return g.AllReduce(ctx, make([]float32, 100))
+				case 1:
+					return g.AllReduce(context.Background(), make([]float32, 100))
+				default: // rank 2 is late; by then the group is aborted
+					time.Sleep(time.Second)
+					return g.AllReduce(context.Background(), make([]float32, 100))
+				}
+			})
+			for r, err := range errs {
+				var pe *PeerError
+				if !errors.As(err, &pe) || pe.Reporter != 0 || pe.Rank != -1 {
+					t.Errorf("rank %d: got %v, want an abort reported by rank 0", r, err)
+				}
+			}
+		})
 	}
 }
 
@@ -612,5 +622,33 @@ func TestPlansFollowTheirBuffers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSmallTCPOperationsForwardInTheReader pins which operations readLeft
+// forwards itself (run): small ones over TCP whose first sends fit in the
+// sockets' buffers; the rest keep the operation's goroutine as the sender,
+// which overlaps sending with receiving.
+func TestSmallTCPOperationsForwardInTheReader(t *testing.T) {
+	for _, tc := range []struct {
+		ranks, floats int
+		want          bool
+	}{
+		{2, 1 << 10, true},  // 4 KiB: 2 KiB sent first
+		{4, 1 << 10, true},  // 4 KiB: 1 KiB sent first
+		{4, 1 << 14, true},  // 64 KiB: 16 KiB sent first
+		{2, 1 << 14, false}, // 64 KiB: 32 KiB sent first, more than inlinePrefixBytes
+		{4, 1 << 18, false}, // 1 MiB: more than SpinMaxBytes
+		{4, 0, true},        // a barrier
+	} {
+		g := gang(t, tc.ranks, Options{Transport: TransportTCP})[0]
+		sends, recvs := g.ringPlan(make([]float32, tc.floats))
+		first, ok := g.forwardsInline(4*tc.floats, sends, len(recvs))
+		if ok != tc.want {
+			t.Errorf("%d ranks, %d floats: forwarded by the reader %v, want %v", tc.ranks, tc.floats, ok, tc.want)
+		}
+		if ok && first != 1 {
+			t.Errorf("%d ranks, %d floats: %d sends before the first forward, want 1 (this rank's own segment)", tc.ranks, tc.floats, first)
+		}
 	}
 }

@@ -562,6 +562,12 @@ type recvJob struct {
 	items    []recvItem
 	tokens   chan struct{} // one per item received, for the sender to forward it
 	finished chan struct{}
+	// forwards, for a small operation over TCP, are the sends that wait for a
+	// receipt: readLeft makes them itself as the data arrives (forwardFrom),
+	// instead of waking the operation's goroutine for each (see run).
+	forwards  []sendItem
+	forwarded int // forwards sent
+	received  int // items received
 }
 
 type recvItem struct {
@@ -654,13 +660,33 @@ func (g *Group) readLeft() {
 		if it.add {
 			addInto(it.dst, dst)
 		}
-		job.tokens <- struct{}{}
 		next++
+		if job.tokens != nil {
+			job.tokens <- struct{}{}
+		} else if err := g.forwardFrom(job, next); err != nil {
+			g.failPeer(g.right, "sending", err)
+			return
+		}
 		if next == len(job.items) {
 			close(job.finished)
 			job = nil
 		}
 	}
+}
+
+// forwardFrom sends, in readLeft, the forwards of a small operation that
+// the items received so far allow: each forward waits for one receipt, as
+// run's sends wait for a token.
+func (g *Group) forwardFrom(job *recvJob, received int) error {
+	for job.forwarded < len(job.forwards) && job.forwarded < received {
+		s := job.forwards[job.forwarded]
+		h := header{typ: frameData, op: job.op, seq: job.seq, length: uint32(4 * len(s.src))}
+		if err := g.writeRight(h, asBytes(s.src)); err != nil {
+			return err
+		}
+		job.forwarded++
+	}
+	return nil
 }
 
 func (g *Group) failLeft(err error) {
@@ -682,7 +708,8 @@ type sendItem struct {
 }
 
 // run executes one operation: hands the receiving half to readLeft and sends
-// in the calling goroutine, aborting the group if ctx ends first.
+// in the calling goroutine (for a small operation over TCP, readLeft makes
+// the sends that wait for a receipt), aborting the group if ctx ends first.
 func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, recvs []recvItem) error {
 	if err := g.Err(); err != nil {
 		return err
@@ -699,12 +726,11 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 			shm.spin = g.spin
 		}
 	default:
-		job.tokens, job.finished = make(chan struct{}, len(recvs)), make(chan struct{})
+		job.finished = make(chan struct{})
 		if bytes <= g.opts.SpinMaxBytes {
 			g.inOp.Store(true)
 			defer g.inOp.Store(false)
 		}
-		g.jobs <- job
 	}
 	stop := context.AfterFunc(ctx, func() {
 		reason := fmt.Sprintf("operation #%d cancelled: %v", job.seq, context.Cause(ctx))
@@ -712,6 +738,26 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 		g.fail(pe, pe)
 	})
 	defer stop()
+	if shm == nil && len(recvs) > 0 {
+		if first, ok := g.forwardsInline(bytes, sends, len(recvs)); ok {
+			// A small operation over TCP: send what needs no receipt, then let
+			// readLeft forward the rest as it arrives. Each ring step then costs
+			// one wake of this process, not also one of this goroutine (a
+			// thread's wake, on another core, when GOMAXPROCS > 1).
+			for _, s := range sends[:first] {
+				h := header{typ: frameData, op: op, seq: job.seq, length: uint32(4 * len(s.src))}
+				if err := g.writeRight(h, asBytes(s.src)); err != nil {
+					g.failPeer(g.right, "sending", err)
+					<-g.done
+					return g.err
+				}
+			}
+			job.forwards, sends = sends[first:], nil
+		} else {
+			job.tokens = make(chan struct{}, len(recvs))
+		}
+		g.jobs <- job
+	}
 	tokens := 0
 	for _, s := range sends {
 		if s.afterToken {
@@ -755,6 +801,39 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	default:
 		return g.err
 	}
+}
+
+// inlinePrefixBytes bounds what a small operation sends before readLeft
+// takes its receipts (forwardsInline): it must fit in the sockets' buffers,
+// since no rank reads its left neighbour while it sends it.
+const inlinePrefixBytes = 16 << 10
+
+// forwardsInline reports whether readLeft makes an operation's forwards
+// (run), and the index of its first send that waits for a receipt: only for
+// operations over TCP of at most SpinMaxBytes whose sends before that are at
+// most inlinePrefixBytes, and whose every later send waits for one of the
+// receipts.
+func (g *Group) forwardsInline(bytes int, sends []sendItem, receipts int) (int, bool) {
+	if bytes > g.opts.SpinMaxBytes || g.sendRing != nil {
+		return 0, false
+	}
+	first, prefix := 0, 0
+	for first < len(sends) && !sends[first].afterToken {
+		prefix += 4 * len(sends[first].src)
+		first++
+	}
+	if prefix > inlinePrefixBytes {
+		return 0, false
+	}
+	if len(sends)-first > receipts {
+		return 0, false
+	}
+	for _, s := range sends[first:] {
+		if !s.afterToken {
+			return 0, false
+		}
+	}
+	return first, true
 }
 
 // AllReduce replaces buf on every rank by the element-wise sum over all ranks.

@@ -25,9 +25,10 @@ func TestMain(m *testing.M) {
 }
 
 type childGang struct {
-	Gang  Gang
-	Rank  int
-	Stall time.Duration
+	Gang   Gang
+	Rank   int
+	Stall  time.Duration
+	Floats int // the all-reduced buffer's length
 }
 
 func rankProcess() int {
@@ -49,7 +50,7 @@ func rankProcess() int {
 		fmt.Println("error", err)
 		return 1
 	}
-	buf := make([]float32, 1<<18)
+	buf := make([]float32, cg.Floats)
 	for op := 0; ; op++ {
 		if err := g.AllReduce(ctx, buf); err != nil {
 			fmt.Println("error", err)
@@ -61,7 +62,9 @@ func rankProcess() int {
 
 // TestRealPeerFailures runs a 4-rank ring with rank 2 in its own process and
 // hits that process with a real signal mid-training: every other rank must
-// return a PeerError naming rank 2, well before any operation deadline.
+// return a PeerError naming rank 2, well before any operation deadline. Both
+// ways an operation moves over TCP are struck: a 1 MiB one (its forwards sent
+// by the operation's goroutine) and a 4 KiB one (forwarded by readLeft).
 func TestRealPeerFailures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a rank process")
@@ -69,7 +72,11 @@ func TestRealPeerFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		signal syscall.Signal
-	}{{"kill -9", syscall.SIGKILL}, {"SIGSTOP (a hang)", syscall.SIGSTOP}} {
+		floats int
+	}{
+		{"kill -9, 1 MiB", syscall.SIGKILL, 1 << 18}, {"SIGSTOP (a hang), 1 MiB", syscall.SIGSTOP, 1 << 18},
+		{"kill -9, 4 KiB", syscall.SIGKILL, 1 << 10}, {"SIGSTOP (a hang), 4 KiB", syscall.SIGSTOP, 1 << 10},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const world, victim = 4, 2
 			stall := time.Second
@@ -105,7 +112,7 @@ func TestRealPeerFailures(t *testing.T) {
 				lns[r], peers[r] = ln, ln.Addr()
 			}
 			gangSpec := Gang{Run: "chaos", Generation: 7, Peers: peers}
-			json.NewEncoder(stdin).Encode(childGang{Gang: gangSpec, Rank: victim, Stall: stall})
+			json.NewEncoder(stdin).Encode(childGang{Gang: gangSpec, Rank: victim, Stall: stall, Floats: tc.floats})
 
 			// The in-process ranks all-reduce until the group fails.
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -124,7 +131,7 @@ func TestRealPeerFailures(t *testing.T) {
 						return
 					}
 					defer g.Close()
-					buf := make([]float32, 1<<18)
+					buf := make([]float32, tc.floats)
 					for {
 						if err = g.AllReduce(ctx, buf); err != nil {
 							break
