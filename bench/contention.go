@@ -12,8 +12,11 @@ import (
 	"sync"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
 
+	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -36,6 +39,7 @@ func benchContention(args []string) error {
 	epochTime := fs.Duration("epoch-time", 2*time.Second, "what one simulated epoch takes on the trainer")
 	gangTimeout := fs.Duration("gang-timeout", time.Minute, "each run's scaling.gang_timeout")
 	partitions := fs.Int("task-queue-partitions", 0, "the dev server's partitions per task queue (0: Temporal's 4; deploy/temporal/durabletrain.yaml sets 1 for the GPU queue)")
+	sticky := fs.Duration("sticky-timeout", gpuworker.DefaultStickyTimeout, "the control worker's StickyScheduleToStartTimeout (the worker's -sticky-timeout): a workflow task waiting longer on its sticky queue goes to the shared one, to be replayed in full")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -46,7 +50,7 @@ func benchContention(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	sim, err := startSimBench(ctx, "contention", "", simfleet.Options{Hosts: *slots / *perHost, GPUsPerHost: *perHost, EpochTime: *epochTime},
-		"-task-queue-partitions", strconv.Itoa(*partitions))
+		worker.Options{StickyScheduleToStartTimeout: *sticky}, "-task-queue-partitions", strconv.Itoa(*partitions))
 	if err != nil {
 		return err
 	}
@@ -130,12 +134,18 @@ func benchContention(args []string) error {
 	// Each run's wait: from its start to its first epoch, from its history.
 	waits := make([]float64, *runs)
 	intervals := make([][2]time.Time, *runs)
-	forming := 0.0 // slot-seconds held by gangs not yet whole
+	forming := 0.0              // slot-seconds held by gangs not yet whole
+	tasks, stickyMissed := 0, 0 // workflow tasks, and those that waited out the sticky timeout
 	for i, id := range ids {
 		from, to, grants, err := firstEpochWait(context.Background(), c, id)
 		if err != nil {
 			return fmt.Errorf("reading %s's history: %w", id, err)
 		}
+		t, m, err := workflowTaskTimeouts(context.Background(), c, id)
+		if err != nil {
+			return fmt.Errorf("reading %s's history: %w", id, err)
+		}
+		tasks, stickyMissed = tasks+t, stickyMissed+m
 		waits[i], intervals[i] = to.Sub(from).Seconds(), [2]time.Time{from, to}
 		for _, g := range grants {
 			forming += to.Sub(g).Seconds() * float64(*runPerHost)
@@ -176,12 +186,13 @@ func benchContention(args []string) error {
 		}
 	}
 	formingShare := forming / max(1e-9, last.Sub(first).Seconds()*float64(*slots))
-	table([]string{"runs", "ranks/run", "slots", "completed", "wall s", "wait mean s", "wait p50 s", "wait max s", "max/mean", "slots held while runs wait", "slots training while runs wait", "held by gangs forming"},
+	table([]string{"runs", "ranks/run", "slots", "completed", "wall s", "wait mean s", "wait p50 s", "wait max s", "max/mean", "slots held while runs wait", "slots training while runs wait", "held by gangs forming", "sticky timeout", "workflow tasks", "sticky timeouts"},
 		[][]string{{strconv.Itoa(*runs), strconv.Itoa(*ranks), strconv.Itoa(*slots), fmt.Sprintf("%d/%d", completed, *runs), f2(wall.Seconds()),
 			f2(mean), f2(simfleet.Quantile(waits, 0.5)), f2(waits[len(waits)-1]), f2(waits[len(waits)-1] / max(mean, 1e-9)),
-			pct(heldWhileWaiting), pct(trainingWhileWaiting), fmt.Sprintf("%.0f%%", 100*formingShare)}})
-	fmt.Printf("contention runs=%d ranks=%d slots=%d completed=%d wait_mean_s=%.2f wait_max_s=%.2f held_while_waiting=%s training_while_waiting=%s\n",
-		*runs, *ranks, *slots, completed, mean, waits[len(waits)-1], pct(heldWhileWaiting), pct(trainingWhileWaiting))
+			pct(heldWhileWaiting), pct(trainingWhileWaiting), fmt.Sprintf("%.0f%%", 100*formingShare),
+			sticky.String(), strconv.Itoa(tasks), strconv.Itoa(stickyMissed)}})
+	fmt.Printf("contention runs=%d ranks=%d slots=%d completed=%d wait_mean_s=%.2f wait_max_s=%.2f held_while_waiting=%s training_while_waiting=%s sticky_timeout=%v workflow_tasks=%d sticky_timeouts=%d\n",
+		*runs, *ranks, *slots, completed, mean, waits[len(waits)-1], pct(heldWhileWaiting), pct(trainingWhileWaiting), *sticky, tasks, stickyMissed)
 	if completed != *runs {
 		return errors.New("not every run completed")
 	}
@@ -209,4 +220,24 @@ func firstEpochWait(ctx context.Context, c client.Client, id string) (from, to t
 		}
 	}
 	return from, from, nil, errors.New("no epoch was scheduled")
+}
+
+// workflowTaskTimeouts counts a run's workflow tasks and those that timed
+// out before a worker took them (ScheduleToStart: on a sticky queue, the
+// sticky timeout; the task then goes to the shared queue, replayed in full).
+func workflowTaskTimeouts(ctx context.Context, c client.Client, id string) (tasks, timeouts int, err error) {
+	it := c.GetWorkflowHistory(ctx, id, "", false, 0)
+	for it.HasNext() {
+		e, err := it.Next()
+		if err != nil {
+			return tasks, timeouts, err
+		}
+		if e.GetWorkflowTaskScheduledEventAttributes() != nil {
+			tasks++
+		}
+		if a := e.GetWorkflowTaskTimedOutEventAttributes(); a != nil && a.GetTimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START {
+			timeouts++
+		}
+	}
+	return tasks, timeouts, nil
 }

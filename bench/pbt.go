@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
@@ -44,7 +45,7 @@ func benchPBT(args []string) error {
 	defer cancel()
 	hosts := (*trials + 7) / 8
 	sim, err := startSimBench(ctx, "pbt", "", simfleet.Options{Hosts: hosts, GPUsPerHost: min(8, *trials), Native: true,
-		DataRoot: strings.TrimSuffix(*data, "/") + "/"})
+		DataRoot: strings.TrimSuffix(*data, "/") + "/"}, worker.Options{})
 	if err != nil {
 		return err
 	}

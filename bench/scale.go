@@ -53,7 +53,7 @@ func benchScale(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	start := time.Now()
-	sim, err := startSimBench(ctx, "scale", *address, simfleet.Options{Hosts: hosts, GPUsPerHost: *perHost, EpochTime: *epochTime},
+	sim, err := startSimBench(ctx, "scale", *address, simfleet.Options{Hosts: hosts, GPUsPerHost: *perHost, EpochTime: *epochTime}, worker.Options{},
 		"-suggest-continue-as-new", strconv.Itoa(*suggestCAN))
 	if err != nil {
 		return err
@@ -173,7 +173,8 @@ type simBench struct {
 	closers        []func()
 }
 
-func startSimBench(ctx context.Context, name, address string, o simfleet.Options, serverArgs ...string) (b *simBench, err error) {
+// control is the options of the control queue's workflow worker.
+func startSimBench(ctx context.Context, name, address string, o simfleet.Options, control worker.Options, serverArgs ...string) (b *simBench, err error) {
 	b = &simBench{stamp: strconv.FormatInt(time.Now().UnixNano(), 36)}
 	defer func() {
 		if err != nil {
@@ -204,12 +205,12 @@ func startSimBench(ctx context.Context, name, address string, o simfleet.Options
 		return nil, err
 	}
 	b.closers = append(b.closers, func() { os.RemoveAll(b.ckpt) })
-	control := worker.New(b.c, b.control, worker.Options{})
-	gpuworker.RegisterWorkflows(control, policy.Policy{StorageRoots: []string{"file://" + b.ckpt + "/", "mem://"}}) // a search's results go beside the checkpoints
-	if err := control.Start(); err != nil {
+	w := worker.New(b.c, b.control, control)
+	gpuworker.RegisterWorkflows(w, policy.Policy{StorageRoots: []string{"file://" + b.ckpt + "/", "mem://"}}) // a search's results go beside the checkpoints
+	if err := w.Start(); err != nil {
 		return nil, err
 	}
-	b.closers = append(b.closers, control.Stop)
+	b.closers = append(b.closers, w.Stop)
 	o.TaskQueue, o.StorageRoot = b.queue, "file://"+b.ckpt+"/"
 	if b.fleet, err = simfleet.Start(b.c, o); err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
@@ -38,7 +39,7 @@ func benchTune(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	sim, err := startSimBench(ctx, "tune", "", simfleet.Options{Hosts: *slots / 8, GPUsPerHost: 8, EpochTime: *epochTime})
+	sim, err := startSimBench(ctx, "tune", "", simfleet.Options{Hosts: *slots / 8, GPUsPerHost: 8, EpochTime: *epochTime}, worker.Options{})
 	if err != nil {
 		return err
 	}

@@ -75,6 +75,8 @@ type Config struct {
 	// FromStorage turns failure.recover_from_peers off: every new gang
 	// restores the latest checkpoint, as before survivors kept their state.
 	FromStorage bool
+	// StickyTimeout is the workers' -sticky-timeout; 0: theirs by default.
+	StickyTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -303,6 +305,9 @@ func (h *Harness) startProcesses() error {
 				// Storage: the harness's checkpoints, and the data set wherever it is.
 				"-storage-roots", "file://" + h.ckptDir + "/," + dataRoot(h.cfg.Dataset) + ",mem://"},
 			logPath: filepath.Join(logs, fmt.Sprintf("host-%d.log", i))}
+		if h.cfg.StickyTimeout > 0 {
+			p.args = append(p.args, "-sticky-timeout", h.cfg.StickyTimeout.String())
+		}
 		if err := p.start(); err != nil {
 			return err
 		}

@@ -31,6 +31,15 @@ import (
 	"github.com/durabletrain/durabletrain/workflows"
 )
 
+// DefaultStickyTimeout is Config.StickyTimeout's default. A workflow task
+// stuck on a dead workflow worker's sticky queue waits this long before any
+// worker may take it (Temporal's default is 5 s): the bulk of the time a run
+// takes to react to a killed workflow worker. Measured (BENCHMARKS.md): 1 s
+// made a kill-9 of that worker cost 1.1 s, 500 ms about half; 250 ms sent
+// tasks of live, busy workers elsewhere to be replayed where 500 ms and 1 s
+// sent none.
+const DefaultStickyTimeout = 500 * time.Millisecond
+
 // Config is a worker process. Reach Temporal with package connect.
 type Config struct {
 	ControlQueue string // workflows' queue; default spec.DefaultControlQueue
@@ -47,6 +56,12 @@ type Config struct {
 	PythonPath          string        // the directory holding the durabletrain Python module, for exec runs
 	Identity            string        // default hostname-pid
 	Grace               time.Duration // on shutdown, how long running activities get to finish; default 10s
+	// StickyTimeout is how long a workflow task waits on this workflow
+	// worker's own (sticky) queue before any workflow worker may take it;
+	// default DefaultStickyTimeout. A killed workflow worker's runs wait this
+	// long to react to anything; a shorter one sends more tasks of a busy
+	// worker's runs elsewhere, to replay their whole history.
+	StickyTimeout time.Duration
 	// Backends and Datasets are what the agent runs and reads; default
 	// trainer.DefaultBackends and dataset.DefaultRegistry: the backend and
 	// format packages the binary imports (cmd/worker: native and exec).
@@ -132,16 +147,19 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 	if cfg.Grace == 0 {
 		cfg.Grace = 10 * time.Second
 	}
+	if cfg.StickyTimeout == 0 {
+		cfg.StickyTimeout = DefaultStickyTimeout
+	}
+	if cfg.StickyTimeout < 0 {
+		return fmt.Errorf("gpuworker: StickyTimeout %v is negative; want a positive duration, or 0 for the default %v", cfg.StickyTimeout, DefaultStickyTimeout)
+	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
 	log := cfg.Log.With(zap.String("worker", cfg.Identity))
 	var workers []worker.Worker
 	if cfg.Workflows {
-		// A workflow task stuck on a dead worker's sticky queue waits this long
-		// (5 s by default) before any worker may take it: measured as the bulk of
-		// the time to react to a killed worker.
-		opts := worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, StickyScheduleToStartTimeout: time.Second}
+		opts := worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, StickyScheduleToStartTimeout: cfg.StickyTimeout}
 		if cfg.Deployment != "" {
 			if cfg.BuildID == "" {
 				return errors.New("gpuworker: a Deployment needs a BuildID")

@@ -1,7 +1,10 @@
 package gpuworker
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -32,5 +35,12 @@ func TestDiscoverSlotsFallsBackToCPU(t *testing.T) {
 		if _, ok := gpus.Stats(slots[0]); !ok {
 			t.Fatalf("NVML found %s but cannot read its load", slots[0].GPU)
 		}
+	}
+}
+
+func TestRunRefusesANegativeStickyTimeout(t *testing.T) {
+	err := Run(context.Background(), nil, Config{Workflows: true, StickyTimeout: -time.Second})
+	if err == nil || !strings.Contains(err.Error(), "StickyTimeout") || !strings.Contains(err.Error(), "positive") {
+		t.Fatalf("got %v, want an error naming StickyTimeout and what it accepts", err)
 	}
 }

@@ -38,6 +38,7 @@ func main() {
 	dir := flag.String("dir", ".durabletrain/chaos", "work directory (wiped first)")
 	tags := flag.String("tags", "openblas", "build tags of the worker")
 	recovery := flag.String("recovery", "both", "how new gangs restore: survivor (failure.recover_from_peers, the default), storage (the latest checkpoint), or both, one after the other on the same seed")
+	flag.DurationVar(&cfg.StickyTimeout, "sticky-timeout", 0, "the workers' -sticky-timeout (0: their default)")
 	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
 	if *version {

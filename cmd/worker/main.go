@@ -52,6 +52,7 @@ func main() {
 	flag.StringVar(&cfg.PythonPath, "python-path", envOr("DURABLETRAIN_PYTHONPATH", pythonNextToBinary()), "directory holding the durabletrain Python module (python/ of the repository), for exec runs")
 	flag.StringVar(&cfg.Identity, "identity", "", "worker identity (default hostname-pid)")
 	flag.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long running ranks get to leave on shutdown")
+	flag.DurationVar(&cfg.StickyTimeout, "sticky-timeout", gpuworker.DefaultStickyTimeout, "how long a workflow task waits on this workflow worker's own queue before any worker may take it: a killed workflow worker's runs wait this long; a shorter one sends a busy worker's tasks elsewhere, to replay their history")
 	// The worker's policy: what a spec may make it do (package policy).
 	allowExec := flag.String("allow-exec", "", `programs "exec" runs may start, comma-separated: absolute paths, names on PATH, directories ending in /, or * (default: none, exec is off)`)
 	execDirs := flag.String("exec-dirs", "", "directories exec.dir may name, comma-separated (default: none; programs run in their scratch directory)")
