@@ -626,24 +626,25 @@ func TestPlansFollowTheirBuffers(t *testing.T) {
 }
 
 // TestSmallTCPOperationsForwardInTheReader pins which operations readLeft
-// forwards itself (run): small ones over TCP whose first sends fit in the
-// sockets' buffers; the rest keep the operation's goroutine as the sender,
-// which overlaps sending with receiving.
+// forwards itself (run): those over TCP that send at most inlineSendBytes in
+// all, which the sockets' buffers hold even when the right neighbour stops
+// reading; the rest keep the operation's goroutine as the sender, which
+// overlaps sending with receiving.
 func TestSmallTCPOperationsForwardInTheReader(t *testing.T) {
 	for _, tc := range []struct {
 		ranks, floats int
 		want          bool
 	}{
-		{2, 1 << 10, true},  // 4 KiB: 2 KiB sent first
-		{4, 1 << 10, true},  // 4 KiB: 1 KiB sent first
-		{4, 1 << 14, true},  // 64 KiB: 16 KiB sent first
-		{2, 1 << 14, false}, // 64 KiB: 32 KiB sent first, more than inlinePrefixBytes
-		{4, 1 << 18, false}, // 1 MiB: more than SpinMaxBytes
+		{2, 1 << 10, true},  // 4 KiB: 4 KiB sent in all
+		{4, 1 << 10, true},  // 4 KiB: 6 KiB
+		{2, 1 << 14, true},  // 64 KiB: 64 KiB
+		{4, 1 << 14, false}, // 64 KiB: 96 KiB, more than inlineSendBytes
+		{4, 1 << 18, false}, // 1 MiB
 		{4, 0, true},        // a barrier
 	} {
 		g := gang(t, tc.ranks, Options{Transport: TransportTCP})[0]
 		sends, recvs := g.ringPlan(make([]float32, tc.floats))
-		first, ok := g.forwardsInline(4*tc.floats, sends, len(recvs))
+		first, ok := g.forwardsInline(sends, len(recvs))
 		if ok != tc.want {
 			t.Errorf("%d ranks, %d floats: forwarded by the reader %v, want %v", tc.ranks, tc.floats, ok, tc.want)
 		}

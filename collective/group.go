@@ -739,7 +739,7 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	})
 	defer stop()
 	if shm == nil && len(recvs) > 0 {
-		if first, ok := g.forwardsInline(bytes, sends, len(recvs)); ok {
+		if first, ok := g.forwardsInline(sends, len(recvs)); ok {
 			// A small operation over TCP: send what needs no receipt, then let
 			// readLeft forward the rest as it arrives. Each ring step then costs
 			// one wake of this process, not also one of this goroutine (a
@@ -803,27 +803,36 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	}
 }
 
-// inlinePrefixBytes bounds what a small operation sends before readLeft
-// takes its receipts (forwardsInline): it must fit in the sockets' buffers,
-// since no rank reads its left neighbour while it sends it.
-const inlinePrefixBytes = 16 << 10
+// inlineSendBytes bounds what an operation whose forwards readLeft makes
+// (forwardsInline) sends in all. readLeft must not block on a write: while
+// it writes, nobody reads the left neighbour, whose abort (when the right
+// neighbour stalls) would end the wait. Sockets' default buffers (Linux:
+// 16 KiB to send and 128 KiB to receive before autotuning) hold 64 KiB
+// from this operation and what is left of the one before it, so the write
+// completes even to a neighbour that stopped reading. With smaller buffers
+// the caller's context still ends the operation. It also bounds what a rank
+// sends before it hands the operation to readLeft, when no rank reads.
+const inlineSendBytes = 64 << 10
 
 // forwardsInline reports whether readLeft makes an operation's forwards
 // (run), and the index of its first send that waits for a receipt: only for
-// operations over TCP of at most SpinMaxBytes whose sends before that are at
-// most inlinePrefixBytes, and whose every later send waits for one of the
+// operations over TCP that send at most inlineSendBytes, and whose every
+// send after the first that waits for a receipt waits for one of the
 // receipts.
-func (g *Group) forwardsInline(bytes int, sends []sendItem, receipts int) (int, bool) {
-	if bytes > g.opts.SpinMaxBytes || g.sendRing != nil {
+func (g *Group) forwardsInline(sends []sendItem, receipts int) (int, bool) {
+	if g.sendRing != nil {
 		return 0, false
 	}
-	first, prefix := 0, 0
+	total := 0
+	for _, s := range sends {
+		total += 4 * len(s.src)
+	}
+	if total > inlineSendBytes {
+		return 0, false
+	}
+	first := 0
 	for first < len(sends) && !sends[first].afterToken {
-		prefix += 4 * len(sends[first].src)
 		first++
-	}
-	if prefix > inlinePrefixBytes {
-		return 0, false
 	}
 	if len(sends)-first > receipts {
 		return 0, false
