@@ -435,3 +435,54 @@ func TestFileStoreWritesNoTemporaryFilesElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFileStoreWritesNoAttributeSidecars: a plain file:// store writes each
+// object alone (no fileblob ".attrs" sidecar, whose MD5 would cost a pass
+// over every byte), and still reads, verifies and prunes checkpoints that a
+// store with sidecars (metadata= in the URL, fileblob's own default) wrote.
+func TestFileStoreWritesNoAttributeSidecars(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	sidecars := func() (n int) {
+		filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(path, ".attrs") {
+				n++
+			}
+			return nil
+		})
+		return n
+	}
+	old, err := Open(ctx, "file://"+dir+"?metadata=", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	put(t, old, "r", 1, map[string][]byte{"state.bin": []byte("epoch 1")}, nil)
+	put(t, old, "r", 2, map[string][]byte{"state.bin": []byte("epoch 2")}, nil)
+	before := sidecars()
+	if before == 0 {
+		t.Fatal("the store with metadata= wrote no sidecars: the test shows nothing")
+	}
+	s, err := Open(ctx, "file://"+dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	put(t, s, "r", 3, map[string][]byte{"state.bin": []byte("epoch 3")}, nil)
+	if n := sidecars(); n != before {
+		t.Fatalf("%d sidecars after a save through file://, want the %d written before", n, before)
+	}
+	c, err := s.LatestVerified(ctx, "r")
+	if err != nil || c.Manifest.Epoch != 3 || string(readObject(t, c, "state.bin")) != "epoch 3" {
+		t.Fatalf("latest verified: %v, %v", c, err)
+	}
+	if _, err := s.Prune(ctx, "r", Retention{KeepLast: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := s.IDs(ctx, "r"); !slices.Equal(ids, []string{ID(3, 0)}) {
+		t.Fatalf("kept %v after pruning to the last, want only %s", ids, ID(3, 0))
+	}
+	if n := sidecars(); n != 0 {
+		t.Fatalf("%d sidecars left after their checkpoints were pruned", n)
+	}
+}

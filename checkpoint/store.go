@@ -78,17 +78,23 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	b, err := blob.OpenBucket(ctx, withSameDirTemp(url))
+	b, err := blob.OpenBucket(ctx, withFileDefaults(url))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
 	return &Store{bucket: b, url: url, log: log}, nil
 }
 
-// withSameDirTemp makes fileblob write each object's temporary file next to
-// it rather than in $TMPDIR: a rename across filesystems (a checkpoint volume
-// and the container's /tmp) fails, and one within a directory is atomic.
-func withSameDirTemp(raw string) string {
+// withFileDefaults sets two fileblob options a file:// URL does not set:
+//   - no_tmp_dir: each object's temporary file is written next to it rather
+//     than in $TMPDIR: a rename across filesystems (a checkpoint volume and
+//     the container's /tmp) fails, and one within a directory is atomic;
+//   - metadata=skip: no sidecar file of attributes per object, whose MD5
+//     fileblob would compute over every byte in the writing goroutine (a
+//     third of a save's time here, BENCHMARKS.md). Checkpoints are verified by
+//     their manifest's hashes, not by MD5; fileblob still lists, reads and
+//     deletes objects written with a sidecar.
+func withFileDefaults(raw string) string {
 	u, err := neturl.Parse(raw)
 	if err != nil || u.Scheme != "file" {
 		return raw
@@ -96,8 +102,11 @@ func withSameDirTemp(raw string) string {
 	q := u.Query()
 	if q.Get("no_tmp_dir") == "" {
 		q.Set("no_tmp_dir", "1")
-		u.RawQuery = q.Encode()
 	}
+	if !q.Has("metadata") {
+		q.Set("metadata", "skip")
+	}
+	u.RawQuery = q.Encode()
 	return u.String()
 }
 
