@@ -567,7 +567,6 @@ type recvJob struct {
 	// instead of waking the operation's goroutine for each (see run).
 	forwards  []sendItem
 	forwarded int // forwards sent
-	received  int // items received
 }
 
 type recvItem struct {
