@@ -137,15 +137,12 @@ func benchContention(args []string) error {
 	forming := 0.0              // slot-seconds held by gangs not yet whole
 	tasks, stickyMissed := 0, 0 // workflow tasks, and those that waited out the sticky timeout
 	for i, id := range ids {
-		from, to, grants, err := firstEpochWait(context.Background(), c, id)
+		h, err := readRunHistory(context.Background(), c, id)
 		if err != nil {
 			return fmt.Errorf("reading %s's history: %w", id, err)
 		}
-		t, m, err := workflowTaskTimeouts(context.Background(), c, id)
-		if err != nil {
-			return fmt.Errorf("reading %s's history: %w", id, err)
-		}
-		tasks, stickyMissed = tasks+t, stickyMissed+m
+		from, to, grants := h.from, h.firstEpoch, h.grants
+		tasks, stickyMissed = tasks+h.tasks, stickyMissed+h.stickyTimeouts
 		waits[i], intervals[i] = to.Sub(from).Seconds(), [2]time.Time{from, to}
 		for _, g := range grants {
 			forming += to.Sub(g).Seconds() * float64(*runPerHost)
@@ -199,45 +196,49 @@ func benchContention(args []string) error {
 	return nil
 }
 
-// firstEpochWait is when the run started and when its first epoch was
-// scheduled (how long it waited for its first gang), and when each slot
-// grant before it arrived (a gang holds a granted host until it is whole).
-func firstEpochWait(ctx context.Context, c client.Client, id string) (from, to time.Time, grants []time.Time, err error) {
-	it := c.GetWorkflowHistory(ctx, id, "", false, 0)
-	for it.HasNext() {
-		e, err := it.Next()
-		if err != nil {
-			return from, to, nil, err
-		}
-		if e.GetWorkflowExecutionStartedEventAttributes() != nil && from.IsZero() {
-			from = e.GetEventTime().AsTime()
-		}
-		if s := e.GetWorkflowExecutionSignaledEventAttributes(); s != nil && s.GetSignalName() == spec.SignalSlotGranted {
-			grants = append(grants, e.GetEventTime().AsTime())
-		}
-		if a := e.GetActivityTaskScheduledEventAttributes(); a != nil && a.GetActivityType().GetName() == spec.ActivityRunEpoch {
-			return from, e.GetEventTime().AsTime(), grants, nil
-		}
-	}
-	return from, from, nil, errors.New("no epoch was scheduled")
+// runHistory is what bench contention reads off one run's history.
+type runHistory struct {
+	// from is when the run started, firstEpoch when its first epoch was
+	// scheduled (how long it waited for its first gang), and grants when
+	// each slot grant before it arrived (a gang holds a granted host until
+	// it is whole).
+	from, firstEpoch time.Time
+	grants           []time.Time
+	// tasks counts its workflow tasks, stickyTimeouts those that timed out
+	// before a worker took them (ScheduleToStart: on a sticky queue, the
+	// sticky timeout; the task then goes to the shared queue, replayed in full).
+	tasks, stickyTimeouts int
 }
 
-// workflowTaskTimeouts counts a run's workflow tasks and those that timed
-// out before a worker took them (ScheduleToStart: on a sticky queue, the
-// sticky timeout; the task then goes to the shared queue, replayed in full).
-func workflowTaskTimeouts(ctx context.Context, c client.Client, id string) (tasks, timeouts int, err error) {
+// readRunHistory reads a run's whole history once.
+func readRunHistory(ctx context.Context, c client.Client, id string) (runHistory, error) {
+	var h runHistory
 	it := c.GetWorkflowHistory(ctx, id, "", false, 0)
 	for it.HasNext() {
 		e, err := it.Next()
 		if err != nil {
-			return tasks, timeouts, err
+			return h, err
 		}
-		if e.GetWorkflowTaskScheduledEventAttributes() != nil {
-			tasks++
+		switch {
+		case e.GetWorkflowExecutionStartedEventAttributes() != nil && h.from.IsZero():
+			h.from = e.GetEventTime().AsTime()
+		case e.GetWorkflowTaskScheduledEventAttributes() != nil:
+			h.tasks++
+		case e.GetWorkflowTaskTimedOutEventAttributes().GetTimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START:
+			h.stickyTimeouts++
 		}
-		if a := e.GetWorkflowTaskTimedOutEventAttributes(); a != nil && a.GetTimeoutType() == enumspb.TIMEOUT_TYPE_SCHEDULE_TO_START {
-			timeouts++
+		if !h.firstEpoch.IsZero() {
+			continue
+		}
+		if s := e.GetWorkflowExecutionSignaledEventAttributes(); s != nil && s.GetSignalName() == spec.SignalSlotGranted {
+			h.grants = append(h.grants, e.GetEventTime().AsTime())
+		}
+		if a := e.GetActivityTaskScheduledEventAttributes(); a != nil && a.GetActivityType().GetName() == spec.ActivityRunEpoch {
+			h.firstEpoch = e.GetEventTime().AsTime()
 		}
 	}
-	return tasks, timeouts, nil
+	if h.firstEpoch.IsZero() {
+		return h, errors.New("no epoch was scheduled")
+	}
+	return h, nil
 }
