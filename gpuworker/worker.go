@@ -151,7 +151,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		cfg.StickyTimeout = DefaultStickyTimeout
 	}
 	if cfg.StickyTimeout < 0 {
-		return fmt.Errorf("gpuworker: StickyTimeout %v is negative; want a positive duration, or 0 for the default %v", cfg.StickyTimeout, DefaultStickyTimeout)
+		return fmt.Errorf("gpuworker: StickyTimeout (worker -sticky-timeout) is %v; want a positive duration such as 500ms, or 0 for the default %v", cfg.StickyTimeout, DefaultStickyTimeout)
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()

@@ -40,7 +40,7 @@ func TestDiscoverSlotsFallsBackToCPU(t *testing.T) {
 
 func TestRunRefusesANegativeStickyTimeout(t *testing.T) {
 	err := Run(context.Background(), nil, Config{Workflows: true, StickyTimeout: -time.Second})
-	if err == nil || !strings.Contains(err.Error(), "StickyTimeout") || !strings.Contains(err.Error(), "positive") {
-		t.Fatalf("got %v, want an error naming StickyTimeout and what it accepts", err)
+	if err == nil || !strings.Contains(err.Error(), "-sticky-timeout") || !strings.Contains(err.Error(), "positive") {
+		t.Fatalf("got %v, want an error naming the flag and what it accepts", err)
 	}
 }

@@ -118,6 +118,10 @@ func main() {
 		fmt.Fprintf(os.Stderr, "worker: -role is %q; want workflows, agent or both\n", *role)
 		os.Exit(2)
 	}
+	if cfg.StickyTimeout <= 0 {
+		fmt.Fprintf(os.Stderr, "worker: -sticky-timeout is %v; want a positive duration such as %v (the default)\n", cfg.StickyTimeout, gpuworker.DefaultStickyTimeout)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tel.Service, tel.Version = "worker", buildinfo.ReleaseVersion()
