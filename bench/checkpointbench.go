@@ -57,20 +57,13 @@ func benchCheckpoint(args []string) error {
 	for rep := range *repeat {
 		ddRound := func() error { // dd: raw disk, synced
 			os.Remove(ddFile)
-			settle()
-			t := time.Now()
-			if out, err := exec.Command("dd", "if="+ddSource, "of="+ddFile, fmt.Sprint("bs=", chunk), fmt.Sprint("count=", size/chunk), "conv=fdatasync").CombinedOutput(); err != nil {
-				return fmt.Errorf("dd: %v: %s", err, out)
+			if err := timed(&ddWrite, func() error {
+				return command("dd", "if="+ddSource, "of="+ddFile, fmt.Sprint("bs=", chunk), fmt.Sprint("count=", size/chunk), "conv=fdatasync")
+			}); err != nil {
+				return err
 			}
-			ddWrite = append(ddWrite, time.Since(t).Seconds())
 			dropCache(ddFile)
-			settle()
-			t = time.Now()
-			if out, err := exec.Command("dd", "if="+ddFile, "of=/dev/null", fmt.Sprint("bs=", chunk)).CombinedOutput(); err != nil {
-				return fmt.Errorf("dd: %v: %s", err, out)
-			}
-			ddRead = append(ddRead, time.Since(t).Seconds())
-			return nil
+			return timed(&ddRead, func() error { return command("dd", "if="+ddFile, "of=/dev/null", fmt.Sprint("bs=", chunk)) })
 		}
 		oursRound := func() error { // ours: hash while writing, fsync, manifest last
 			root := filepath.Join(dir, fmt.Sprint("store-", rep))
@@ -78,29 +71,30 @@ func benchCheckpoint(args []string) error {
 			if err != nil {
 				return err
 			}
-			settle()
-			t := time.Now()
-			w, err := store.Begin(ctx, "bench", 1, 0)
-			if err != nil {
-				return err
-			}
-			ow, err := w.Create(ctx, "state.bin")
-			if err != nil {
-				return err
-			}
-			for off := 0; off < size; off += chunk {
-				if _, err := ow.Write(state[off:min(off+chunk, size)]); err != nil {
+			defer os.RemoveAll(root)
+			defer store.Close()
+			if err := timed(&save, func() error {
+				w, err := store.Begin(ctx, "bench", 1, 0)
+				if err != nil {
 					return err
 				}
-			}
-			if err := ow.Close(); err != nil {
+				ow, err := w.Create(ctx, "state.bin")
+				if err != nil {
+					return err
+				}
+				for off := 0; off < size; off += chunk {
+					if _, err := ow.Write(state[off:min(off+chunk, size)]); err != nil {
+						return err
+					}
+				}
+				if err := ow.Close(); err != nil {
+					return err
+				}
+				_, err = w.Commit(ctx, checkpoint.Info{WorldSize: 1})
+				return err
+			}); err != nil {
 				return err
 			}
-			if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
-				return err
-			}
-			save = append(save, time.Since(t).Seconds())
-
 			// Load: read the object back, verifying size and hash as it streams.
 			objPath := filepath.Join(root, "bench", checkpoint.ID(1, 0), "state.bin")
 			dropCache(objPath)
@@ -109,40 +103,29 @@ func benchCheckpoint(args []string) error {
 				return err
 			}
 			dropCache(objPath)
-			settle()
-			t = time.Now()
-			if err := readAll(ctx, c); err != nil {
+			if err := timed(&load, func() error { return readAll(ctx, c) }); err != nil {
 				return err
 			}
-			load = append(load, time.Since(t).Seconds())
-
 			// Restore, as a resuming run does it: find the latest verified, then load it.
 			dropCache(objPath)
-			settle()
-			t = time.Now()
-			c, err = store.LatestVerified(ctx, "bench")
-			if err != nil {
+			if err := timed(&restore, func() error {
+				c, err := store.LatestVerified(ctx, "bench")
+				if err != nil {
+					return err
+				}
+				return readAll(ctx, c)
+			}); err != nil {
 				return err
 			}
-			if err := readAll(ctx, c); err != nil {
-				return err
-			}
-			restore = append(restore, time.Since(t).Seconds())
-
 			// RestoreLatest: verify while loading, in one read.
 			dropCache(objPath)
-			settle()
-			t = time.Now()
-			if _, err = store.RestoreLatest(ctx, "bench", func(c *checkpoint.Checkpoint) error { return readAll(ctx, c) }); err != nil {
+			return timed(&restoreOnce, func() error {
+				_, err := store.RestoreLatest(ctx, "bench", func(c *checkpoint.Checkpoint) error { return readAll(ctx, c) })
 				return err
-			}
-			restoreOnce = append(restoreOnce, time.Since(t).Seconds())
-			store.Close()
-			os.RemoveAll(root)
-			return nil
+			})
 		}
-		// Which goes first alternates: on a virtual disk the one that goes
-		// second may pay for the first one's writeback on the host.
+		// Which goes first alternates, so that neither always follows the
+		// other's writeback (on 2026-11-24 the order made no difference here).
 		first, second := ddRound, oursRound
 		if rep%2 == 1 {
 			first, second = oursRound, ddRound
@@ -208,4 +191,23 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// timed runs f once the disk has settled and adds its seconds to into.
+func timed(into *[]float64, f func() error) error {
+	settle()
+	t := time.Now()
+	if err := f(); err != nil {
+		return err
+	}
+	*into = append(*into, time.Since(t).Seconds())
+	return nil
+}
+
+// command runs a program, its output in the error if it fails.
+func command(name string, args ...string) error {
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v: %s", name, err, out)
+	}
+	return nil
 }
