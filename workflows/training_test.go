@@ -143,6 +143,18 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
+// released reports whether the hold was let go of (ReleaseHold ran).
+func (h *harness) released(id holdID) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.releases {
+		if (holdID{r.in.Generation, r.in.Request}) == id {
+			return true
+		}
+	}
+	return false
+}
+
 // inputs is a copy of the RunEpoch inputs so far (cancelled fakes may still be finishing).
 // inputs are the RunEpoch calls' inputs, one per rank as the agent
 // expands a host's (spec.EpochInput.RankInputs).
