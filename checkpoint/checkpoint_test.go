@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -366,10 +367,19 @@ func TestLocalDiskObjectsAreFsynced(t *testing.T) {
 }
 
 func TestObjectsOfEveryBlockShapeRoundTripAndDetectCorruption(t *testing.T) {
+	for _, streams := range []int{1, 2, 4} {
+		t.Run(fmt.Sprint(streams, "-streams"), func(t *testing.T) { everyBlockShape(t, streams) })
+	}
+}
+
+// everyBlockShape writes objects of every shape of last block, then reads
+// them back with streams range reads in flight, intact and with one byte flipped.
+func everyBlockShape(t *testing.T, streams int) {
 	ctx := context.Background()
 	for _, size := range []int{0, 1, BlockSize - 1, BlockSize, BlockSize + 1, 3*BlockSize + 17} {
 		root := t.TempDir()
 		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		s.readStreams = streams
 		data := make([]byte, size)
 		for i := range data {
 			data[i] = byte(i*7 + i/4096)
@@ -386,7 +396,7 @@ func TestObjectsOfEveryBlockShapeRoundTripAndDetectCorruption(t *testing.T) {
 			s.Close()
 			continue
 		}
-		for _, at := range []int{size - 1, size / 2} {
+		for _, at := range []int{size - 1, size / 2, 0} {
 			flip(t, filepath.Join(root, "r", ID(1, 0), "o"), at)
 			r, _ := c.Open(ctx, "o")
 			_, err := io.ReadAll(r)
@@ -484,5 +494,79 @@ func TestFileStoreWritesNoAttributeSidecars(t *testing.T) {
 	}
 	if n := sidecars(); n != 0 {
 		t.Fatalf("%d sidecars left after their checkpoints were pruned", n)
+	}
+}
+
+// An object that shrinks or disappears between Open and the reads of its
+// blocks ends in a CorruptError, never in its first bytes passed off as whole.
+// The object has more blocks than the read-ahead holds (streamBuffers per
+// stream), and the reader is still in block 0 when the object changes, so the
+// last blocks are read after the change.
+func TestObjectChangedWhileBeingReadIsCorrupt(t *testing.T) {
+	ctx := context.Background()
+	for _, change := range []string{"truncated", "removed"} {
+		for _, streams := range []int{1, 2} {
+			t.Run(fmt.Sprint(change, "-", streams), func(t *testing.T) {
+				root := t.TempDir()
+				s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+				defer s.Close()
+				s.readStreams = streams
+				put(t, s, "r", 1, map[string][]byte{"o": bytes.Repeat([]byte{3}, (2*streamBuffers+1)*BlockSize+9)}, nil)
+				c, err := s.LatestVerified(ctx, "r")
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := c.Open(ctx, "o")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer r.Close()
+				buf := make([]byte, 1<<20)
+				if _, err := io.ReadFull(r, buf); err != nil { // the first block is in
+					t.Fatal(err)
+				}
+				path := filepath.Join(root, "r", ID(1, 0), "o")
+				if change == "truncated" {
+					err = os.Truncate(path, 2*BlockSize+5)
+				} else {
+					err = os.Remove(path)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = io.Copy(io.Discard, r)
+				var corrupt *CorruptError
+				if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "ended after") {
+					t.Fatalf("reading an object %s after Open: %v, want a CorruptError saying where it ended", change, err)
+				}
+			})
+		}
+	}
+}
+
+// Closing a reader halfway stops its read-ahead: no goroutine outlives it.
+func TestClosingAReaderEarlyStopsItsReadAhead(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	defer s.Close()
+	s.readStreams = 4
+	put(t, s, "r", 1, map[string][]byte{"o": bytes.Repeat([]byte{5}, 9*BlockSize)}, nil)
+	c, err := s.LatestVerified(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	for range 20 {
+		r, err := c.Open(ctx, "o")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(r, make([]byte, BlockSize+1)); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+	}
+	if after := runtime.NumGoroutine(); after > before {
+		t.Fatalf("%d goroutines before 20 readers closed halfway, %d after", before, after)
 	}
 }

@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -254,25 +254,27 @@ func (s *Store) Get(ctx context.Context, ref Ref) (*Checkpoint, error) {
 }
 
 // Open reads one object, verifying it as it goes: reading to the end returns
-// an error instead of io.EOF if its size or SHA-256 differs from the manifest.
+// an error instead of io.EOF if its size or hash differs from the manifest.
+// Blocks are read ahead by concurrent range reads (readStreams), each
+// verified as it arrives, and handed out in order.
 func (c *Checkpoint) Open(ctx context.Context, name string) (io.ReadCloser, error) {
 	i := slices.IndexFunc(c.Manifest.Objects, func(o Object) bool { return o.Name == name })
 	if i < 0 {
 		return nil, fmt.Errorf("checkpoint %s/%s has no object %q", c.Manifest.Run, c.Manifest.ID, name)
 	}
 	o := c.Manifest.Objects[i]
-	r, err := c.s.bucket.NewReader(ctx, prefix(c.Manifest.Run, c.Manifest.ID)+name, nil)
+	key := prefix(c.Manifest.Run, c.Manifest.ID) + name
+	attrs, err := c.s.bucket.Attributes(ctx, key)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
 			return nil, c.corrupt("object %s is missing", name)
 		}
 		return nil, fmt.Errorf("opening object %s: %w", name, err)
 	}
-	if r.Size() != o.Size {
-		r.Close()
-		return nil, c.corrupt("object %s has %d bytes; the manifest says %d", name, r.Size(), o.Size)
+	if attrs.Size != o.Size {
+		return nil, c.corrupt("object %s has %d bytes; the manifest says %d", name, attrs.Size, o.Size)
 	}
-	return newVerifyingReader(r, o, c), nil
+	return newVerifyingReader(ctx, key, o, c), nil
 }
 
 func (c *Checkpoint) corrupt(format string, args ...any) error {
@@ -280,61 +282,85 @@ func (c *Checkpoint) corrupt(format string, args ...any) error {
 }
 
 // verifyingReader streams an object while checking it against its manifest
-// entry. A read-ahead goroutine fills a small ring of block buffers from
-// storage; each block, once handed out, is hashed on a free core. Reading to
-// the end returns a *CorruptError instead of io.EOF if the size or the hash
-// list root differs from the manifest.
+// entry. Read-ahead goroutines (streams) fetch its blocks with range reads,
+// block i by stream i mod streams, each into a small ring of its own
+// buffers, so that a disk or a store serves several requests at once; each
+// block, once handed out, is hashed on a free core. Reading to the end
+// returns a *CorruptError instead of io.EOF if the size or the hash list
+// root differs from the manifest.
 type verifyingReader struct {
-	r      *blob.Reader
-	obj    Object
-	c      *Checkpoint
+	key     string
+	obj     Object
+	c       *Checkpoint
+	streams []readStream
+	cancel  context.CancelFunc
+	stop    chan struct{}
+	reading sync.WaitGroup
+	hashes  *hashList
+	blocks  int // blocks handed out (and to the hashers)
+	total   int // blocks the object has: at least one, empty if the object is
+	cur     readChunk
+	off     int
+	n       int64
+	err     error
+	closed  bool
+}
+
+// readStream is one read-ahead goroutine's queue and buffers.
+type readStream struct {
 	filled chan readChunk
 	free   chan []byte
-	stop   chan struct{}
-	hashes *hashList
-	blocks int
-	cur    readChunk
-	off    int
-	n      int64
-	err    error
-	closed bool
 }
 
 type readChunk struct {
 	buf []byte
-	err error
+	err error // io.EOF with the object's last block
 }
 
-// readBuffers: the block being read into, the one being consumed, and one per core hashing.
-var readBuffers = runtime.GOMAXPROCS(0) + 2
+// streamBuffers per read-ahead stream: the block being read, one handed out
+// or waiting, one being hashed.
+const streamBuffers = 3
 
-func newVerifyingReader(r *blob.Reader, o Object, c *Checkpoint) *verifyingReader {
+func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint) *verifyingReader {
 	algo, _ := algoOf(c.Manifest.Format)
-	v := &verifyingReader{r: r, obj: o, c: c, hashes: newHashList(algo),
-		filled: make(chan readChunk, readBuffers), free: make(chan []byte, readBuffers), stop: make(chan struct{})}
-	size := int(min(o.Size+1, BlockSize)) // +1: an object that grew reads past its expected end
-	for range readBuffers {
-		v.free <- make([]byte, size)
+	ctx, cancel := context.WithCancel(ctx)
+	total := max(1, int((o.Size+BlockSize-1)/BlockSize))
+	v := &verifyingReader{key: key, obj: o, c: c, hashes: newHashList(algo), cancel: cancel,
+		stop: make(chan struct{}), total: total, streams: make([]readStream, min(c.s.readStreams, total))}
+	size := int(min(o.Size, BlockSize))
+	for k := range v.streams {
+		st := readStream{filled: make(chan readChunk, streamBuffers), free: make(chan []byte, streamBuffers)}
+		for range streamBuffers {
+			st.free <- make([]byte, size)
+		}
+		v.streams[k] = st
+		v.reading.Add(1)
+		go v.readAhead(ctx, k)
 	}
-	go v.readAhead()
 	return v
 }
 
-// readAhead reads whole blocks, so that chunk i is block i of the hash list.
-func (v *verifyingReader) readAhead() {
-	for {
+// readAhead reads blocks k, k+streams, ... of the object, each with its own
+// range read, so that chunk i is block i of the hash list. The object's last
+// block, or a short one, carries io.EOF; a failed read carries its error.
+func (v *verifyingReader) readAhead(ctx context.Context, k int) {
+	defer v.reading.Done()
+	st := v.streams[k]
+	for i := k; i < v.total; i += len(v.streams) {
 		var buf []byte
 		select {
-		case buf = <-v.free:
+		case buf = <-st.free:
 		case <-v.stop:
 			return
 		}
-		n, err := io.ReadFull(v.r, buf[:cap(buf)])
-		if err == io.ErrUnexpectedEOF {
+		off := int64(i) * BlockSize
+		want := int(min(BlockSize, v.obj.Size-off))
+		n, err := v.readBlock(ctx, off, buf[:want])
+		if err == nil && i == v.total-1 {
 			err = io.EOF
 		}
 		select {
-		case v.filled <- readChunk{buf[:n], err}:
+		case st.filled <- readChunk{buf[:n], err}:
 		case <-v.stop:
 			return
 		}
@@ -344,21 +370,45 @@ func (v *verifyingReader) readAhead() {
 	}
 }
 
+// readBlock fills buf from offset off; a short read (the object shrank)
+// returns io.EOF with what it got.
+func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) (int, error) {
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	r, err := v.c.s.bucket.NewRangeReader(ctx, v.key, off, int64(len(buf)), nil)
+	if err != nil {
+		if gcerrors.Code(err) == gcerrors.NotFound {
+			return 0, io.EOF // removed since it was opened: short, hence corrupt
+		}
+		return 0, err
+	}
+	defer r.Close()
+	n, err := io.ReadFull(r, buf)
+	if err == io.ErrUnexpectedEOF || err == io.EOF {
+		err = io.EOF
+	}
+	return n, err
+}
+
 func (v *verifyingReader) Read(p []byte) (int, error) {
 	for v.err == nil && v.off == len(v.cur.buf) {
-		if v.cur.buf != nil && (len(v.cur.buf) > 0 || v.blocks == 0) {
-			b := v.cur.buf
-			v.hashes.hash(v.blocks, b, func() { v.free <- b })
-			v.blocks++
-		} else if v.cur.buf != nil {
-			v.free <- v.cur.buf
+		if v.cur.buf != nil {
+			if len(v.cur.buf) > 0 || v.obj.Size == 0 {
+				b, free := v.cur.buf, v.streams[v.blocks%len(v.streams)].free
+				v.hashes.hash(v.blocks, b, func() { free <- b[:cap(b)] })
+				v.blocks++
+			}
+			v.cur.buf = nil
 		}
-		v.cur.buf = nil
 		if v.cur.err != nil {
 			v.err = v.finish(v.cur.err)
 			break
 		}
-		v.cur, v.off = <-v.filled, 0
+		v.cur, v.off = <-v.streams[v.blocks%len(v.streams)].filled, 0
+		if v.cur.buf == nil {
+			v.cur.buf = []byte{} // handed out (and hashed) even when empty
+		}
 	}
 	if v.err != nil {
 		return 0, v.err
@@ -387,9 +437,11 @@ func (v *verifyingReader) Close() error {
 	if !v.closed {
 		v.closed = true
 		close(v.stop)
+		v.cancel() // a range read in flight ends now
+		v.reading.Wait()
 		v.hashes.wait()
 	}
-	return v.r.Close()
+	return nil
 }
 
 func isNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }
