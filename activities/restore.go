@@ -40,16 +40,20 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 		endSpan(span, err)
 		switch {
 		case err == nil:
-			rep.metrics.checkpoint("restore", c.Manifest.Bytes(), time.Since(start))
-			report := &spec.RestoreReport{From: refOf(c, rep.storeURL), Bytes: c.Manifest.Bytes() / int64(max(1, c.Manifest.Shards)), SurvivorsAt: survivorsAt}
+			rep.metrics.checkpoint("restore", c.BytesRead(), time.Since(start))
+			report := &spec.RestoreReport{From: refOf(c, rep.storeURL), Bytes: c.BytesRead(), SurvivorsAt: survivorsAt}
 			for _, s := range c.Skipped {
 				report.Skipped = append(report.Skipped, spec.SkippedCheckpoint{ID: s.ID, Reason: s.Reason})
 			}
 			if in.Spec.Checkpoint.Sharded { // the same on every rank: this is a collective
 				// Each rank read its own part: a damaged part may have sent
 				// one rank to an older checkpoint than the others.
+				restored := c
 				if c, err = a.agreeOnCheckpoint(ctx, rep, in, i, from, c); err != nil {
 					return nil, err
+				}
+				if c != restored { // an older one, read as well
+					report.Bytes += c.BytesRead()
 				}
 				report.From = refOf(c, rep.storeURL)
 			}

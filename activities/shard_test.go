@@ -2,6 +2,7 @@ package activities
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,21 @@ func TestShardedGangResumesFromTheCheckpointEveryRankCanLoad(t *testing.T) {
 	if err := os.WriteFile(part, []byte(`{"value": 99999, "epoch": 2, "step": 0}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// What each rank will have read from storage: the manifests, and its
+	// own part of each checkpoint it loads (measured now: the new gang
+	// writes its own epoch-2 checkpoint over this one).
+	read := func(id string, shard int) int64 {
+		n := fileBytes(t, filepath.Join(root, "sharded", id, checkpoint.ManifestName))
+		filepath.WalkDir(filepath.Join(root, "sharded", id, "shards", fmt.Sprint(shard)), func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				n += fileBytes(t, path)
+			}
+			return err
+		})
+		return n
+	}
+	newer := []int64{read(checkpoint.ID(2, 0), 0), read(checkpoint.ID(2, 0), 1)}
+	older := []int64{read(checkpoint.ID(1, 0), 0), read(checkpoint.ID(1, 0), 1)}
 	// A new gang: cold replicas restore.
 	in.Generation, in.Epoch = 2, 2
 	res, errs := runEpochOnAll(t, agents, in)
@@ -68,7 +84,24 @@ func TestShardedGangResumesFromTheCheckpointEveryRankCanLoad(t *testing.T) {
 				r, checkpoint.ID(2, 0), res[r].Restored, res[r].Metrics.Epoch, checkpoint.ID(1, 0))
 		}
 	}
+	// Rank 0 loaded both whole; rank 1 stopped at the damaged file of its
+	// part of the newer one.
+	if want := newer[0] + older[0]; res[0].Restored.Bytes != want {
+		t.Fatalf("rank 0 reports %d bytes read from storage; its parts of both checkpoints and their manifests are %d", res[0].Restored.Bytes, want)
+	}
+	if least, most := older[1], newer[1]+older[1]; res[1].Restored.Bytes <= least || res[1].Restored.Bytes > most {
+		t.Fatalf("rank 1 reports %d bytes read from storage; want more than %d (the older checkpoint's part), at most %d", res[1].Restored.Bytes, least, most)
+	}
 	if res[0].Metrics.TestAccuracy != res[1].Metrics.TestAccuracy {
 		t.Fatalf("the ranks hold different states: %+v vs %+v", res[0].Metrics, res[1].Metrics)
 	}
+}
+
+func fileBytes(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
 }

@@ -570,3 +570,70 @@ func TestClosingAReaderEarlyStopsItsReadAhead(t *testing.T) {
 		t.Fatalf("%d goroutines before 20 readers closed halfway, %d after", before, after)
 	}
 }
+
+// BytesRead counts what finding and loading a checkpoint read from storage:
+// manifests and objects, of the one returned and of the newer ones passed
+// over, exactly (every byte of each file here is read once per pass).
+func TestBytesReadCountsWhatAReadTookFromStorage(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	objects := map[string][]byte{"a": bytes.Repeat([]byte{1}, BlockSize+5), "b": []byte("small")}
+	put(t, s, "r", 1, objects, nil)
+	put(t, s, "r", 2, map[string][]byte{"a": objects["a"]}, nil) // damaged: its only object fails
+	flip(t, filepath.Join(root, "r", ID(2, 0), "a"), 7)
+	size := func(id string, names ...string) int64 {
+		var n int64
+		for _, name := range names {
+			fi, err := os.Stat(filepath.Join(root, "r", id, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += fi.Size()
+		}
+		return n
+	}
+	damaged, all := size(ID(2, 0), ManifestName, "a"), size(ID(1, 0), ManifestName, "a", "b")
+	readAll := func(c *Checkpoint) error {
+		for _, name := range []string{"a", "b"} {
+			r, err := c.Open(ctx, name)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(io.Discard, r)
+			r.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	c, err := s.RestoreLatest(ctx, "r", readAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := damaged + all; c.Manifest.ID != ID(1, 0) || c.BytesRead() != want {
+		t.Fatalf("RestoreLatest past a damaged checkpoint: %s, %d bytes read, want %s, %d", c.Manifest.ID, c.BytesRead(), ID(1, 0), want)
+	}
+	c, err = s.LatestVerified(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := readAll(c); err != nil {
+		t.Fatal(err)
+	}
+	if want := damaged + all + size(ID(1, 0), "a", "b"); c.BytesRead() != want {
+		t.Fatalf("LatestVerified, then a load: %d bytes read, want %d (verification and load)", c.BytesRead(), want)
+	}
+	c, err = s.Committed(ctx, "r", ID(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.Open(ctx, "b")
+	io.Copy(io.Discard, r)
+	r.Close()
+	if want := size(ID(1, 0), ManifestName, "b"); c.BytesRead() != want {
+		t.Fatalf("one object of a committed checkpoint: %d bytes read, want %d", c.BytesRead(), want)
+	}
+}

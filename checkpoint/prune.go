@@ -52,7 +52,7 @@ func (s *Store) Prune(ctx context.Context, run string, r Retention) ([]string, e
 	committed := map[string]Manifest{}
 	var order []string // committed IDs, oldest first
 	for _, id := range ids {
-		if m, err := s.readManifest(ctx, run, id); err == nil {
+		if m, err := s.readManifest(ctx, run, id, nil); err == nil {
 			committed[id] = m
 			order = append(order, id)
 		}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -38,6 +39,19 @@ type Checkpoint struct {
 	// Skipped lists the newer checkpoints LatestVerified passed over, newest first.
 	Skipped []Skip
 	s       *Store
+	read    *atomic.Int64 // BytesRead
+}
+
+// BytesRead is what this checkpoint has read from storage so far: its
+// manifest and every range read of its objects (read-ahead included). For
+// one that LatestVerified or RestoreLatest returned, it also counts the
+// newer checkpoints they read and passed over, and LatestVerified's
+// verification: what finding and loading the state cost in all.
+func (c *Checkpoint) BytesRead() int64 {
+	if c.read == nil {
+		return 0
+	}
+	return c.read.Load()
 }
 
 // Skip says why a checkpoint was not used.
@@ -100,51 +114,59 @@ func (s *Store) ids(ctx context.Context, run string) ([]string, error) {
 // objects): a huge one is damage or an attack, never loaded.
 const MaxManifestBytes = 16 << 20
 
-// readManifest reads and checks a manifest without touching the objects.
-func (s *Store) readManifest(ctx context.Context, run, id string) (Manifest, error) {
-	var m Manifest
+// readManifest reads and checks a manifest without touching the objects,
+// adding the bytes it read to read (if not nil), whether or not it checks.
+func (s *Store) readManifest(ctx context.Context, run, id string, read *atomic.Int64) (Manifest, error) {
+	m, data, err := s.manifest(ctx, run, id)
+	if read != nil {
+		read.Add(int64(len(data)))
+	}
+	return m, err
+}
+
+func (s *Store) manifest(ctx context.Context, run, id string) (m Manifest, data []byte, err error) {
 	r, err := s.bucket.NewReader(ctx, prefix(run, id)+ManifestName, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
-			return m, errors.New("no manifest: the checkpoint was never committed")
+			return m, nil, errors.New("no manifest: the checkpoint was never committed")
 		}
-		return m, fmt.Errorf("reading the manifest: %w", err)
+		return m, nil, fmt.Errorf("reading the manifest: %w", err)
 	}
 	defer r.Close()
 	if r.Size() > MaxManifestBytes {
-		return m, fmt.Errorf("manifest of %d bytes; a manifest is at most %d", r.Size(), MaxManifestBytes)
+		return m, nil, fmt.Errorf("manifest of %d bytes; a manifest is at most %d", r.Size(), MaxManifestBytes)
 	}
-	data, err := io.ReadAll(io.LimitReader(r, MaxManifestBytes+1))
+	data, err = io.ReadAll(io.LimitReader(r, MaxManifestBytes+1))
 	if err != nil {
-		return m, fmt.Errorf("reading the manifest: %w", err)
+		return m, data, fmt.Errorf("reading the manifest: %w", err)
 	}
 	if len(data) > MaxManifestBytes {
-		return m, fmt.Errorf("manifest of more than %d bytes", MaxManifestBytes)
+		return m, data, fmt.Errorf("manifest of more than %d bytes", MaxManifestBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return m, fmt.Errorf("manifest is not valid JSON: %v", err)
+		return m, data, fmt.Errorf("manifest is not valid JSON: %v", err)
 	}
 	switch {
 	case !knownFormat(m.Format):
-		return m, fmt.Errorf("manifest format %d; this version reads formats 1 to %d", m.Format, FormatVersion)
+		return m, data, fmt.Errorf("manifest format %d; this version reads formats 1 to %d", m.Format, FormatVersion)
 	case m.Checksum != m.checksum():
-		return m, errors.New("manifest checksum mismatch: the manifest was altered or damaged")
+		return m, data, errors.New("manifest checksum mismatch: the manifest was altered or damaged")
 	case s.checkSignature(m) != nil:
-		return m, s.checkSignature(m)
+		return m, data, s.checkSignature(m)
 	case m.Run != run || m.ID != id:
-		return m, fmt.Errorf("manifest names %s/%s but lies at %s/%s", m.Run, m.ID, run, id)
+		return m, data, fmt.Errorf("manifest names %s/%s but lies at %s/%s", m.Run, m.ID, run, id)
 	case len(m.Objects) == 0:
-		return m, errors.New("manifest lists no objects")
+		return m, data, errors.New("manifest lists no objects")
 	}
 	algo, _ := algoOf(m.Format)
 	for _, o := range m.Objects {
 		if !o.hashIs(algo) {
-			return m, fmt.Errorf("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
+			return m, data, fmt.Errorf("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
 		}
 	}
-	return m, nil
+	return m, data, nil
 }
 
 func knownFormat(f int) bool {
@@ -154,11 +176,16 @@ func knownFormat(f int) bool {
 
 // Verify checks a checkpoint's manifest, then the size and hash of every object.
 func (s *Store) Verify(ctx context.Context, run, id string) (*Checkpoint, error) {
-	m, err := s.readManifest(ctx, run, id)
+	return s.verify(ctx, run, id, new(atomic.Int64))
+}
+
+// verify is Verify, counting what it reads in read.
+func (s *Store) verify(ctx context.Context, run, id string, read *atomic.Int64) (*Checkpoint, error) {
+	m, err := s.readManifest(ctx, run, id, read)
 	if err != nil {
 		return nil, err
 	}
-	c := &Checkpoint{Manifest: m, s: s}
+	c := &Checkpoint{Manifest: m, s: s, read: read}
 	for _, o := range m.Objects {
 		r, err := c.Open(ctx, o.Name)
 		if err != nil {
@@ -182,8 +209,9 @@ func (s *Store) LatestVerified(ctx context.Context, run string) (*Checkpoint, er
 		return nil, err
 	}
 	var skipped []Skip
+	read := new(atomic.Int64) // by every checkpoint tried
 	for _, id := range slices.Backward(ids) {
-		c, err := s.Verify(ctx, run, id)
+		c, err := s.verify(ctx, run, id, read)
 		if err == nil {
 			c.Skipped = skipped
 			return c, nil
@@ -216,13 +244,14 @@ func (s *Store) RestoreLatest(ctx context.Context, run string, load func(*Checkp
 		s.log.Warn("checkpoint skipped", zap.String("run", run), zap.String("id", id), zap.String("reason", reason))
 		skipped = append(skipped, Skip{ID: id, Reason: reason})
 	}
+	read := new(atomic.Int64) // by every checkpoint tried
 	for _, id := range slices.Backward(ids) {
-		m, err := s.readManifest(ctx, run, id)
+		m, err := s.readManifest(ctx, run, id, read)
 		if err != nil {
 			skip(id, err.Error())
 			continue
 		}
-		c := &Checkpoint{Manifest: m, s: s}
+		c := &Checkpoint{Manifest: m, s: s, read: read}
 		err = load(c)
 		var corrupt *CorruptError
 		switch {
@@ -385,6 +414,9 @@ func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) 
 	}
 	defer r.Close()
 	n, err := io.ReadFull(r, buf)
+	if v.c.read != nil {
+		v.c.read.Add(int64(n))
+	}
 	if err == io.ErrUnexpectedEOF || err == io.EOF {
 		err = io.EOF
 	}

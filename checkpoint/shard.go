@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 )
 
 // Sharded checkpoints: every rank of a gang writes its own objects (a
@@ -140,9 +141,10 @@ func (s *Store) Committed(ctx context.Context, run, id string) (*Checkpoint, err
 	if err := checkRun(run); err != nil {
 		return nil, err
 	}
-	m, err := s.readManifest(ctx, run, id)
+	read := new(atomic.Int64)
+	m, err := s.readManifest(ctx, run, id, read)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s/%s: %w", run, id, err)
 	}
-	return &Checkpoint{Manifest: m, s: s}, nil
+	return &Checkpoint{Manifest: m, s: s, read: read}, nil
 }

@@ -246,7 +246,10 @@ type RestoreReport struct {
 	// gang before, over its collective, and read nothing from storage
 	// (From is then empty).
 	Peer *PeerRestore `json:"peer,omitempty"`
-	// Bytes is what the gang's rank read from storage (0 from a peer).
+	// Bytes is what the reporting rank read from storage to find and load
+	// its state: manifests and objects, those of newer checkpoints it passed
+	// over as damaged included, and only its own part of a sharded one (0
+	// from a peer).
 	Bytes int64 `json:"bytes,omitempty"`
 	// SurvivorsAt, when a rank of the gang survived the gang before, is
 	// the newest position any such rank had reached: the steps from the
