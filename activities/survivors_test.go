@@ -1,12 +1,14 @@
 package activities
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"reflect"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/testdata"
@@ -198,6 +200,16 @@ func TestSurvivorStateEncoding(t *testing.T) {
 	for _, cut := range []int{1, 3, 7, len(enc) - 1} {
 		if _, err := decodeState(enc[:cut]); err == nil {
 			t.Fatalf("a state cut at %d bytes decoded", cut)
+		}
+	}
+	// Packed, the state lies in its broadcast buffer, after the digest's
+	// 32 bytes, and fills it but for the padding to a whole float32.
+	for _, st := range []trainer.MemState{st, {}, {"x": []byte("abc")}} {
+		payload, state := packState(st)
+		raw := unsafe.Slice((*byte)(unsafe.Pointer(&payload[0])), 4*len(payload))
+		if !bytes.Equal(state, encodeState(st)) || len(payload) != payloadLen(int64(len(state))) ||
+			len(state) > 0 && unsafe.SliceData(state) != &raw[32] || len(raw)-32-len(state) > 3 {
+			t.Fatalf("packed %d bytes into %d float32s, not in place after the digest", len(state), len(payload))
 		}
 	}
 }
