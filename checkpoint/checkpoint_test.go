@@ -566,6 +566,11 @@ func TestClosingAReaderEarlyStopsItsReadAhead(t *testing.T) {
 		}
 		r.Close()
 	}
+	r, _ := c.Open(ctx, "o")
+	r.Close()
+	if _, err := r.Read(make([]byte, 1)); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("a read after Close returned %v, want os.ErrClosed", err)
+	}
 	if after := runtime.NumGoroutine(); after > before {
 		t.Fatalf("%d goroutines before 20 readers closed halfway, %d after", before, after)
 	}

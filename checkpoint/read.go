@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -327,7 +328,7 @@ type verifyingReader struct {
 	reading sync.WaitGroup
 	hashes  *hashList
 	blocks  int // blocks handed out (and to the hashers)
-	total   int // blocks the object has: at least one, empty if the object is
+	total   int // blocks of the object: at least one (an empty object is one empty block)
 	cur     readChunk
 	off     int
 	n       int64
@@ -424,6 +425,9 @@ func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) 
 }
 
 func (v *verifyingReader) Read(p []byte) (int, error) {
+	if v.closed {
+		return 0, fmt.Errorf("reading object %s: %w", v.obj.Name, os.ErrClosed)
+	}
 	for v.err == nil && v.off == len(v.cur.buf) {
 		if v.cur.buf != nil {
 			if len(v.cur.buf) > 0 || v.obj.Size == 0 {
