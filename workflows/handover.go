@@ -32,6 +32,7 @@ func (r *run) keepForNext(ctx workflow.Context) *keptGang {
 		r.probe.release()
 		r.probe = nil
 	}
+	r.letGo(ctx, nil, true) // releases still pending would be dropped with this execution
 	kept := &keptGang{Generation: r.gang.generation}
 	for i, pl := range r.gang.placements {
 		kept.Hosts = append(kept.Hosts, keptHost{Hold: r.gang.holdIDs[i], Queue: pl.HostQueue})

@@ -35,9 +35,10 @@ type heldHost struct {
 
 // letGo tells each host to free its hold. With wait, it waits until every
 // host answered or releaseWait passed (a run about to close: its pending
-// activities would be dropped with it); without, it goes on at once.
+// activities would be dropped with it), for these hosts and for those let
+// go of before without waiting (awaitReleases); without, it goes on at once.
 func (r *run) letGo(ctx workflow.Context, hosts []heldHost, wait bool) {
-	if !r.releaseByHost || len(hosts) == 0 {
+	if !r.releaseByHost || len(hosts) == 0 && (!wait || len(r.releasing) == 0) {
 		return
 	}
 	ctx, _ = workflow.NewDisconnectedContext(ctx) // a cancelled run lets go too
@@ -54,6 +55,17 @@ func (r *run) letGo(ctx workflow.Context, hosts []heldHost, wait bool) {
 		})
 		done = append(done, workflow.ExecuteActivity(actx, spec.ActivityReleaseHold,
 			spec.ReleaseHoldInput{Generation: h.hold.Generation, Request: h.hold.Request, RunIDs: h.runs}))
+	}
+	if r.awaitReleases {
+		// Those answered are forgotten: the list holds at most the
+		// releases of the last releaseWait.
+		r.releasing = slices.DeleteFunc(r.releasing, workflow.Future.IsReady)
+		if !wait {
+			r.releasing = append(r.releasing, done...)
+			return
+		}
+		done = append(done, r.releasing...)
+		r.releasing = nil
 	}
 	if !wait || len(done) == 0 {
 		return

@@ -79,6 +79,10 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// A broken gang's surviving hosts stay held for the next gang
 	// (breakGang); runs recorded before let every host go.
 	r.reuseHolds = workflow.GetVersion(ctx, "reuse-holds", workflow.DefaultVersion, 1) >= 1 && r.elastic && r.releaseByHost
+	// Releases sent without waiting (a broken gang's lost hosts) are waited
+	// for before the run closes or continues as new; runs recorded before
+	// dropped those still pending.
+	r.awaitReleases = workflow.GetVersion(ctx, "await-releases", workflow.DefaultVersion, 1) >= 1 && r.releaseByHost
 	if kept != nil && r.keepGang {
 		r.takeOverGang(ctx, *kept)
 	}
@@ -114,6 +118,10 @@ type run struct {
 	releaseByHost bool
 	// reuseHolds: a broken gang's surviving hosts are kept for the next gang.
 	reuseHolds bool
+	// awaitReleases: releases sent without waiting are waited for at the end.
+	awaitReleases bool
+	// releasing: those releases, while not answered (letGo).
+	releasing []workflow.Future
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
 	// signals counts the signals this execution has received (Temporal

@@ -51,6 +51,8 @@ type harness struct {
 	blockSave bool
 	// releases are the ReleaseHold calls, in order, with the queue each was sent to.
 	releases []release
+	// releaseDelay, if set, is how long a ReleaseHold takes before it is recorded.
+	releaseDelay func(spec.ReleaseHoldInput) time.Duration
 }
 
 type release struct {
@@ -135,6 +137,9 @@ func newHarness(t *testing.T) *harness {
 		return spec.CheckpointRef{Run: in.Run, ID: "ckpt-on-stop"}, nil
 	}, activity.RegisterOptions{Name: spec.ActivitySaveCheckpoint})
 	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.ReleaseHoldInput) error {
+		if h.releaseDelay != nil {
+			time.Sleep(h.releaseDelay(in))
+		}
 		h.mu.Lock()
 		h.releases = append(h.releases, release{activity.GetInfo(ctx).TaskQueue, in})
 		h.mu.Unlock()
