@@ -1,6 +1,7 @@
 package activities
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/internal/testdata"
@@ -193,5 +196,30 @@ func TestRestoringAtTheRunsEndTrainsNothing(t *testing.T) {
 	if r := res[0]; r.Metrics.Epoch != 0 || r.Metrics.TestAccuracy != first.Metrics.TestAccuracy || r.Restored == nil || r.Restored.From.Run != "done" ||
 		r.Checkpoint == nil || r.Checkpoint.Run != "after" || r.Checkpoint.Epoch != 1 {
 		t.Fatalf("resumed from a finished run: %+v", r)
+	}
+}
+
+// A rank whose gang never forms (its peer died before it joined) ends with
+// an error when its activity is cancelled, never a panic: the replica it
+// was building is closed with no group in it.
+func TestARankWhosePeerNeverJoinsEndsWithAnError(t *testing.T) {
+	agents, peers := newAgents(t, 2)
+	s := spec.Training{
+		Model:      spec.Model{Hidden: []int{32}},
+		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
+		Hyper:      spec.Hyper{Epochs: 3},
+		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
+	}.WithDefaults()
+	in := spec.EpochInput{Run: "lonely", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var suite testsuite.WorkflowTestSuite
+	env := suite.NewTestActivityEnvironment()
+	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+	env.RegisterActivity(agents[0].RunEpoch)
+	_, err := env.ExecuteActivity(agents[0].RunEpoch, in)
+	var panicked *temporal.PanicError
+	if err == nil || errors.As(err, &panicked) {
+		t.Fatalf("rank 0 alone, cancelled while joining: %v; want an error, not a panic", err)
 	}
 }

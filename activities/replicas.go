@@ -189,7 +189,12 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.group, err = a.joinHost(jctx, key, in, place, gang, opts)
 	} else {
 		opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(in.Peers))
-		rep.group, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts)
+		var g *collective.Group
+		// Set only on success: a nil *Group in the interface is not a nil
+		// interface, and rep.close would close it (a panic, 2026-11-24).
+		if g, err = collective.Join(jctx, a.Listener, gang, in.Rank, opts); err == nil {
+			rep.group = g
+		}
 	}
 	endSpan(span, err)
 	if err != nil {
