@@ -32,7 +32,8 @@ var recordedIDs = map[string]string{
 // the elastic-gangs version, "v1-" from before the rank-keys and
 // run-ownership versions (a gang secret in a SideEffect, run names that
 // several workflow IDs could share), "v2-" from before the host-holds,
-// keep-gang, ask-again, tune-continue-as-new and release-by-host versions.
+// keep-gang, ask-again, tune-continue-as-new and release-by-host versions,
+// "v3-" from before the reuse-holds and await-releases versions.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {
