@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -117,6 +118,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 	}
 
 	answering := time.Duration(0)
+	formed := time.Duration(0) // when a gang with the struck host in it began training (PhaseGang)
 	for time.Since(start) < recoveryLimit && ctx.Err() == nil {
 		q := h.progress(ctx, id)
 		if q == nil {
@@ -146,9 +148,26 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 					heal = nil
 				}
 			}
+			if phase == PhaseGang && q.State == spec.StateTraining && len(q.Gang) > 0 && f.Detected == 0 && target != nil && inGang(q.Gang, target.name) {
+				// The gang formed with the struck host in it. Its rank may not
+				// have joined the gang's collective, and then its loss shows
+				// only at its hold's heartbeat timeout: wait that long for it,
+				// or the next fault is charged with it. (A host restarted in
+				// time to join the gang is in it too, and costs nothing.)
+				if formed == 0 {
+					formed = time.Since(start)
+				}
+				if time.Since(start)-formed < h.cfg.HeartbeatLimit+time.Second {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+			}
 			if phase == PhaseGang && q.State == spec.StateTraining && len(q.Gang) > 0 {
 				// Struck while the gang formed: whether or not it cost a gang, training began.
 				f.Resumed, f.OK = time.Since(start), true
+				if formed > 0 && f.Detected == 0 {
+					f.Resumed = formed
+				}
 				if f.Detected == 0 {
 					f.Note += "the struck host held no slot of the forming gang"
 				}
@@ -236,4 +255,9 @@ func (h *Harness) corruptLatest(run string) (string, error) {
 		return latest, os.Truncate(path, st.Size()/2)
 	}
 	return "", fmt.Errorf("checkpoint %s has no objects", latest)
+}
+
+// inGang reports whether the worker named name holds a slot of the gang.
+func inGang(gang []spec.Placement, name string) bool {
+	return slices.ContainsFunc(gang, func(pl spec.Placement) bool { return pl.Worker == name })
 }
