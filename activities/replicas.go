@@ -170,7 +170,11 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	gang := collective.Gang{Run: gangRun(key.workflowID), Generation: uint64(in.Generation), Peers: in.Peers}
-	opts := collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log}
+	// Every peer's worker listened before it granted its slot: an address
+	// that refuses connections is a worker gone (killed before its rank
+	// joined), which the gang learns now rather than at its hold's heartbeat.
+	opts := collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log,
+		RefusedTimeout: stallTimeout(in.Spec) / 4}
 	if in.Secret == nil {
 		if err := a.verifyGrants(key.workflowID, in); err != nil {
 			rep.close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -650,6 +651,41 @@ func TestSmallTCPOperationsForwardInTheReader(t *testing.T) {
 		}
 		if ok && first != 1 {
 			t.Errorf("%d ranks, %d floats: %d sends before the first forward, want 1 (this rank's own segment)", tc.ranks, tc.floats, first)
+		}
+	}
+}
+
+// A right neighbour whose address refuses connections (its process is
+// gone) fails the join with a PeerError naming it once RefusedTimeout has
+// passed; without RefusedTimeout the join waits on, as for a listener
+// still starting, until its context ends.
+func TestJoinGivesUpOnARefusingNeighbourAfterRefusedTimeout(t *testing.T) {
+	ln, err := Listen("127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := gone.Addr().String()
+	gone.Close() // nothing listens there now: connections are refused
+	peers := []string{ln.Addr(), dead}
+	for _, refused := range []time.Duration{200 * time.Millisecond, 0} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		start := time.Now()
+		_, err := Join(ctx, ln, Gang{Run: "refused", Generation: 1, Peers: peers}, 0, Options{Secret: testSecret, RefusedTimeout: refused})
+		took := time.Since(start)
+		cancel()
+		var pe *PeerError
+		switch {
+		case refused > 0 && (!errors.As(err, &pe) || pe.Rank != 1 || pe.Reporter != 0 || !strings.Contains(pe.Reason, "refused")):
+			t.Fatalf("RefusedTimeout %v: %v; want a PeerError naming rank 1", refused, err)
+		case refused > 0 && took > 2*time.Second:
+			t.Fatalf("RefusedTimeout %v: gave up after %v", refused, took)
+		case refused == 0 && (errors.As(err, &pe) || !errors.Is(err, context.DeadlineExceeded)):
+			t.Fatalf("no RefusedTimeout: %v; want the context's deadline", err)
 		}
 	}
 }

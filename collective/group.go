@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -71,6 +72,14 @@ type Options struct {
 	// small buffers: 4 KiB takes about half the ring's time, 64 KiB with 2
 	// ranks several times longer (BENCHMARKS.md).
 	GatherBytes int
+	// RefusedTimeout is how long the right neighbour's address may refuse
+	// connections (nothing listens there) before Join gives up on it with a
+	// *PeerError naming it. Zero waits until ctx ends: a listener may still be
+	// starting, as a rank process's does. Set it where every peer's listener
+	// was up before the gang formed (a worker listens before it grants a
+	// slot): there a refusal means the peer's process is gone, and waiting on
+	// would leave the gang to find out at a heartbeat timeout.
+	RefusedTimeout time.Duration
 	// Transport is TransportAuto (shared memory with neighbours on the same
 	// host, TCP otherwise), TransportTCP or TransportSameIP.
 	Transport string
@@ -300,8 +309,18 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 	h := hello{Run: g.gang.Run, Generation: g.gang.Generation, From: uint32(g.rank), To: uint32(g.right), World: uint32(g.world)}
 	backoff := 20 * time.Millisecond
 	var d net.Dialer
+	var refusedSince time.Time // when the address began refusing, if it does
 	for {
 		conn, err := d.DialContext(ctx, "tcp", addr)
+		switch {
+		case err == nil || !errors.Is(err, syscall.ECONNREFUSED):
+			refusedSince = time.Time{}
+		case refusedSince.IsZero():
+			refusedSince = time.Now()
+		case g.opts.RefusedTimeout > 0 && time.Since(refusedSince) >= g.opts.RefusedTimeout:
+			return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
+				Reason: fmt.Sprintf("its address refused connections for %v: nothing listens there (its worker is gone)", time.Since(refusedSince).Round(time.Millisecond))}
+		}
 		if err == nil {
 			if tc, ok := conn.(*net.TCPConn); ok {
 				tc.SetNoDelay(true)
@@ -321,6 +340,9 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
+		if g.opts.RefusedTimeout > 0 && !refusedSince.IsZero() {
+			backoff = min(backoff, g.opts.RefusedTimeout/4) // look again within the timeout
+		}
 	}
 }
 
