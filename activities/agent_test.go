@@ -86,15 +86,21 @@ func trainEpochs(t *testing.T, agents []*Agent, in *spec.EpochInput, epochs int)
 	return res
 }
 
-func TestTwoRanksTrainStayWarmAndRestoreInANewGang(t *testing.T) {
-	agents, peers := newAgents(t, 2)
+// twoRankInput is the first epoch of a small native run of two ranks,
+// checkpointing to a temporary folder.
+func twoRankInput(t *testing.T, run string, peers []string) spec.EpochInput {
 	s := spec.Training{
 		Model:      spec.Model{Hidden: []int{32}},
 		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 		Hyper:      spec.Hyper{Epochs: 3},
 		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
 	}.WithDefaults()
-	in := spec.EpochInput{Run: "act-test", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
+	return spec.EpochInput{Run: run, Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
+}
+
+func TestTwoRanksTrainStayWarmAndRestoreInANewGang(t *testing.T) {
+	agents, peers := newAgents(t, 2)
+	in := twoRankInput(t, "act-test", peers)
 
 	res, errs := runEpochOnAll(t, agents, in)
 	if err := errors.Join(errs...); err != nil {
@@ -204,13 +210,7 @@ func TestRestoringAtTheRunsEndTrainsNothing(t *testing.T) {
 // was building is closed with no group in it.
 func TestARankWhosePeerNeverJoinsEndsWithAnError(t *testing.T) {
 	agents, peers := newAgents(t, 2)
-	s := spec.Training{
-		Model:      spec.Model{Hidden: []int{32}},
-		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
-		Hyper:      spec.Hyper{Epochs: 3},
-		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
-	}.WithDefaults()
-	in := spec.EpochInput{Run: "lonely", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
+	in := twoRankInput(t, "lonely", peers)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	var suite testsuite.WorkflowTestSuite
