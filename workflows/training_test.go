@@ -809,6 +809,7 @@ func TestGangRestoreIsRecordedBeforeItsFirstEpochEnds(t *testing.T) {
 	report := func(gen int) spec.RestoreReport {
 		return spec.RestoreReport{Peer: &spec.PeerRestore{Rank: 1, Epoch: 1, Step: 3 + gen, Bytes: 1000}}
 	}
+	signalled := make(chan struct{}) // generation 2's rank 0 has reported its restore
 	h.epoch = func(in spec.EpochInput) error {
 		if in.Epoch == 1 && in.Generation == 1 {
 			return errors.New("collective: rank 1 failed")
@@ -816,11 +817,19 @@ func TestGangRestoreIsRecordedBeforeItsFirstEpochEnds(t *testing.T) {
 		if in.Generation >= 2 && in.Epoch == 1 && in.Rank == 0 {
 			h.env.SignalWorkflow(spec.SignalGangRestored, spec.GangRestored{Generation: in.Generation, Epoch: 1, Report: report(in.Generation)})
 			if in.Generation == 2 {
+				close(signalled)
 				time.Sleep(50 * time.Millisecond) // the signal is in before the failure
 				return errors.New("collective: rank 1 failed")
 			}
 		}
 		if in.Generation == 2 {
+			// Rank 1 breaks the gang only once rank 0 has reported: were it
+			// first, the run could cancel rank 0 before its epoch began.
+			select {
+			case <-signalled:
+				time.Sleep(50 * time.Millisecond)
+			case <-time.After(5 * time.Second):
+			}
 			return errors.New("collective: rank 0 failed: connection lost")
 		}
 		return nil
