@@ -106,13 +106,26 @@ func (r *run) formGang(ctx workflow.Context) error {
 // slots), each cancellable on its own; cancelling the returned release
 // cancels them all.
 func (r *run) holdSlots(ctx workflow.Context, gen int, requests []int) ([]workflow.Future, []workflow.CancelFunc, workflow.CancelFunc) {
-	holds, cancels, release, _ := r.holdSlotsAgain(ctx, gen, requests)
-	return holds, cancels, release
+	a := r.newHoldAsker(ctx, gen)
+	holds := make([]workflow.Future, len(requests))
+	cancels := make([]workflow.CancelFunc, len(requests))
+	for i, req := range requests {
+		holds[i], cancels[i] = a.ask(req)
+	}
+	return holds, cancels, a.release
 }
 
-// holdSlotsAgain is holdSlots that can also start request i's hold again
-// (again), under the same release.
-func (r *run) holdSlotsAgain(ctx workflow.Context, gen int, requests []int) ([]workflow.Future, []workflow.CancelFunc, workflow.CancelFunc, func(i int)) {
+// holdAsker starts a generation's HoldSlot activities, under one release:
+// a request's first hold, and the holds asked for it again.
+type holdAsker struct {
+	r        *run
+	ctx      workflow.Context // the holds' context, cancelled by release
+	release  workflow.CancelFunc
+	gen      int
+	attempts map[int]int // holds asked for so far, by request
+}
+
+func (r *run) newHoldAsker(ctx workflow.Context, gen int) *holdAsker {
 	holdCtx, release := workflow.WithCancel(ctx)
 	holdCtx = workflow.WithActivityOptions(holdCtx, workflow.ActivityOptions{
 		TaskQueue:              r.spec.Scaling.TaskQueue,
@@ -121,31 +134,28 @@ func (r *run) holdSlotsAgain(ctx workflow.Context, gen int, requests []int) ([]w
 		HeartbeatTimeout:       time.Duration(r.spec.Failure.HeartbeatTimeout),
 		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1},
 	})
-	info := workflow.GetInfo(ctx)
-	holds := make([]workflow.Future, len(requests))
-	cancels := make([]workflow.CancelFunc, len(requests))
-	attempts := make([]int, len(requests))
-	start := func(i int) {
-		c, cancel := holdCtx, workflow.CancelFunc(func() {})
-		if r.elastic {
-			c, cancel = workflow.WithCancel(holdCtx)
-		}
-		cancels[i] = cancel
-		in := spec.HoldSlotInput{
-			WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: gen, Request: requests[i], Slots: slotsPerHold(r.spec)}
-		if r.keepGang {
-			in.KeepFor = r.spec.Scaling.GangTimeout // the next run takes the gang over within its gang timeout
-		}
-		if r.askAgain {
-			in.Attempt = attempts[i]
-			attempts[i]++
-		}
-		holds[i] = workflow.ExecuteActivity(c, spec.ActivityHoldSlot, in)
+	return &holdAsker{r: r, ctx: holdCtx, release: release, gen: gen, attempts: map[int]int{}}
+}
+
+// ask starts a hold for request req: its future, and a cancel of that hold
+// alone (elastic runs; before, the holds shared the release only).
+func (a *holdAsker) ask(req int) (workflow.Future, workflow.CancelFunc) {
+	r := a.r
+	c, cancel := a.ctx, workflow.CancelFunc(func() {})
+	if r.elastic {
+		c, cancel = workflow.WithCancel(a.ctx)
 	}
-	for i := range requests {
-		start(i)
+	info := workflow.GetInfo(c)
+	in := spec.HoldSlotInput{
+		WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, Generation: a.gen, Request: req, Slots: slotsPerHold(r.spec)}
+	if r.keepGang {
+		in.KeepFor = r.spec.Scaling.GangTimeout // the next run takes the gang over within its gang timeout
 	}
-	return holds, cancels, release, start
+	if r.askAgain {
+		in.Attempt = a.attempts[req]
+		a.attempts[req]++
+	}
+	return workflow.ExecuteActivity(c, spec.ActivityHoldSlot, in), cancel
 }
 
 // reserve starts one HoldSlot per host and waits until each has signalled
@@ -166,20 +176,19 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range requests {
 		requests[i] = kept + i
 	}
-	asks, askCancels, newRelease, askAgain := r.holdSlotsAgain(ctx, gen, requests)
+	asker := r.newHoldAsker(ctx, gen)
+	// holds[i] is request i's hold: hosts 0..workers-1 first, then the
+	// hedged requests (workers, workers+1, ...), added by hedge.
 	holds := make([]workflow.Future, workers)
 	cancels := make([]workflow.CancelFunc, workers)
-	copy(holds[kept:], asks)
-	copy(cancels[kept:], askCancels)
-	again := func(i int) { // a hold asked again has a new future and, elastic, a new cancel
-		askAgain(i - kept)
-		holds[i], cancels[i] = asks[i-kept], askCancels[i-kept]
+	for _, req := range requests {
+		holds[req], cancels[req] = asker.ask(req)
 	}
-	release := newRelease
+	release := asker.release
 	if surv != nil {
 		copy(holds, surv.holds[:kept])
 		copy(cancels, surv.cancels[:kept])
-		release = func() { newRelease(); surv.release() }
+		release = func() { asker.release(); surv.release() }
 	}
 	var secret []byte
 	if !r.rankKeys {
@@ -197,6 +206,24 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range kept {
 		granted[i], placements[i], holdIDs[i] = true, surv.placements[i], surv.holdIDs[i]
 	}
+	// hedge asks, once, for one more host per host still missing: a hold
+	// that a stopped worker's open poll took is not granted until its
+	// heartbeat times out, and the gang need not wait for it.
+	hedge := func() {
+		missing := 0
+		for i := range holds {
+			if !granted[i] && !ended[i] {
+				missing++
+			}
+		}
+		for range missing {
+			req := len(holds)
+			h, c := asker.ask(req)
+			holds, cancels = append(holds, h), append(cancels, c)
+			placements, granted, ended, asked = append(placements, spec.Placement{}), append(granted, false), append(ended, false), append(asked, 0)
+			holdIDs = append(holdIDs, holdID{gen, req})
+		}
+	}
 	var goneErr error // why the last ungranted hold ended
 	const maxAsks = 8
 	timedOut := false
@@ -204,6 +231,10 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	timerCtx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
 	timer := workflow.NewTimer(timerCtx, time.Duration(r.spec.Scaling.GangTimeout))
+	var hedgeTimer workflow.Future
+	if r.hedgeHolds && r.elastic && kept < workers {
+		hedgeTimer = workflow.NewTimer(timerCtx, hedgeAfter(r.spec))
+	}
 	count, gone := kept, 0
 	deadline := workflow.Now(ctx).Add(time.Duration(r.spec.Scaling.GangTimeout)).UTC().Format(time.TimeOnly)
 	say := func() {
@@ -215,13 +246,13 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			gen, count, workers, what, r.spec.Scaling.TaskQueue, deadline, r.spec.Scaling.GangTimeout))
 	}
 	say()
-	for count < workers && count+gone < workers && !timedOut && holdErr == nil && !r.p.Stopping {
+	for count < workers && count+gone < len(holds) && !timedOut && holdErr == nil && !r.p.Stopping {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
 			var s spec.SlotGranted
 			c.Receive(ctx, &s)
 			r.signals++
-			if s.Generation != gen || s.Request < 0 || s.Request >= workers || granted[s.Request] || ended[s.Request] ||
+			if s.Generation != gen || s.Request < 0 || s.Request >= len(holds) || granted[s.Request] || ended[s.Request] ||
 				r.askAgain && s.Attempt != asked[s.Request] {
 				return // a slot of an older gang, a duplicate, or the late grant of a hold lost and asked for again
 			}
@@ -231,6 +262,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			say()
 		})
 		sel.AddFuture(timer, func(workflow.Future) { timedOut = true })
+		if hedgeTimer != nil {
+			sel.AddFuture(hedgeTimer, func(workflow.Future) { hedgeTimer = nil; hedge() })
+		}
 		sel.AddReceive(r.stop, func(c workflow.ReceiveChannel, _ bool) { c.Receive(ctx, nil); r.p.Stopping = true })
 		for i, h := range holds {
 			if ended[i] {
@@ -245,9 +279,10 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 				case asked[i] < maxAsks && (r.hostHolds && errorType(err) == spec.ErrNoSlot || r.askAgain && askAgainAfter(err)):
 					// A worker took the hold with too few slots free (it
 					// polled before another hold filled it), or took it and
-					// lost it (its heartbeat timed out): ask again.
+					// lost it (its heartbeat timed out): ask again. A hold
+					// asked again has a new future and, elastic, a new cancel.
 					asked[i]++
-					again(i)
+					holds[i], cancels[i] = asker.ask(i)
 					ended[i] = false
 				default:
 					gone++
@@ -261,7 +296,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	grantedHosts := func() []heldHost {
 		var hosts []heldHost
 		runID := workflow.GetInfo(ctx).WorkflowExecution.RunID
-		for i := range workers {
+		for i := range holds {
 			if granted[i] {
 				hosts = append(hosts, heldHost{hold: holdIDs[i], queue: placements[i].HostQueue, runs: []string{runID}})
 			}
@@ -292,7 +327,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	}
 	// The whole gang, or at least min_workers of it: the ungranted holds go.
 	g := &gang{generation: gen, release: release, secret: secret}
-	for i := range workers {
+	for i := range holds {
 		if granted[i] {
 			g.placements = append(g.placements, placements[i])
 			g.holdIDs = append(g.holdIDs, holdIDs[i])
@@ -306,6 +341,15 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		g.placements[i].Rank = i * perHost
 	}
 	return g, nil
+}
+
+// hedgeAfter is how long a forming gang waits for its holds' grants before
+// it asks for as many more hosts as it still lacks (reserve's hedge). A
+// free slot is granted within a round trip; a hold that a stopped worker's
+// open long poll took is noticed only at its heartbeat timeout, so the
+// hedge comes at a quarter of that.
+func hedgeAfter(s spec.Training) time.Duration {
+	return time.Duration(s.Failure.HeartbeatTimeout) / 4
 }
 
 // world is the gang's ranks.

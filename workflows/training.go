@@ -83,6 +83,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// for before the run closes or continues as new; runs recorded before
 	// dropped those still pending.
 	r.awaitReleases = workflow.GetVersion(ctx, "await-releases", workflow.DefaultVersion, 1) >= 1 && r.releaseByHost
+	// A gang still missing hosts after hedgeAfter asks once for as many
+	// more (reserve); runs recorded before waited for the holds they asked.
+	r.hedgeHolds = workflow.GetVersion(ctx, "hedge-holds", workflow.DefaultVersion, 1) >= 1
 	if kept != nil && r.keepGang {
 		r.takeOverGang(ctx, *kept)
 	}
@@ -120,6 +123,8 @@ type run struct {
 	reuseHolds bool
 	// awaitReleases: releases sent without waiting are waited for at the end.
 	awaitReleases bool
+	// hedgeHolds: a gang still missing hosts after hedgeAfter asks for more.
+	hedgeHolds bool
 	// releasing: those releases, while not answered (letGo).
 	releasing []workflow.Future
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).

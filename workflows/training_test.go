@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +54,10 @@ type harness struct {
 	releases []release
 	// releaseDelay, if set, is how long a ReleaseHold takes before it is recorded.
 	releaseDelay func(spec.ReleaseHoldInput) time.Duration
+	// swallowed: the HoldSlot calls a stopped worker's open poll took: they
+	// neither grant nor end (swallowedIDs: their activity IDs).
+	swallowed    func(in spec.HoldSlotInput) bool
+	swallowedIDs []string
 }
 
 type release struct {
@@ -76,6 +81,13 @@ func newHarness(t *testing.T) *harness {
 		}
 		h.holds = append(h.holds, in)
 		h.mu.Unlock()
+		if h.swallowed != nil && h.swallowed(in) {
+			h.mu.Lock()
+			h.swallowedIDs = append(h.swallowedIDs, activity.GetInfo(ctx).ActivityID)
+			h.mu.Unlock()
+			<-ctx.Done()
+			return ctx.Err()
+		}
 		if h.noSlot != nil && h.noSlot(in, asked) {
 			return temporal.NewApplicationError("no free slots on host-x", spec.ErrNoSlot)
 		}
@@ -794,6 +806,68 @@ func TestHoldLostBeforeItsGrantIsAskedForAgain(t *testing.T) {
 		if r.queue == "q-stale" {
 			t.Fatal("the late grant of a lost hold made it into the gang: the run let go of its host")
 		}
+	}
+}
+
+// TestHoldTakenByAStoppedWorkerIsHedged: a hold given to a stopped worker's
+// open poll is neither granted nor ended until its heartbeat times out. The
+// gang asks for one more host after a quarter of that timeout, forms with
+// the host that grants it, and cancels the swallowed hold; the hosts it let
+// go of at the end are the gang's.
+func TestHoldTakenByAStoppedWorkerIsHedged(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 3, time.Second)
+	h.swallowed = func(in spec.HoldSlotInput) bool { return in.Generation == 1 && in.Request == 1 }
+	var cancelled []string
+	h.env.SetOnActivityCanceledListener(func(info *activity.Info) {
+		h.mu.Lock()
+		cancelled = append(cancelled, info.ActivityID)
+		h.mu.Unlock()
+	})
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 2}, "failure": {"heartbeat_timeout": "2s"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 1 || len(h.holds) != 3 {
+		t.Fatalf("state %s after %d gangs and %d holds; want completed with the first gang and 3 holds (2 asked, 1 hedged)", p.State, p.Generation, len(h.holds))
+	}
+	if hedge := h.holds[2]; hedge.Request != 2 || hedge.Attempt != 0 {
+		t.Fatalf("the hedged hold asked for request %d attempt %d; want request 2 attempt 0", hedge.Request, hedge.Attempt)
+	}
+	var queues []string
+	h.mu.Lock()
+	for _, in := range h.runs {
+		queues = append(queues, in.Hosts[in.Host].HostQueue)
+	}
+	h.mu.Unlock()
+	slices.Sort(queues)
+	if want := []string{"q-1-0", "q-1-2"}; fmt.Sprint(queues) != fmt.Sprint(want) {
+		t.Fatalf("ranks ran on hosts %v; want %v (the hedged host in place of the swallowed one)", queues, want)
+	}
+	h.mu.Lock()
+	if len(h.swallowedIDs) != 1 || !slices.Contains(cancelled, h.swallowedIDs[0]) {
+		t.Fatalf("holds cancelled %v, swallowed %v; want the swallowed one cancelled", cancelled, h.swallowedIDs)
+	}
+	h.mu.Unlock()
+	if h.released(holdID{1, 1}) {
+		t.Fatal("the run let go of the swallowed hold's host, which never granted it")
+	}
+	if !h.released(holdID{1, 0}) || !h.released(holdID{1, 2}) {
+		t.Fatalf("releases %+v; want the gang's hosts, requests 0 and 2, let go of", h.releases)
+	}
+}
+
+// TestHoldsGrantedInTimeAreNotHedged: a gang whose holds are granted before
+// hedgeAfter asks for no more, even when it then waits for a slot it lacks.
+func TestHoldsGrantedInTimeAreNotHedged(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 4, time.Second)
+	p, err := h.start(`{"hyper": {"epochs": 2}, "scaling": {"workers": 4}, "failure": {"heartbeat_timeout": "1s"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || len(h.holds) != 4 {
+		t.Fatalf("state %s after %d holds; want completed with 4", p.State, len(h.holds))
 	}
 }
 
