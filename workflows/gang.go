@@ -140,8 +140,17 @@ func (r *run) newHoldAsker(ctx workflow.Context, gen int) *holdAsker {
 // ask starts a hold for request req: its future, and a cancel of that hold
 // alone (elastic runs; before, the holds shared the release only).
 func (a *holdAsker) ask(req int) (workflow.Future, workflow.CancelFunc) {
+	return a.askWithin(req, 0)
+}
+
+// askWithin is ask for a hold that must be taken from the task queue
+// within scheduleToStart (0: the gang timeout, as every hold).
+func (a *holdAsker) askWithin(req int, scheduleToStart time.Duration) (workflow.Future, workflow.CancelFunc) {
 	r := a.r
 	c, cancel := a.ctx, workflow.CancelFunc(func() {})
+	if scheduleToStart > 0 {
+		c = workflow.WithScheduleToStartTimeout(c, scheduleToStart)
+	}
 	if r.elastic {
 		c, cancel = workflow.WithCancel(a.ctx)
 	}
@@ -206,10 +215,13 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range kept {
 		granted[i], placements[i], holdIDs[i] = true, surv.placements[i], surv.holdIDs[i]
 	}
-	// hedge asks, once, for one more host per host still missing: a hold
-	// that a stopped worker's open poll took is not granted until its
-	// heartbeat times out, and the gang need not wait for it.
+	// hedge asks for one more host per host still missing, if the queue
+	// has no backlog (hedge.go). A hedge that ends without a grant is not
+	// asked for again.
 	hedge := func() {
+		if !r.queueIsDrained(ctx) {
+			return
+		}
 		missing := 0
 		for i := range holds {
 			if !granted[i] && !ended[i] {
@@ -218,7 +230,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		}
 		for range missing {
 			req := len(holds)
-			h, c := asker.ask(req)
+			h, c := asker.askWithin(req, hedgeAfter(r.spec))
 			holds, cancels = append(holds, h), append(cancels, c)
 			placements, granted, ended, asked = append(placements, spec.Placement{}), append(granted, false), append(ended, false), append(asked, 0)
 			holdIDs = append(holdIDs, holdID{gen, req})
@@ -235,7 +247,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	if r.hedgeHolds && r.elastic && kept < workers {
 		hedgeTimer = workflow.NewTimer(timerCtx, hedgeAfter(r.spec))
 	}
-	count, gone := kept, 0
+	count, gone, hedgesGone := kept, 0, 0
 	deadline := workflow.Now(ctx).Add(time.Duration(r.spec.Scaling.GangTimeout)).UTC().Format(time.TimeOnly)
 	say := func() {
 		what := "slots"
@@ -246,7 +258,7 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			gen, count, workers, what, r.spec.Scaling.TaskQueue, deadline, r.spec.Scaling.GangTimeout))
 	}
 	say()
-	for count < workers && count+gone < len(holds) && !timedOut && holdErr == nil && !r.p.Stopping {
+	for count < workers && count+gone+hedgesGone < len(holds) && !timedOut && holdErr == nil && !r.p.Stopping {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
 			var s spec.SlotGranted
@@ -276,6 +288,8 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 				switch {
 				case granted[i]:
 					holdErr = fmt.Errorf("the slot of %s ended before the gang formed: %v", where(placements[i], r.spec), leaseErr(err))
+				case i >= workers:
+					hedgesGone++ // a hedge no free slot took at once
 				case asked[i] < maxAsks && (r.hostHolds && errorType(err) == spec.ErrNoSlot || r.askAgain && askAgainAfter(err)):
 					// A worker took the hold with too few slots free (it
 					// polled before another hold filled it), or took it and
@@ -341,15 +355,6 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		g.placements[i].Rank = i * perHost
 	}
 	return g, nil
-}
-
-// hedgeAfter is how long a forming gang waits for its holds' grants before
-// it asks for as many more hosts as it still lacks (reserve's hedge). A
-// free slot is granted within a round trip; a hold that a stopped worker's
-// open long poll took is noticed only at its heartbeat timeout, so the
-// hedge comes at a quarter of that.
-func hedgeAfter(s spec.Training) time.Duration {
-	return time.Duration(s.Failure.HeartbeatTimeout) / 4
 }
 
 // world is the gang's ranks.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/mock"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
@@ -58,6 +59,10 @@ type harness struct {
 	// neither grant nor end (swallowedIDs: their activity IDs).
 	swallowed    func(in spec.HoldSlotInput) bool
 	swallowedIDs []string
+	// backlog is what the GPU queue's backlog reads when a gang considers
+	// a hedge (queueBacklog); backlogReads counts those reads.
+	backlog      int64
+	backlogReads int
 }
 
 type release struct {
@@ -157,6 +162,12 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Unlock()
 		return nil
 	}, activity.RegisterOptions{Name: spec.ActivityReleaseHold})
+	h.env.OnActivity(queueBacklog, mock.Anything, mock.Anything).Return(func(context.Context, string) (int64, error) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.backlogReads++
+		return h.backlog, nil
+	})
 	return h
 }
 
@@ -857,6 +868,29 @@ func TestHoldTakenByAStoppedWorkerIsHedged(t *testing.T) {
 	}
 }
 
+// TestAGangWaitingForCapacityDoesNotHedge: a hold still in the queue's
+// backlog is waiting for a free slot, and a hedge would only add to the
+// backlog the autoscaler reads as demand: the gang reads the backlog once
+// and asks for nothing more.
+func TestAGangWaitingForCapacityDoesNotHedge(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 3, time.Second)
+	h.backlog = 1
+	h.lost = func(in spec.HoldSlotInput, asked int) error {
+		if in.Request == 1 {
+			time.Sleep(1500 * time.Millisecond) // a slot frees up only now
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 2}, "failure": {"heartbeat_timeout": "2s"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 1 || len(h.holds) != 2 || h.backlogReads != 1 {
+		t.Fatalf("state %s after %d gangs, %d holds, %d backlog reads; want completed with the first gang, 2 holds, 1 read", p.State, p.Generation, len(h.holds), h.backlogReads)
+	}
+}
+
 // TestHoldsGrantedInTimeAreNotHedged: a gang whose holds are granted before
 // hedgeAfter asks for no more, even when it then waits for a slot it lacks.
 func TestHoldsGrantedInTimeAreNotHedged(t *testing.T) {
@@ -866,8 +900,8 @@ func TestHoldsGrantedInTimeAreNotHedged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != spec.StateCompleted || len(h.holds) != 4 {
-		t.Fatalf("state %s after %d holds; want completed with 4", p.State, len(h.holds))
+	if p.State != spec.StateCompleted || len(h.holds) != 4 || h.backlogReads != 0 {
+		t.Fatalf("state %s after %d holds, %d backlog reads; want completed with 4 holds, no read", p.State, len(h.holds), h.backlogReads)
 	}
 }
 
