@@ -122,7 +122,8 @@ type holdAsker struct {
 	ctx      workflow.Context // the holds' context, cancelled by release
 	release  workflow.CancelFunc
 	gen      int
-	attempts map[int]int // holds asked for so far, by request
+	attempts map[int]int    // holds asked for so far, by request
+	ids      map[int]string // the activity ID of each request's latest hold (hedge-holds)
 }
 
 func (r *run) newHoldAsker(ctx workflow.Context, gen int) *holdAsker {
@@ -134,23 +135,14 @@ func (r *run) newHoldAsker(ctx workflow.Context, gen int) *holdAsker {
 		HeartbeatTimeout:       time.Duration(r.spec.Failure.HeartbeatTimeout),
 		RetryPolicy:            &temporal.RetryPolicy{MaximumAttempts: 1},
 	})
-	return &holdAsker{r: r, ctx: holdCtx, release: release, gen: gen, attempts: map[int]int{}}
+	return &holdAsker{r: r, ctx: holdCtx, release: release, gen: gen, attempts: map[int]int{}, ids: map[int]string{}}
 }
 
 // ask starts a hold for request req: its future, and a cancel of that hold
 // alone (elastic runs; before, the holds shared the release only).
 func (a *holdAsker) ask(req int) (workflow.Future, workflow.CancelFunc) {
-	return a.askWithin(req, 0)
-}
-
-// askWithin is ask for a hold that must be taken from the task queue
-// within scheduleToStart (0: the gang timeout, as every hold).
-func (a *holdAsker) askWithin(req int, scheduleToStart time.Duration) (workflow.Future, workflow.CancelFunc) {
 	r := a.r
 	c, cancel := a.ctx, workflow.CancelFunc(func() {})
-	if scheduleToStart > 0 {
-		c = workflow.WithScheduleToStartTimeout(c, scheduleToStart)
-	}
 	if r.elastic {
 		c, cancel = workflow.WithCancel(a.ctx)
 	}
@@ -163,6 +155,12 @@ func (a *holdAsker) askWithin(req int, scheduleToStart time.Duration) (workflow.
 	if r.askAgain {
 		in.Attempt = a.attempts[req]
 		a.attempts[req]++
+	}
+	if r.hedgeHolds {
+		a.ids[req] = holdActivityID(a.gen, req, in.Attempt)
+		opts := workflow.GetActivityOptions(c)
+		opts.ActivityID = a.ids[req]
+		c = workflow.WithActivityOptions(c, opts)
 	}
 	return workflow.ExecuteActivity(c, spec.ActivityHoldSlot, in), cancel
 }
@@ -215,22 +213,19 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for i := range kept {
 		granted[i], placements[i], holdIDs[i] = true, surv.placements[i], surv.holdIDs[i]
 	}
-	// hedge asks for one more host per host still missing, if the queue
-	// has no backlog (hedge.go). A hedge that ends without a grant is not
+	// hedge asks for one more host per hold that a worker started but has
+	// not granted (hedge.go). A hedge that ends without a grant is not
 	// asked for again.
 	hedge := func() {
-		if !r.queueIsDrained(ctx) {
-			return
-		}
-		missing := 0
+		var waiting []string
 		for i := range holds {
 			if !granted[i] && !ended[i] {
-				missing++
+				waiting = append(waiting, asker.ids[i])
 			}
 		}
-		for range missing {
+		for range r.holdsToHedge(ctx, waiting) {
 			req := len(holds)
-			h, c := asker.askWithin(req, hedgeAfter(r.spec))
+			h, c := asker.ask(req)
 			holds, cancels = append(holds, h), append(cancels, c)
 			placements, granted, ended, asked = append(placements, spec.Placement{}), append(granted, false), append(ended, false), append(asked, 0)
 			holdIDs = append(holdIDs, holdID{gen, req})

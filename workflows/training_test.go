@@ -59,10 +59,12 @@ type harness struct {
 	// neither grant nor end (swallowedIDs: their activity IDs).
 	swallowed    func(in spec.HoldSlotInput) bool
 	swallowedIDs []string
-	// backlog is what the GPU queue's backlog reads when a gang considers
-	// a hedge (queueBacklog); backlogReads counts those reads.
-	backlog      int64
-	backlogReads int
+	// queued: the HoldSlot calls that count as still waiting in the task
+	// queue when the run asks which of its holds started (startedHolds,
+	// whose calls startedReads counts); every other call has started.
+	queued       func(in spec.HoldSlotInput) bool
+	started      []string
+	startedReads int
 }
 
 type release struct {
@@ -85,6 +87,9 @@ func newHarness(t *testing.T) *harness {
 			}
 		}
 		h.holds = append(h.holds, in)
+		if h.queued == nil || !h.queued(in) {
+			h.started = append(h.started, activity.GetInfo(ctx).ActivityID)
+		}
 		h.mu.Unlock()
 		if h.swallowed != nil && h.swallowed(in) {
 			h.mu.Lock()
@@ -162,11 +167,11 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Unlock()
 		return nil
 	}, activity.RegisterOptions{Name: spec.ActivityReleaseHold})
-	h.env.OnActivity(queueBacklog, mock.Anything, mock.Anything).Return(func(context.Context, string) (int64, error) {
+	h.env.OnActivity(startedHolds, mock.Anything).Return(func(context.Context) ([]string, error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		h.backlogReads++
-		return h.backlog, nil
+		h.startedReads++
+		return slices.Clone(h.started), nil
 	})
 	return h
 }
@@ -868,14 +873,14 @@ func TestHoldTakenByAStoppedWorkerIsHedged(t *testing.T) {
 	}
 }
 
-// TestAGangWaitingForCapacityDoesNotHedge: a hold still in the queue's
-// backlog is waiting for a free slot, and a hedge would only add to the
-// backlog the autoscaler reads as demand: the gang reads the backlog once
-// and asks for nothing more.
+// TestAGangWaitingForCapacityDoesNotHedge: a hold no worker has started is
+// waiting in the queue for a free slot, and a hedge would only add to the
+// backlog the autoscaler reads as demand: the gang asks once which holds
+// started, and asks for nothing more.
 func TestAGangWaitingForCapacityDoesNotHedge(t *testing.T) {
 	h := newHarness(t)
 	h.grant(1, 3, time.Second)
-	h.backlog = 1
+	h.queued = func(in spec.HoldSlotInput) bool { return in.Request == 1 }
 	h.lost = func(in spec.HoldSlotInput, asked int) error {
 		if in.Request == 1 {
 			time.Sleep(1500 * time.Millisecond) // a slot frees up only now
@@ -886,8 +891,8 @@ func TestAGangWaitingForCapacityDoesNotHedge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != spec.StateCompleted || p.Generation != 1 || len(h.holds) != 2 || h.backlogReads != 1 {
-		t.Fatalf("state %s after %d gangs, %d holds, %d backlog reads; want completed with the first gang, 2 holds, 1 read", p.State, p.Generation, len(h.holds), h.backlogReads)
+	if p.State != spec.StateCompleted || p.Generation != 1 || len(h.holds) != 2 || h.startedReads != 1 {
+		t.Fatalf("state %s after %d gangs, %d holds, %d reads of the started holds; want completed with the first gang, 2 holds, 1 read", p.State, p.Generation, len(h.holds), h.startedReads)
 	}
 }
 
@@ -900,8 +905,8 @@ func TestHoldsGrantedInTimeAreNotHedged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.State != spec.StateCompleted || len(h.holds) != 4 || h.backlogReads != 0 {
-		t.Fatalf("state %s after %d holds, %d backlog reads; want completed with 4 holds, no read", p.State, len(h.holds), h.backlogReads)
+	if p.State != spec.StateCompleted || len(h.holds) != 4 || h.startedReads != 0 {
+		t.Fatalf("state %s after %d holds, %d reads of the started holds; want completed with 4 holds, no read", p.State, len(h.holds), h.startedReads)
 	}
 }
 
