@@ -85,6 +85,11 @@ type Options struct {
 	Transport string
 	// Logger receives one line per connection refused and per group failure. Default: none.
 	Logger *zap.Logger
+
+	// hostCores is the cores Join counts on this host; 0: runtime.NumCPU().
+	// Tests set it to take the paths of a host with more ranks than cores,
+	// or fewer, whatever this machine has.
+	hostCores int
 }
 
 const (
@@ -270,7 +275,11 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		return nil, fmt.Errorf("collective: rank %d: %w", rank, err)
 	}
 	spin := opts.SpinWindow
-	if ranksOnHost(gang.Peers, rank) > runtime.NumCPU() {
+	cores := opts.hostCores
+	if cores <= 0 {
+		cores = runtime.NumCPU()
+	}
+	if ranksOnHost(gang.Peers, rank) > cores {
 		// More ranks than cores here: a polling rank would take the core from the
 		// rank it waits for (measured: 4 ranks on 2 cores, 3x slower with polling).
 		// A shared-memory link polls its ring by giving the core up (sched_yield)
@@ -279,7 +288,21 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		g.yield = true
 	}
 	g.spin = opts.SpinWindow
-	g.leftReader = bufio.NewReaderSize(newSpinReader(g.leftConn, spin, &g.inOp), 64<<10)
+	var left io.Reader = newSpinReader(g.leftConn, spin, &g.inOp)
+	if g.recvRing == nil && g.yield {
+		// Data comes over TCP to a host with more ranks than cores: read it
+		// outside the runtime's poller, where an arrival wakes one thread, not
+		// two, and look for it by yielding the core while an operation is in
+		// progress (fdconn_linux.go). Where every rank has a core, the
+		// poller does as well idle and better under load (BENCHMARKS.md).
+		c, err := newFDConn(g.leftConn, pollPolicy{active: &g.inOp, window: opts.SpinWindow, yield: true})
+		if err != nil {
+			g.log.Info("reading the left link through the runtime's poller", zap.Error(err))
+		} else if c != g.leftConn {
+			g.leftConn, left = c, c
+		}
+	}
+	g.leftReader = bufio.NewReaderSize(left, 64<<10)
 	g.lastWrite.Store(time.Now().UnixNano())
 	g.wg.Add(3)
 	go g.readLeft()
@@ -689,8 +712,13 @@ func (g *Group) readLeft() {
 			return
 		}
 		if next == len(job.items) {
+			// Done: stop looking for frames (fdConn), and let the operation's
+			// goroutine, which this wakes, have this thread's P at once rather
+			// than wait for another thread to take it.
+			g.inOp.Store(false)
 			close(job.finished)
 			job = nil
+			runtime.Gosched()
 		}
 	}
 }

@@ -29,6 +29,14 @@ type childGang struct {
 	Rank   int
 	Stall  time.Duration
 	Floats int // the all-reduced buffer's length
+	// Transport, and the cores the ranks count on their host
+	// (Options.hostCores: with 1, TCP is read outside the poller).
+	Transport string
+	HostCores int
+}
+
+func (cg childGang) options() Options {
+	return Options{Secret: testSecret, StallTimeout: cg.Stall, Transport: cg.Transport, hostCores: cg.HostCores}
 }
 
 func rankProcess() int {
@@ -45,7 +53,7 @@ func rankProcess() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	g, err := Join(ctx, ln, cg.Gang, cg.Rank, Options{Secret: testSecret, StallTimeout: cg.Stall})
+	g, err := Join(ctx, ln, cg.Gang, cg.Rank, cg.options())
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -62,21 +70,39 @@ func rankProcess() int {
 
 // TestRealPeerFailures runs a 4-rank ring with rank 2 in its own process and
 // hits that process with a real signal mid-training: every other rank must
-// return a PeerError naming rank 2, well before any operation deadline. Both
-// ways an operation moves over TCP are struck: a 1 MiB one (its forwards sent
-// by the operation's goroutine) and a 4 KiB one (forwarded by readLeft).
+// return a PeerError naming rank 2, well before any operation deadline. Over
+// each kind of link (shared memory where automatic, TCP through the runtime's
+// poller, TCP read outside it), both ways an operation moves are struck: a
+// 1 MiB one (its forwards sent by the operation's goroutine) and a 4 KiB one
+// (over TCP, forwarded by readLeft).
 func TestRealPeerFailures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a rank process")
 	}
-	for _, tc := range []struct {
+	type strike struct {
 		name   string
 		signal syscall.Signal
 		floats int
+		link   childGang // its Transport and HostCores
+	}
+	var strikes []strike
+	for _, link := range []struct {
+		name string
+		cg   childGang
 	}{
-		{"kill -9, 1 MiB", syscall.SIGKILL, 1 << 18}, {"SIGSTOP (a hang), 1 MiB", syscall.SIGSTOP, 1 << 18},
-		{"kill -9, 4 KiB", syscall.SIGKILL, 1 << 10}, {"SIGSTOP (a hang), 4 KiB", syscall.SIGSTOP, 1 << 10},
+		{"automatic", childGang{}},
+		{"TCP through the poller", childGang{Transport: TransportTCP, HostCores: 64}},
+		{"TCP outside the poller", childGang{Transport: TransportTCP, HostCores: 1}},
 	} {
+		for _, s := range []strike{
+			{"kill -9, 1 MiB", syscall.SIGKILL, 1 << 18, link.cg}, {"SIGSTOP (a hang), 1 MiB", syscall.SIGSTOP, 1 << 18, link.cg},
+			{"kill -9, 4 KiB", syscall.SIGKILL, 1 << 10, link.cg}, {"SIGSTOP (a hang), 4 KiB", syscall.SIGSTOP, 1 << 10, link.cg},
+		} {
+			s.name = link.name + "/" + s.name
+			strikes = append(strikes, s)
+		}
+	}
+	for _, tc := range strikes {
 		t.Run(tc.name, func(t *testing.T) {
 			const world, victim = 4, 2
 			stall := time.Second
@@ -112,7 +138,9 @@ func TestRealPeerFailures(t *testing.T) {
 				lns[r], peers[r] = ln, ln.Addr()
 			}
 			gangSpec := Gang{Run: "chaos", Generation: 7, Peers: peers}
-			json.NewEncoder(stdin).Encode(childGang{Gang: gangSpec, Rank: victim, Stall: stall, Floats: tc.floats})
+			cg := tc.link
+			cg.Gang, cg.Rank, cg.Stall, cg.Floats = gangSpec, victim, stall, tc.floats
+			json.NewEncoder(stdin).Encode(cg)
 
 			// The in-process ranks all-reduce until the group fails.
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -123,7 +151,7 @@ func TestRealPeerFailures(t *testing.T) {
 			var wg sync.WaitGroup
 			for r, ln := range lns {
 				wg.Go(func() {
-					g, err := Join(ctx, ln, gangSpec, r, Options{Secret: testSecret, StallTimeout: stall})
+					g, err := Join(ctx, ln, gangSpec, r, cg.options())
 					if err != nil {
 						mu.Lock()
 						errs[r] = err

@@ -1,0 +1,186 @@
+package collective
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fdPair is an fdConn and the plain TCP connection at its other end.
+func fdPair(t *testing.T, poll pollPolicy) (*fdConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	dialed, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := <-accepted
+	t.Cleanup(func() { peer.Close() })
+	c, err := newFDConn(dialed, poll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc, ok := c.(*fdConn)
+	if !ok {
+		t.Fatalf("newFDConn returned %T, want *fdConn", c)
+	}
+	t.Cleanup(func() { fc.Close() })
+	if _, err := dialed.Write([]byte("x")); err == nil {
+		t.Fatal("the original connection still writes: newFDConn must close it")
+	}
+	return fc, peer
+}
+
+func TestFDConnCarriesBytesBothWays(t *testing.T) {
+	var active atomic.Bool
+	for _, poll := range []pollPolicy{{}, {active: &active, window: time.Millisecond}, {active: &active, window: time.Millisecond, yield: true}} {
+		active.Store(true)
+		fc, peer := fdPair(t, poll)
+		want := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB: more than socket buffers hold
+		go func() {
+			time.Sleep(5 * time.Millisecond) // the reader waits first, looking, then in poll(2)
+			peer.Write(want)
+		}()
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(fc, got); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("policy %+v: read %v, equal %v", poll, err, bytes.Equal(got, want))
+		}
+		echoed := make(chan []byte, 1)
+		go func() {
+			b := make([]byte, len(want))
+			io.ReadFull(peer, b)
+			echoed <- b
+		}()
+		if n, err := fc.Write(want); n != len(want) || err != nil {
+			t.Fatalf("wrote %d of %d: %v", n, len(want), err)
+		}
+		if !bytes.Equal(<-echoed, want) {
+			t.Fatal("the peer read other bytes than were written")
+		}
+		peer.Close()
+		if n, err := fc.Read(got); n != 0 || err != io.EOF {
+			t.Fatalf("after the peer closed: %d, %v; want 0, io.EOF", n, err)
+		}
+	}
+}
+
+func TestFDConnReadDeadline(t *testing.T) {
+	fc, _ := fdPair(t, pollPolicy{})
+	fc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	start := time.Now()
+	_, err := fc.Read(make([]byte, 1))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("got %v, want os.ErrDeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited < 40*time.Millisecond {
+		t.Fatalf("returned after %v, before the deadline", waited)
+	}
+	// A deadline moved into the past by another goroutine wakes a waiting read.
+	fc.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := fc.Read(make([]byte, 1))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	fc.SetReadDeadline(time.Now())
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("got %v, want os.ErrDeadlineExceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a read waiting in poll(2) did not see its deadline move")
+	}
+}
+
+// TestFDConnCloseWakesBlockedCalls: Close from another goroutine ends a read
+// waiting for data and a write waiting for a peer that does not read, and
+// the descriptor is closed once both have returned, not before.
+func TestFDConnCloseWakesBlockedCalls(t *testing.T) {
+	fc, _ := fdPair(t, pollPolicy{})
+	fd := fc.fd
+	readDone, writeDone := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := fc.Read(make([]byte, 1))
+		readDone <- err
+	}()
+	go func() {
+		_, err := fc.Write(make([]byte, 64<<20)) // the peer never reads: this blocks
+		writeDone <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := fc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for what, ch := range map[string]chan error{"read": readDone, "write": writeDone} {
+		select {
+		case err := <-ch:
+			if err == nil {
+				t.Errorf("%s returned no error after Close", what)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Close did not wake the blocked %s", what)
+		}
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Errorf("descriptor %d still open after Close and its last call (fcntl: %v)", fd, err)
+	}
+	if _, err := fc.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("read after Close: %v, want net.ErrClosed", err)
+	}
+	if err := fc.Close(); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("second Close: %v, want net.ErrClosed", err)
+	}
+}
+
+// TestFDConnLooksOnlyDuringAnOperation: a reader looking for data finds
+// data that comes, and gives up (to sleep in poll(2)) as soon as the
+// operation ends, however long its window.
+func TestFDConnLooksOnlyDuringAnOperation(t *testing.T) {
+	for _, yield := range []bool{false, true} {
+		var active atomic.Bool
+		active.Store(true)
+		fc, peer := fdPair(t, pollPolicy{active: &active, window: time.Hour, yield: yield})
+		found := make(chan bool, 1)
+		go func() { found <- fc.lookFor() }()
+		time.Sleep(10 * time.Millisecond)
+		peer.Write([]byte("a"))
+		select {
+		case ok := <-found:
+			if !ok && fc.noYieldUntil == 0 { // not a yield that took too long (a loaded machine)
+				t.Fatalf("yield %v: lookFor gave up with data waiting", yield)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("yield %v: lookFor did not see the data", yield)
+		}
+		fc.Read(make([]byte, 1))
+		go func() { found <- fc.lookFor() }()
+		time.Sleep(10 * time.Millisecond)
+		active.Store(false)
+		select {
+		case ok := <-found:
+			if ok {
+				t.Fatalf("yield %v: lookFor found data that was never sent", yield)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("yield %v: lookFor kept looking after the operation ended", yield)
+		}
+	}
+}
