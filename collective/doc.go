@@ -2,7 +2,9 @@
 // ring all-reduce (reduce-scatter, then all-gather), broadcast and barrier of
 // float32 buffers over TCP, and over shared memory between neighbours on one
 // host (shmlink.go: the data and its signal both cross the ring; TCP carries
-// the keepalives and aborts).
+// the keepalives and aborts). On a host with more ranks than cores, a rank
+// reads its left TCP link outside the Go runtime's network poller
+// (fdconn_linux.go), so that each arrival wakes one thread, not two.
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join

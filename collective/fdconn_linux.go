@@ -21,9 +21,11 @@ import (
 // Why: a connection in the runtime's poller wakes the poller's thread as
 // each frame arrives, besides the goroutine waiting for it. Where a host has
 // more processes than cores (4 ranks on 2 here), each wake is a thread that
-// must get a core, and a small all-reduce step costs several: measured, 4
-// ranks, 4 KiB, about 190 µs through the poller against 130 µs on a
-// descriptor waited on with poll(2) (BENCHMARKS.md). Here the goroutine that
+// must get a core, and a small all-reduce step costs several: measured on 2
+// cores, 4 ranks, a gathered 4 KiB all-reduce took 229-249 µs through the
+// poller and 133-145 µs on descriptors of their own (BENCHMARKS.md). Where
+// every rank has a core the poller did as well idle and better under load,
+// so Join uses an fdConn only where ranks outnumber cores. Here the goroutine that
 // reads waits in poll(2) itself, so an arrival wakes exactly the thread that
 // reads, and while an operation is in progress it first looks again for a
 // while, as MPI's progress loop does (wait).
@@ -37,9 +39,6 @@ type fdConn struct {
 	local, remote net.Addr
 	wake          [2]int // eventfds: [0] wakes a waiting reader, [1] a waiting writer
 	poll          pollPolicy
-	// noYieldUntil (unix nanos) holds yielding off after a yield that took
-	// long: see yieldTooLong. Read only by the reader.
-	noYieldUntil int64
 
 	readMu, writeMu sync.Mutex
 	mu              sync.Mutex // guards the fields below
@@ -52,10 +51,10 @@ type fdConn struct {
 type pollPolicy struct {
 	active *atomic.Bool  // look again only while this is set (an operation is in progress)
 	window time.Duration // for how long
-	// yield gives the core up between looks (sched_yield): for hosts with
-	// more ranks than cores, where a busy look would take the core from the
-	// rank we wait for.
-	yield bool
+	// yield, when set, gives the core up between looks: for hosts with more
+	// ranks than cores, where a busy look would take the core from the rank
+	// we wait for.
+	yield *coreYielder
 }
 
 const (
@@ -165,45 +164,25 @@ func (c *fdConn) Read(p []byte) (int, error) {
 // lookFor polls the socket for data for up to the policy's window, while an
 // operation is in progress; it reports whether data came.
 func (c *fdConn) lookFor() bool {
-	now := time.Now()
-	if c.poll.yield && now.UnixNano() < c.noYieldUntil {
-		return false
+	if c.poll.yield != nil && !c.poll.yield.ready() {
+		return false // a yield lately lost the core to a process not of ours
 	}
-	until := now.Add(c.poll.window)
+	until := time.Now().Add(c.poll.window)
 	fds := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
 	for i := 1; ; i++ {
 		if n, _ := unix.Poll(fds, 0); n > 0 {
 			return true
 		}
-		if c.poll.yield {
-			t := time.Now()
-			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-			// A yield that took long gave the core to a process other than
-			// our peers (a CPU-bound one runs its whole slice): looking
-			// again only feeds it. Sleep in poll(2) instead, and do not
-			// yield again for a while.
-			if took := time.Since(t); took > yieldTooLong {
-				c.noYieldUntil = time.Now().Add(yieldBackoff).UnixNano()
-				return false
-			}
-		} else {
+		if c.poll.yield == nil {
 			runtime.Gosched()
+		} else if !c.poll.yield.yield() {
+			return false
 		}
 		if i%16 == 0 && (time.Now().After(until) || !c.poll.active.Load()) {
 			return false
 		}
 	}
 }
-
-// yieldTooLong is how long a sched_yield may keep a rank off its core
-// before it stops looking and sleeps: longer means a process that is not a
-// peer (a CPU-bound one, running out its time slice) had the core.
-const yieldTooLong = 500 * time.Microsecond
-
-// yieldBackoff is how long a rank whose yield took too long sleeps in
-// poll(2) at once instead of yielding. Each later try costs a time slice
-// (about 3-4 ms) while the load lasts: at most 2% of the time.
-const yieldBackoff = 200 * time.Millisecond
 
 func (c *fdConn) Write(p []byte) (int, error) {
 	c.writeMu.Lock()

@@ -49,7 +49,7 @@ func fdPair(t *testing.T, poll pollPolicy) (*fdConn, net.Conn) {
 
 func TestFDConnCarriesBytesBothWays(t *testing.T) {
 	var active atomic.Bool
-	for _, poll := range []pollPolicy{{}, {active: &active, window: time.Millisecond}, {active: &active, window: time.Millisecond, yield: true}} {
+	for _, poll := range []pollPolicy{{}, {active: &active, window: time.Millisecond}, {active: &active, window: time.Millisecond, yield: new(coreYielder)}} {
 		active.Store(true)
 		fc, peer := fdPair(t, poll)
 		want := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB: more than socket buffers hold
@@ -154,7 +154,7 @@ func TestFDConnCloseWakesBlockedCalls(t *testing.T) {
 // data that comes, and gives up (to sleep in poll(2)) as soon as the
 // operation ends, however long its window.
 func TestFDConnLooksOnlyDuringAnOperation(t *testing.T) {
-	for _, yield := range []bool{false, true} {
+	for _, yield := range []*coreYielder{nil, new(coreYielder)} {
 		var active atomic.Bool
 		active.Store(true)
 		fc, peer := fdPair(t, pollPolicy{active: &active, window: time.Hour, yield: yield})
@@ -164,7 +164,7 @@ func TestFDConnLooksOnlyDuringAnOperation(t *testing.T) {
 		peer.Write([]byte("a"))
 		select {
 		case ok := <-found:
-			if !ok && fc.noYieldUntil == 0 { // not a yield that took too long (a loaded machine)
+			if !ok && (yield == nil || yield.ready()) { // not a yield that took too long (a loaded machine)
 				t.Fatalf("yield %v: lookFor gave up with data waiting", yield)
 			}
 		case <-time.After(5 * time.Second):
@@ -182,5 +182,34 @@ func TestFDConnLooksOnlyDuringAnOperation(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("yield %v: lookFor kept looking after the operation ended", yield)
 		}
+	}
+}
+
+// TestLookingStopsWhileYieldsAreHeldOff: once a yield has lost the core to a
+// process not of ours (coreYielder held off), a rank sleeps at once instead
+// of looking, over TCP and over shared memory alike.
+func TestLookingStopsWhileYieldsAreHeldOff(t *testing.T) {
+	y := new(coreYielder)
+	y.heldOffUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	var active atomic.Bool
+	active.Store(true)
+	fc, _ := fdPair(t, pollPolicy{active: &active, window: time.Hour, yield: y})
+	found := make(chan bool, 1)
+	go func() { found <- fc.lookFor() }()
+	select {
+	case ok := <-found:
+		if ok {
+			t.Fatal("lookFor found data that was never sent")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("lookFor looked on while yields were held off")
+	}
+	g := &Group{yield: y}
+	if g.pause() {
+		t.Fatal("a shared-memory link's pause went on yielding while yields were held off")
+	}
+	y.heldOffUntil.Store(0)
+	if !y.ready() {
+		t.Fatal("yields still held off after the hold ended")
 	}
 }

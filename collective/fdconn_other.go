@@ -12,7 +12,7 @@ import (
 type pollPolicy struct {
 	active *atomic.Bool
 	window time.Duration
-	yield  bool
+	yield  *coreYielder
 }
 
 // newFDConn leaves c in the runtime's poller where there is no fdConn.

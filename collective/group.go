@@ -166,7 +166,7 @@ type Group struct {
 	shmSent, shmDrained uint64        // chunks put in sendRing; chunks taken from recvRing
 	inOp                atomic.Bool   // an operation is in progress: the left reader may spin
 	spin                time.Duration // how long a shared-memory link polls its ring before it sleeps
-	yield               bool          // more ranks than cores here: poll by yielding the core
+	yield               *coreYielder  // more ranks than cores here: poll by yielding the core
 	leftClosed          atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
 	rightClosed         atomic.Bool   // the right neighbour closed its group gracefully
 	writeMu             sync.Mutex
@@ -285,17 +285,17 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		// A shared-memory link polls its ring by giving the core up (sched_yield)
 		// between looks instead.
 		spin = 0
-		g.yield = true
+		g.yield = new(coreYielder)
 	}
 	g.spin = opts.SpinWindow
 	var left io.Reader = newSpinReader(g.leftConn, spin, &g.inOp)
-	if g.recvRing == nil && g.yield {
+	if g.recvRing == nil && g.yield != nil {
 		// Data comes over TCP to a host with more ranks than cores: read it
 		// outside the runtime's poller, where an arrival wakes one thread, not
 		// two, and look for it by yielding the core while an operation is in
 		// progress (fdconn_linux.go). Where every rank has a core, the
 		// poller does as well idle and better under load (BENCHMARKS.md).
-		c, err := newFDConn(g.leftConn, pollPolicy{active: &g.inOp, window: opts.SpinWindow, yield: true})
+		c, err := newFDConn(g.leftConn, pollPolicy{active: &g.inOp, window: opts.SpinWindow, yield: g.yield})
 		if err != nil {
 			g.log.Info("reading the left link through the runtime's poller", zap.Error(err))
 		} else if c != g.leftConn {

@@ -179,21 +179,21 @@ func (w *spinWait) poll(g *Group) bool {
 		w.until = time.Now().Add(w.window)
 	}
 	if w.spins++; w.spins%64 != 0 || time.Now().Before(w.until) {
-		g.pause()
-		return true
+		return g.pause()
 	}
 	return false
 }
 
 // pause is one wait between two looks at a ring: a yield of the goroutine,
 // or of the core where ranks outnumber cores (the rank polled for may be
-// the one that needs it).
-func (g *Group) pause() {
-	if g.yield {
-		osYield()
-	} else {
+// the one that needs it). False: stop looking, a yield lost the core to a
+// process not of ours (coreYielder).
+func (g *Group) pause() bool {
+	if g.yield == nil {
 		runtime.Gosched()
+		return true
 	}
+	return g.yield.ready() && g.yield.yield()
 }
 
 // wakeRings wakes this rank's own sleepers on its rings (the group failed).

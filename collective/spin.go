@@ -70,3 +70,49 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	}
 	return s.conn.Read(p)
 }
+
+// coreYielder gives the core up (sched_yield) between a rank's looks for
+// its neighbour's data, where a host has more ranks than cores: the rank
+// looked for may be the one that needs the core. Idle, a yield comes back
+// in microseconds, after a peer ran. Beside a CPU-bound process it comes
+// back only when that process's time slice ends (3-4 ms): then looking only
+// feeds it, so the yielder holds off (callers sleep until woken) for
+// yieldBackoff, and tries again after.
+type coreYielder struct {
+	heldOffUntil atomic.Int64 // unix nanos
+	longInARow   atomic.Int32 // yields in a row that took longer than yieldTooLong
+}
+
+const (
+	// yieldTooLong: a yield that kept the rank off its core longer gave
+	// the core to a process other than its peers, or a peer's thread ran
+	// long, or the machine's own host took the core: longYields of them in
+	// a row are load (idle, single ones came often enough on this VM to
+	// hold shared-memory links off most of the time).
+	yieldTooLong = 500 * time.Microsecond
+	longYields   = 3
+	// yieldBackoff: while load lasts, one try costs a time slice every
+	// yieldBackoff, about 2% of the time.
+	yieldBackoff = 200 * time.Millisecond
+)
+
+// ready reports whether yielding is not held off.
+func (y *coreYielder) ready() bool { return time.Now().UnixNano() >= y.heldOffUntil.Load() }
+
+// yield gives the core up once; false when it was the last of longYields
+// in a row that took too long, and yielding is now held off.
+func (y *coreYielder) yield() bool {
+	t := time.Now()
+	osYield()
+	now := time.Now()
+	if now.Sub(t) <= yieldTooLong {
+		y.longInARow.Store(0)
+		return true
+	}
+	if y.longInARow.Add(1) < longYields {
+		return true
+	}
+	y.longInARow.Store(0)
+	y.heldOffUntil.Store(now.Add(yieldBackoff).UnixNano())
+	return false
+}
