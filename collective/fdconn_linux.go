@@ -199,6 +199,8 @@ func (c *fdConn) Write(p []byte) (int, error) {
 			continue
 		}
 		switch err {
+		case nil:
+			return done, io.ErrShortWrite // write(2) of bytes wrote none, and said nothing
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
