@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,10 +24,12 @@ import (
 // cores, 4 ranks, a gathered 4 KiB all-reduce took 229-249 µs through the
 // poller and 133-145 µs on descriptors of their own (BENCHMARKS.md). Where
 // every rank has a core the poller did as well idle and better under load,
-// so Join uses an fdConn only where ranks outnumber cores. Here the goroutine that
-// reads waits in poll(2) itself, so an arrival wakes exactly the thread that
-// reads, and while an operation is in progress it first looks again for a
-// while, as MPI's progress loop does (wait).
+// so Join uses an fdConn only where ranks outnumber cores.
+//
+// Here the goroutine that reads waits in poll(2) itself, so an arrival
+// wakes exactly the thread that reads, and while an operation is in
+// progress it first looks for data for a while (lookFor), as MPI's
+// progress loop does.
 //
 // Deadlines and Close wake a waiting poll(2) through an eventfd per
 // direction. Reads are serialised among themselves and so are writes, as
@@ -45,16 +46,6 @@ type fdConn struct {
 	deadline        [2]time.Time
 	closed          bool
 	users           int
-}
-
-// pollPolicy is how a reader looks for data before it sleeps in poll(2).
-type pollPolicy struct {
-	active *atomic.Bool  // look again only while this is set (an operation is in progress)
-	window time.Duration // for how long
-	// yield, when set, gives the core up between looks: for hosts with more
-	// ranks than cores, where a busy look would take the core from the rank
-	// we wait for.
-	yield *coreYielder
 }
 
 const (
@@ -147,7 +138,7 @@ func (c *fdConn) Read(p []byte) (int, error) {
 		case err == syscall.EINTR:
 			continue
 		case err != syscall.EAGAIN:
-			return 0, c.closedOr(os.NewSyscallError("read", err))
+			return 0, c.closedOr(c.opError("read", err))
 		}
 		if !looked && c.poll.active != nil && c.poll.active.Load() && c.poll.window > 0 {
 			looked = true
@@ -209,7 +200,7 @@ func (c *fdConn) Write(p []byte) (int, error) {
 			}
 			continue
 		}
-		return done, c.closedOr(os.NewSyscallError("write", err))
+		return done, c.closedOr(c.opError("write", err))
 	}
 	return done, nil
 }
@@ -248,6 +239,12 @@ func (c *fdConn) wait(dir int, events int16) error {
 			return nil // ready, or an error or hang-up the next call reports
 		}
 	}
+}
+
+// opError is a failed system call, said as net.Conn says it ("read tcp
+// 10.0.0.1:4000->10.0.0.2:5000: read: connection reset by peer").
+func (c *fdConn) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.local, Addr: c.remote, Err: os.NewSyscallError(op, err)}
 }
 
 // closedOr is net.ErrClosed once the connection is closed, else err.

@@ -2,10 +2,14 @@ package collective
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
+	"math"
+	"math/rand/v2"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -211,5 +215,62 @@ func TestLookingStopsWhileYieldsAreHeldOff(t *testing.T) {
 	y.heldOffUntil.Store(0)
 	if !y.ready() {
 		t.Fatal("yields still held off after the hold ended")
+	}
+}
+
+// TestTCPOutsideThePollerSumsAsThroughIt: ranks that read their left link
+// outside the runtime's poller (as on a host with more ranks than cores)
+// sum bit for bit as ranks reading through it, on every path an operation
+// can take over TCP: the small all-reduce, operations forwarded by the
+// reader, the ring, a broadcast and a barrier.
+func TestTCPOutsideThePollerSumsAsThroughIt(t *testing.T) {
+	const world = 4
+	results := map[bool][][]float32{}
+	for _, outside := range []bool{false, true} {
+		cores := 1 // fewer than the ranks: the left link is read outside the poller
+		if !outside {
+			cores = world
+		}
+		groups := gang(t, world, Options{Transport: TransportTCP, GatherBytes: 16 << 10, ChunkBytes: 64 << 10, hostCores: cores})
+		if _, isFD := groups[1].leftConn.(*fdConn); isFD != outside {
+			t.Fatalf("oversubscribed %v: left link is %T", outside, groups[1].leftConn)
+		}
+		var sums [][]float32
+		var mu sync.Mutex
+		errs := each(groups, func(r int, g *Group) error {
+			var mine [][]float32
+			for step, n := range []int{1 << 10, 1 << 14, 300_001, 0, 7, 1 << 10} {
+				buf := make([]float32, n)
+				rng := rand.New(rand.NewPCG(uint64(r), uint64(step)))
+				for i := range buf {
+					buf[i] = float32(rng.NormFloat64())
+				}
+				if err := g.AllReduce(context.Background(), buf); err != nil {
+					return err
+				}
+				if err := g.Broadcast(context.Background(), buf, step%world); err != nil {
+					return err
+				}
+				mine = append(mine, buf)
+			}
+			if r == 2 {
+				mu.Lock()
+				sums = mine
+				mu.Unlock()
+			}
+			return g.Barrier(context.Background())
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("oversubscribed %v: %v", outside, err)
+		}
+		results[outside] = sums
+	}
+	for step := range results[false] {
+		a, b := results[false][step], results[true][step]
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("operation %d, element %d: %v through the poller, %v outside it", step, i, a[i], b[i])
+			}
+		}
 	}
 }

@@ -71,6 +71,17 @@ func (s *spinReader) Read(p []byte) (int, error) {
 	return s.conn.Read(p)
 }
 
+// pollPolicy is how a reader looks for data before it sleeps
+// (fdconn_linux.go).
+type pollPolicy struct {
+	active *atomic.Bool  // look only while this is set (an operation is in progress)
+	window time.Duration // for how long
+	// yield, when set, gives the core up between looks: for hosts with more
+	// ranks than cores, where a busy look would take the core from the rank
+	// we wait for.
+	yield *coreYielder
+}
+
 // coreYielder gives the core up (sched_yield) between a rank's looks for
 // its neighbour's data, where a host has more ranks than cores: the rank
 // looked for may be the one that needs the core. Idle, a yield comes back
