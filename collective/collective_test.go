@@ -626,12 +626,12 @@ func TestPlansFollowTheirBuffers(t *testing.T) {
 	}
 }
 
-// TestSmallTCPOperationsForwardInTheReader pins which operations readLeft
+// TestSmallTCPOperationsReadAndForwardThemselves pins which operations readLeft
 // forwards itself (run): those over TCP that send at most inlineSendBytes in
 // all, which the sockets' buffers hold even when the right neighbour stops
 // reading; the rest keep the operation's goroutine as the sender, which
 // overlaps sending with receiving.
-func TestSmallTCPOperationsForwardInTheReader(t *testing.T) {
+func TestSmallTCPOperationsReadAndForwardThemselves(t *testing.T) {
 	for _, tc := range []struct {
 		ranks, floats int
 		want          bool
@@ -647,7 +647,7 @@ func TestSmallTCPOperationsForwardInTheReader(t *testing.T) {
 		sends, recvs := g.ringPlan(make([]float32, tc.floats))
 		first, ok := g.forwardsInline(sends, len(recvs))
 		if ok != tc.want {
-			t.Errorf("%d ranks, %d floats: forwarded by the reader %v, want %v", tc.ranks, tc.floats, ok, tc.want)
+			t.Errorf("%d ranks, %d floats: read and forwarded by the operation %v, want %v", tc.ranks, tc.floats, ok, tc.want)
 		}
 		if ok && first != 1 {
 			t.Errorf("%d ranks, %d floats: %d sends before the first forward, want 1 (this rank's own segment)", tc.ranks, tc.floats, first)
@@ -686,6 +686,98 @@ func TestJoinGivesUpOnARefusingNeighbourAfterRefusedTimeout(t *testing.T) {
 			t.Fatalf("RefusedTimeout %v: gave up after %v", refused, took)
 		case refused == 0 && (errors.As(err, &pe) || !errors.Is(err, context.DeadlineExceeded)):
 			t.Fatalf("no RefusedTimeout: %v; want the context's deadline", err)
+		}
+	}
+}
+
+// The left link changes hands between the operations that read it and
+// readLeft, which reads it once no operation has for leftIdleGap. Ranks
+// pause longer than that between operations, together and one at a time,
+// so that data arrives before its operation began (readLeft keeps its
+// header) and operations take the link back from readLeft while it waits in
+// a read; small operations (read by their own goroutine) and large ones
+// (read by readLeft) alternate, keepalives arrive throughout, and every sum
+// must still be exact, through the runtime's poller and outside it.
+func TestTheLeftLinkChangesHandsBetweenOperations(t *testing.T) {
+	const world = 3
+	for _, cores := range []int{64, 1} {
+		groups := gang(t, world, Options{Transport: TransportTCP, GatherBytes: 16 << 10, ChunkBytes: 16 << 10,
+			KeepaliveInterval: 2 * time.Millisecond, hostCores: cores})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		value := func(rank, step, i int) float32 { return float32(rank*1000 + step + i%7) }
+		errs := each(groups, func(r int, g *Group) error {
+			for step := range 24 {
+				switch {
+				case step%4 == 1: // all pause; rank 0 longest, so its right neighbour takes the link back
+					pause := 3 * leftIdleGap
+					if r == 0 {
+						pause *= 2
+					}
+					time.Sleep(pause)
+				case step%4 == 3 && r == step/4%world: // one pauses: its left neighbour's data waits for it
+					time.Sleep(3 * leftIdleGap)
+				}
+				buf := make([]float32, []int{1 << 10, 1 << 16, 0, 5}[step/2%4])
+				for i := range buf {
+					buf[i] = value(r, step, i)
+				}
+				if err := g.AllReduce(ctx, buf); err != nil {
+					return fmt.Errorf("operation %d: %w", step, err)
+				}
+				for i, got := range buf {
+					var want float32
+					for q := range world {
+						want += value(q, step, i)
+					}
+					if got != want {
+						return fmt.Errorf("operation %d, element %d: got %v, want %v", step, i, got, want)
+					}
+				}
+			}
+			return nil
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("host cores %d: %v", cores, err)
+		}
+		var taken, early int64
+		for _, g := range groups {
+			taken += g.leftTaken.Load()
+			early += g.leftEarly.Load()
+		}
+		t.Logf("host cores %d: %d operations took the link from readLeft, %d data frames came before their operation", cores, taken, early)
+		if taken == 0 || early == 0 {
+			t.Errorf("host cores %d: the test did not exercise the hand-over (%d taken, %d early)", cores, taken, early)
+		}
+	}
+}
+
+// A left neighbour that closes its group between operations fails nothing
+// while this rank does not expect data from it: readLeft reads the close
+// while no operation runs. The next operation that expects data fails,
+// naming it.
+func TestALeftNeighbourClosedBetweenOperationsFailsTheNextOne(t *testing.T) {
+	for _, cores := range []int{64, 1} {
+		groups := gang(t, 3, Options{Transport: TransportTCP, GatherBytes: 16 << 10, hostCores: cores})
+		ctx := context.Background()
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(ctx) })...); err != nil {
+			t.Fatal(err)
+		}
+		groups[0].Close()
+		time.Sleep(4 * leftIdleGap) // readLeft reads the close
+		if err := groups[1].Err(); err != nil {
+			t.Fatalf("host cores %d: rank 1 failed before any operation: %v", cores, err)
+		}
+		groups[1].leftMu.Lock()
+		ended := groups[1].leftRd.ended
+		groups[1].leftMu.Unlock()
+		if !ended {
+			t.Fatalf("host cores %d: rank 1 has not read its left neighbour's close", cores)
+		}
+		err := groups[1].AllReduce(ctx, make([]float32, 8))
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != 0 {
+			t.Fatalf("host cores %d: got %v, want a PeerError naming rank 0", cores, err)
 		}
 	}
 }

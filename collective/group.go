@@ -162,6 +162,15 @@ type Group struct {
 
 	leftConn, rightConn net.Conn // data flows left -> us -> right
 	leftReader          *bufio.Reader
+	// leftMu is the turn to read the left link (serveLeft): a small
+	// operation's own goroutine, or readLeft. leftRd is under it.
+	leftMu   sync.Mutex
+	leftRd   leftReading
+	wantLeft atomic.Bool  // an operation waits for readLeft to give the link up
+	leftUsed atomic.Int64 // unix nanos when an operation last gave the link up
+	// Counted for tests: operations that took the link from readLeft, and
+	// data frames read before their operation began.
+	leftTaken, leftEarly atomic.Int64
 	sendRing, recvRing  *shmRing      // shared memory with the right / left neighbour, if on this host
 	shmSent, shmDrained uint64        // chunks put in sendRing; chunks taken from recvRing
 	inOp                atomic.Bool   // an operation is in progress: the left reader may spin
@@ -600,7 +609,8 @@ func (g *Group) fail(local error, pe *PeerError) {
 	})
 }
 
-// recvJob is the receiving half of one operation, run by readLeft.
+// recvJob is the receiving half of one operation: served by the operation's
+// own goroutine for a small operation over TCP, by readLeft otherwise.
 type recvJob struct {
 	seq      uint32
 	op       byte
@@ -608,8 +618,8 @@ type recvJob struct {
 	tokens   chan struct{} // one per item received, for the sender to forward it
 	finished chan struct{}
 	// forwards, for a small operation over TCP, are the sends that wait for a
-	// receipt: readLeft makes them itself as the data arrives (forwardFrom),
-	// instead of waking the operation's goroutine for each (see run).
+	// receipt: the goroutine that reads makes them as the data arrives
+	// (forwardFrom), instead of waking another goroutine for each (see run).
 	forwards  []sendItem
 	forwarded int // forwards sent
 }
@@ -619,78 +629,117 @@ type recvItem struct {
 	add bool // sum into dst (reduce-scatter) or overwrite it (all-gather, broadcast)
 }
 
-// readLeft reads every frame from the left neighbour for the group's lifetime:
-// keepalives, aborts, and the data of the operation in progress. Silence for
-// longer than StallTimeout means the left neighbour has stalled.
-func (g *Group) readLeft() {
-	defer g.wg.Done()
-	var hb [headerLen]byte
-	var job *recvJob
-	next := 0
+// leftReading is where reading the left link stands between the goroutines
+// that take turns at it, under leftMu (see serveLeft).
+type leftReading struct {
+	hdr  [headerLen]byte
+	hdrN int // bytes of hdr read so far: a read interrupted in a header goes on from there
+	// pending: hdr is a data frame's, read before its operation began.
+	pending bool
+	// ended: the left neighbour closed its group gracefully between
+	// operations; the next operation that expects data from it fails.
+	ended bool
+	// armed is when the stall deadline was last set; kicked, that a
+	// reader was interrupted (takeLeft) and the deadline must be set again.
+	armed  time.Time
+	kicked bool
+}
+
+// leftIdleGap is how long the left link may go unread between operations
+// before readLeft reads it (keepalives, aborts, a stall). Operations read it
+// themselves, so while they come closer together than this, readLeft only
+// wakes once a gap to find that one ran. Failures are still noticed at
+// once: an operation reads the link, and an abort also reaches every rank
+// leftwards through the other direction of its right link (readRight).
+const leftIdleGap = 20 * time.Millisecond
+
+// leftEnd is why serveLeft returned.
+type leftEnd int
+
+const (
+	leftJobDone leftEnd = iota // the job's last frame is in
+	leftWaiting                // no job: a data frame arrived before its operation, or the neighbour closed
+	leftYielded                // no job: an operation wants the link (takeLeft)
+	leftFailed                 // the group failed
+)
+
+// serveLeft reads frames from the left neighbour until job's last frame is
+// in, or, with no job, until a data frame arrives (its header is kept for
+// its operation) or an operation takes the link. It handles keepalives,
+// aborts and silence (StallTimeout) on the way. The caller holds leftMu.
+func (g *Group) serveLeft(job *recvJob) leftEnd {
+	l := &g.leftRd
 	stall := g.opts.StallTimeout
+	if job == nil && l.pending {
+		return leftWaiting // until its operation takes it
+	}
+	if l.ended {
+		if job == nil {
+			return leftWaiting
+		}
+		g.blame(g.left, closedReason+" before sending this operation's data")
+		return leftFailed
+	}
 	// The stall deadline is re-armed at most every quarter window (a timer update
 	// per frame costs microseconds): silence is detected after 3/4 to 1 StallTimeout.
-	var armed time.Time
 	arm := func() {
-		if now := time.Now(); now.Sub(armed) > stall/4 {
-			armed = now
+		if now := time.Now(); now.Sub(l.armed) > stall/4 {
+			l.armed, l.kicked = now, false
 			g.leftConn.SetReadDeadline(now.Add(stall))
+		} else if l.kicked {
+			l.kicked = false
+			g.leftConn.SetReadDeadline(l.armed.Add(stall))
 		}
 	}
+	next := 0
 	for {
-		arm()
-		if _, err := io.ReadFull(g.leftReader, hb[:]); err != nil {
-			g.failLeft(err)
-			return
+		if !l.pending {
+			arm()
+			if job == nil && g.wantLeft.Load() {
+				return leftYielded
+			}
+			n, err := io.ReadFull(g.leftReader, l.hdr[l.hdrN:])
+			l.hdrN += n
+			if err != nil {
+				if job == nil && g.wantLeft.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
+					return leftYielded
+				}
+				g.failLeft(err)
+				return leftFailed
+			}
+			l.hdrN = 0
 		}
-		h := parseHeader(hb[:])
+		h := parseHeader(l.hdr[:])
 		switch h.typ {
 		case frameKeepalive:
 			continue
 		case frameAbort:
-			if h.op == 1 && g.recvRing != nil {
-				// The left neighbour finished and closed: the operation that
-				// expects more data from it fails (shmReceiver.await).
-				g.leftClosed.Store(true)
-				futexWake(g.recvRing.published())
-				return
-			}
 			if h.op == 1 && job == nil {
 				// The left neighbour finished and closed. That fails nothing until
 				// this rank expects data from it again (a pending or later operation).
 				io.CopyN(io.Discard, g.leftReader, int64(h.length))
-				select {
-				case <-g.jobs:
-					g.blame(g.left, closedReason+" before sending this operation's data")
-				case <-g.done:
-				}
-				return
+				l.ended = true
+				return leftWaiting
 			}
 			g.readAbort(g.leftReader, h)
-			return
+			return leftFailed
 		case frameData:
-			if g.recvRing != nil {
-				g.failPeer(g.left, "protocol error", errors.New("a data frame over TCP on a shared-memory link"))
-				return
-			}
 		default:
 			g.failPeer(g.left, "protocol error", fmt.Errorf("unknown frame type %d", h.typ))
-			return
+			return leftFailed
 		}
 		if job == nil {
-			select {
-			case job = <-g.jobs:
-				next = 0
-			case <-g.done:
-				return
-			}
+			l.pending = true
+			g.leftEarly.Add(1)
+			return leftWaiting
 		}
+		l.pending = false
 		it := job.items[next]
 		if h.seq != job.seq || h.op != job.op || int(h.length) != 4*len(it.dst) {
 			g.failPeer(g.left, "protocol error", fmt.Errorf(
 				"received operation #%d kind %d with %d bytes, expected operation #%d kind %d with %d bytes: ranks called collectives in different orders or with different lengths",
 				h.seq, h.op, h.length, job.seq, job.op, 4*len(it.dst)))
-			return
+			return leftFailed
 		}
 		dst := it.dst
 		if it.add {
@@ -699,7 +748,7 @@ func (g *Group) readLeft() {
 		arm()
 		if _, err := io.ReadFull(g.leftReader, asBytes(dst)); err != nil {
 			g.failLeft(err)
-			return
+			return leftFailed
 		}
 		if it.add {
 			addInto(it.dst, dst)
@@ -709,23 +758,123 @@ func (g *Group) readLeft() {
 			job.tokens <- struct{}{}
 		} else if err := g.forwardFrom(job, next); err != nil {
 			g.failPeer(g.right, "sending", err)
-			return
+			return leftFailed
 		}
 		if next == len(job.items) {
+			return leftJobDone
+		}
+	}
+}
+
+// takeLeft gives the calling operation the left link (leftMu), interrupting
+// readLeft if it is reading between operations: that costs a wake, paid
+// only by an operation that follows a gap of leftIdleGap or more.
+func (g *Group) takeLeft() {
+	if g.leftMu.TryLock() {
+		return
+	}
+	g.leftTaken.Add(1)
+	g.wantLeft.Store(true)
+	// serveLeft sets its deadline before it looks at wantLeft: either it
+	// sees wantLeft, or this deadline ends its read.
+	g.leftConn.SetReadDeadline(time.Unix(1, 0))
+	g.leftMu.Lock()
+	g.wantLeft.Store(false)
+	g.leftRd.kicked = true
+}
+
+// releaseLeft ends an operation's turn at the left link.
+func (g *Group) releaseLeft() {
+	g.leftUsed.Store(time.Now().UnixNano())
+	g.leftMu.Unlock()
+}
+
+// readLeft serves the left link for the group's lifetime: the receiving
+// half of the operations that hand it theirs (g.jobs), and, once no
+// operation has read the link for leftIdleGap, the frames that come between
+// operations. Silence for longer than StallTimeout means the left neighbour
+// has stalled.
+func (g *Group) readLeft() {
+	defer g.wg.Done()
+	if g.recvRing != nil {
+		g.readLeftBesideRing()
+		return
+	}
+	idle := time.NewTimer(leftIdleGap)
+	defer idle.Stop()
+	for {
+		select {
+		case job := <-g.jobs: // its operation took leftMu for us (run)
+			end := g.serveLeft(job)
+			g.releaseLeft()
+			if end == leftFailed {
+				return
+			}
 			// Done: stop looking for frames (fdConn), and let the operation's
 			// goroutine, which this wakes, have this thread's P at once rather
 			// than wait for another thread to take it.
 			g.inOp.Store(false)
 			close(job.finished)
-			job = nil
 			runtime.Gosched()
+		case <-idle.C:
+			if since := time.Since(time.Unix(0, g.leftUsed.Load())); since < leftIdleGap {
+				idle.Reset(leftIdleGap - since)
+				continue
+			}
+			if g.leftMu.TryLock() {
+				end := g.serveLeft(nil)
+				g.leftMu.Unlock()
+				if end == leftFailed {
+					return
+				}
+			}
+			idle.Reset(leftIdleGap)
+		case <-g.done:
+			return
 		}
 	}
 }
 
-// forwardFrom sends, in readLeft, the forwards of a small operation that
-// the items received so far allow: each forward waits for one receipt, as
-// run's sends wait for a token.
+// readLeftBesideRing reads the left TCP link of a shared-memory link, which
+// carries keepalives and aborts only (the data crosses the ring).
+func (g *Group) readLeftBesideRing() {
+	var hb [headerLen]byte
+	stall := g.opts.StallTimeout
+	var armed time.Time
+	for {
+		if now := time.Now(); now.Sub(armed) > stall/4 {
+			armed = now
+			g.leftConn.SetReadDeadline(now.Add(stall))
+		}
+		if _, err := io.ReadFull(g.leftReader, hb[:]); err != nil {
+			g.failLeft(err)
+			return
+		}
+		h := parseHeader(hb[:])
+		switch h.typ {
+		case frameKeepalive:
+			continue
+		case frameAbort:
+			if h.op == 1 {
+				// The left neighbour finished and closed: the operation that
+				// expects more data from it fails (shmReceiver.await).
+				g.leftClosed.Store(true)
+				futexWake(g.recvRing.published())
+				return
+			}
+			g.readAbort(g.leftReader, h)
+		case frameData:
+			g.failPeer(g.left, "protocol error", errors.New("a data frame over TCP on a shared-memory link"))
+		default:
+			g.failPeer(g.left, "protocol error", fmt.Errorf("unknown frame type %d", h.typ))
+		}
+		return
+	}
+}
+
+// forwardFrom sends the forwards of a small operation that the items
+// received so far allow: each forward waits for one receipt, as run's sends
+// wait for a token.
 func (g *Group) forwardFrom(job *recvJob, received int) error {
 	for job.forwarded < len(job.forwards) && job.forwarded < received {
 		s := job.forwards[job.forwarded]
@@ -756,9 +905,10 @@ type sendItem struct {
 	afterToken bool
 }
 
-// run executes one operation: hands the receiving half to readLeft and sends
-// in the calling goroutine (for a small operation over TCP, readLeft makes
-// the sends that wait for a receipt), aborting the group if ctx ends first.
+// run executes one operation, aborting the group if ctx ends first. A small
+// operation over TCP reads and forwards in the calling goroutine; a larger
+// one hands its receiving half to readLeft and sends here; one over shared
+// memory does both here (shmlink.go).
 func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, recvs []recvItem) error {
 	if err := g.Err(); err != nil {
 		return err
@@ -775,7 +925,6 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 			shm.spin = g.spin
 		}
 	default:
-		job.finished = make(chan struct{})
 		if bytes <= g.opts.SpinMaxBytes {
 			g.inOp.Store(true)
 			defer g.inOp.Store(false)
@@ -789,10 +938,11 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	defer stop()
 	if shm == nil && len(recvs) > 0 {
 		if first, ok := g.forwardsInline(sends, len(recvs)); ok {
-			// A small operation over TCP: send what needs no receipt, then let
-			// readLeft forward the rest as it arrives. Each ring step then costs
-			// one wake of this process, not also one of this goroutine (a
-			// thread's wake, on another core, when GOMAXPROCS > 1).
+			// A small operation over TCP: send what needs no receipt, then read
+			// the rest in this goroutine and forward it as it arrives. Each ring
+			// step then costs one wake of this process, and the operation none
+			// of another goroutine (which, with GOMAXPROCS > 1, woke another
+			// thread: on a host with more ranks than cores, a core's worth).
 			for _, s := range sends[:first] {
 				h := header{typ: frameData, op: op, seq: job.seq, length: uint32(4 * len(s.src))}
 				if err := g.writeRight(h, asBytes(s.src)); err != nil {
@@ -801,10 +951,19 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 					return g.err
 				}
 			}
-			job.forwards, sends = sends[first:], nil
-		} else {
-			job.tokens = make(chan struct{}, len(recvs))
+			job.forwards = sends[first:]
+			g.takeLeft()
+			end := g.serveLeft(job)
+			g.releaseLeft()
+			if end != leftJobDone {
+				<-g.done
+				return g.err
+			}
+			return nil
 		}
+		job.tokens = make(chan struct{}, len(recvs))
+		job.finished = make(chan struct{})
+		g.takeLeft() // readLeft releases it when the job is done
 		g.jobs <- job
 	}
 	tokens := 0

@@ -33,6 +33,9 @@ type childGang struct {
 	// (Options.hostCores: with 1, TCP is read outside the poller).
 	Transport string
 	HostCores int
+	// Pause between operations: longer than leftIdleGap, readLeft reads
+	// the left link between them (without, the operations do).
+	Pause time.Duration
 }
 
 func (cg childGang) options() Options {
@@ -65,6 +68,7 @@ func rankProcess() int {
 			return 1
 		}
 		fmt.Println("op", op)
+		time.Sleep(cg.Pause)
 	}
 }
 
@@ -73,8 +77,10 @@ func rankProcess() int {
 // return a PeerError naming rank 2, well before any operation deadline. Over
 // each kind of link (shared memory where automatic, TCP through the runtime's
 // poller, TCP read outside it), both ways an operation moves are struck: a
-// 1 MiB one (its forwards sent by the operation's goroutine) and a 4 KiB one
-// (over TCP, forwarded by readLeft).
+// 1 MiB one (over TCP, read by readLeft while the operation's goroutine
+// sends) and a 4 KiB one (over TCP, read and forwarded by the operation's
+// goroutine); and over TCP, ranks that pause between 4 KiB operations, so
+// that readLeft reads the link when the strike comes.
 func TestRealPeerFailures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a rank process")
@@ -100,6 +106,13 @@ func TestRealPeerFailures(t *testing.T) {
 		} {
 			s.name = link.name + "/" + s.name
 			strikes = append(strikes, s)
+		}
+		if link.cg.Transport == TransportTCP {
+			paused := link.cg
+			paused.Pause = 3 * leftIdleGap
+			strikes = append(strikes,
+				strike{link.name + "/kill -9, 4 KiB, pausing between operations", syscall.SIGKILL, 1 << 10, paused},
+				strike{link.name + "/SIGSTOP, 4 KiB, pausing between operations", syscall.SIGSTOP, 1 << 10, paused})
 		}
 	}
 	for _, tc := range strikes {
@@ -164,6 +177,7 @@ func TestRealPeerFailures(t *testing.T) {
 						if err = g.AllReduce(ctx, buf); err != nil {
 							break
 						}
+						time.Sleep(cg.Pause)
 					}
 					mu.Lock()
 					errs[r], failedAt[r] = err, time.Now()
