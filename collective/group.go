@@ -171,17 +171,17 @@ type Group struct {
 	// Counted for tests: operations that took the link from readLeft, and
 	// data frames read before their operation began.
 	leftTaken, leftEarly atomic.Int64
-	sendRing, recvRing  *shmRing      // shared memory with the right / left neighbour, if on this host
-	shmSent, shmDrained uint64        // chunks put in sendRing; chunks taken from recvRing
-	inOp                atomic.Bool   // an operation is in progress: the left reader may spin
-	spin                time.Duration // how long a shared-memory link polls its ring before it sleeps
-	yield               *coreYielder  // more ranks than cores here: poll by yielding the core
-	leftClosed          atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
-	rightClosed         atomic.Bool   // the right neighbour closed its group gracefully
-	writeMu             sync.Mutex
-	frameBuf            []byte // header and small payload, under writeMu
-	leftWriteMu         sync.Mutex
-	lastWrite           atomic.Int64 // unix nanos of the last frame to the right
+	sendRing, recvRing   *shmRing      // shared memory with the right / left neighbour, if on this host
+	shmSent, shmDrained  uint64        // chunks put in sendRing; chunks taken from recvRing
+	inOp                 atomic.Bool   // an operation is in progress: the left reader may spin
+	spin                 time.Duration // how long a shared-memory link polls its ring before it sleeps
+	yield                *coreYielder  // more ranks than cores here: poll by yielding the core
+	leftClosed           atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
+	rightClosed          atomic.Bool   // the right neighbour closed its group gracefully
+	writeMu              sync.Mutex
+	frameBuf             []byte // header and small payload, under writeMu
+	leftWriteMu          sync.Mutex
+	lastWrite            atomic.Int64 // unix nanos of the last frame to the right
 
 	opMu    sync.Mutex
 	seq     uint32
