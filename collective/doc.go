@@ -4,7 +4,10 @@
 // host (shmlink.go: the data and its signal both cross the ring; TCP carries
 // the keepalives and aborts). On a host with more ranks than cores, a rank
 // reads its left TCP link outside the Go runtime's network poller
-// (fdconn_linux.go), so that each arrival wakes one thread, not two.
+// (fdconn_linux.go), so that each arrival wakes one thread, not two. A small
+// operation over TCP reads its frames in the caller's goroutine; a readLeft
+// goroutine reads for larger ones and, between operations, keepalives and
+// aborts (group.go, serveLeft).
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join

@@ -164,24 +164,25 @@ type Group struct {
 	leftReader          *bufio.Reader
 	// leftMu is the turn to read the left link (serveLeft): a small
 	// operation's own goroutine, or readLeft. leftRd is under it.
-	leftMu   sync.Mutex
-	leftRd   leftReading
-	wantLeft atomic.Bool  // an operation waits for readLeft to give the link up
-	leftUsed atomic.Int64 // unix nanos when an operation last gave the link up
-	// Counted for tests: operations that took the link from readLeft, and
-	// data frames read before their operation began.
+	leftMu              sync.Mutex
+	leftRd              leftReading
+	wantLeft            atomic.Bool   // an operation waits for readLeft to give the link up
+	leftUsed            atomic.Int64  // unix nanos when an operation last gave the link up
+	sendRing, recvRing  *shmRing      // shared memory with the right / left neighbour, if on this host
+	shmSent, shmDrained uint64        // chunks put in sendRing; chunks taken from recvRing
+	inOp                atomic.Bool   // an operation is in progress: the left reader may spin
+	spin                time.Duration // how long a shared-memory link polls its ring before it sleeps
+	yield               *coreYielder  // more ranks than cores here: poll by yielding the core
+	leftClosed          atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
+	rightClosed         atomic.Bool   // the right neighbour closed its group gracefully
+	writeMu             sync.Mutex
+	frameBuf            []byte // header and small payload, under writeMu
+	leftWriteMu         sync.Mutex
+	lastWrite           atomic.Int64 // unix nanos of the last frame to the right
+
+	// Counted for tests: operations that took the left link from readLeft,
+	// and data frames read before their operation began.
 	leftTaken, leftEarly atomic.Int64
-	sendRing, recvRing   *shmRing      // shared memory with the right / left neighbour, if on this host
-	shmSent, shmDrained  uint64        // chunks put in sendRing; chunks taken from recvRing
-	inOp                 atomic.Bool   // an operation is in progress: the left reader may spin
-	spin                 time.Duration // how long a shared-memory link polls its ring before it sleeps
-	yield                *coreYielder  // more ranks than cores here: poll by yielding the core
-	leftClosed           atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
-	rightClosed          atomic.Bool   // the right neighbour closed its group gracefully
-	writeMu              sync.Mutex
-	frameBuf             []byte // header and small payload, under writeMu
-	leftWriteMu          sync.Mutex
-	lastWrite            atomic.Int64 // unix nanos of the last frame to the right
 
 	opMu    sync.Mutex
 	seq     uint32
@@ -1011,19 +1012,19 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	}
 }
 
-// inlineSendBytes bounds what an operation whose forwards readLeft makes
-// (forwardsInline) sends in all. readLeft must not block on a write: while
-// it writes, nobody reads the left neighbour, whose abort (when the right
-// neighbour stalls) would end the wait. Sockets' default buffers (Linux:
-// 16 KiB to send and 128 KiB to receive before autotuning) hold 64 KiB
-// from this operation and what is left of the one before it, so the write
-// completes even to a neighbour that stopped reading. With smaller buffers
-// the caller's context still ends the operation. It also bounds what a rank
-// sends before it hands the operation to readLeft, when no rank reads.
+// inlineSendBytes bounds what an operation that reads and forwards in its
+// own goroutine (forwardsInline) sends in all. It must not block on a
+// write: while it writes, nobody reads the left neighbour, whose abort
+// (when the right neighbour stalls) would end the wait. Sockets' default
+// buffers (Linux: 16 KiB to send and 128 KiB to receive before autotuning)
+// hold 64 KiB from this operation and what is left of the one before it,
+// so the write completes even to a neighbour that stopped reading. With
+// smaller buffers the caller's context still ends the operation. It also
+// bounds what a rank sends before it starts reading, when no rank reads.
 const inlineSendBytes = 64 << 10
 
-// forwardsInline reports whether readLeft makes an operation's forwards
-// (run), and the index of its first send that waits for a receipt: only for
+// forwardsInline reports whether an operation reads its frames and makes
+// its forwards in its own goroutine (run), and the index of its first send that waits for a receipt: only for
 // operations over TCP that send at most inlineSendBytes, and whose every
 // send after the first that waits for a receipt waits for one of the
 // receipts.
