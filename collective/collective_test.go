@@ -781,3 +781,62 @@ func TestALeftNeighbourClosedBetweenOperationsFailsTheNextOne(t *testing.T) {
 		}
 	}
 }
+
+// Silence from the left neighbour is counted from its last frame, whoever
+// reads the link: readLeft between operations, then an operation that takes
+// the link from it. The turn must not restart the count. Rank 0 here sends
+// no keepalives (an interval of an hour), as a process that stopped would;
+// rank 1 waits most of its StallTimeout between operations, then starts one
+// that needs rank 0's data. It must fail about StallTimeout after the last
+// frame it heard, not StallTimeout after the operation began.
+func TestSilenceIsCountedFromTheLastFrameWhoeverReads(t *testing.T) {
+	const stall = time.Second
+	for _, cores := range []int{64, 1} {
+		lns := make([]*Listener, 2)
+		peers := make([]string, 2)
+		for i := range lns {
+			ln, err := Listen("127.0.0.1:0", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			lns[i], peers[i] = ln, ln.Addr()
+		}
+		gangSpec := Gang{Run: "silence", Generation: 1, Peers: peers}
+		opts := []Options{
+			{Secret: testSecret, Transport: TransportTCP, KeepaliveInterval: time.Hour, hostCores: cores},
+			{Secret: testSecret, Transport: TransportTCP, StallTimeout: stall, hostCores: cores},
+		}
+		groups := make([]*Group, 2)
+		errs := each(groups, func(r int, _ *Group) error {
+			g, err := Join(context.Background(), lns[r], gangSpec, r, opts[r])
+			groups[r] = g
+			return err
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		// The last frames rank 1 hears from rank 0: a barrier's.
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(context.Background()) })...); err != nil {
+			t.Fatal(err)
+		}
+		lastHeard := time.Now()
+		time.Sleep(stall * 9 / 10) // readLeft reads the link meanwhile
+		err := groups[1].AllReduce(context.Background(), make([]float32, 8))
+		failedAfter := time.Since(lastHeard)
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != 0 || !strings.Contains(pe.Reason, "stalled") {
+			t.Fatalf("host cores %d: got %v, want a PeerError naming rank 0 as stalled", cores, err)
+		}
+		t.Logf("host cores %d: failed %v after the last frame", cores, failedAfter.Round(time.Millisecond))
+		// StallTimeout, the grace for an abort from rank 0 (also the right
+		// neighbour) and room for a slow machine; restarting the count at the
+		// operation would take 1.9 s.
+		if limit := stall + culpritGracePeriod + 400*time.Millisecond; failedAfter > limit {
+			t.Errorf("host cores %d: failed %v after the last frame, more than %v", cores, failedAfter, limit)
+		}
+		for _, g := range groups {
+			g.Close()
+		}
+	}
+}

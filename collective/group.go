@@ -313,6 +313,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		}
 	}
 	g.leftReader = bufio.NewReaderSize(left, 64<<10)
+	g.leftRd.heard = time.Now()
 	g.lastWrite.Store(time.Now().UnixNano())
 	g.wg.Add(3)
 	go g.readLeft()
@@ -640,10 +641,12 @@ type leftReading struct {
 	// ended: the left neighbour closed its group gracefully between
 	// operations; the next operation that expects data from it fails.
 	ended bool
-	// armed is when the stall deadline was last set; kicked, that a
-	// reader was interrupted (takeLeft) and the deadline must be set again.
-	armed  time.Time
-	kicked bool
+	// heard is when the last frame's header was read: silence is counted
+	// from it, whoever reads (serveLeft's arm). deadline is the read
+	// deadline set; kicked, that a reader was interrupted (takeLeft) and
+	// the deadline must be set again.
+	heard, deadline time.Time
+	kicked          bool
 }
 
 // leftIdleGap is how long the left link may go unread between operations
@@ -681,15 +684,22 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 		g.blame(g.left, closedReason+" before sending this operation's data")
 		return leftFailed
 	}
-	// The stall deadline is re-armed at most every quarter window (a timer update
-	// per frame costs microseconds): silence is detected after 3/4 to 1 StallTimeout.
+	// The stall deadline is StallTimeout after the last frame was heard, moved
+	// on at most every quarter window (a timer update per frame costs
+	// microseconds): silence is detected after 3/4 to 1 StallTimeout. It
+	// counts from the last frame, not from when a reader began: operations
+	// and readLeft take turns, and a turn must not restart the count. A link
+	// left unread longer than that gets stall/8 from now: a read whose
+	// deadline has passed fails before it looks at what already arrived.
 	arm := func() {
-		if now := time.Now(); now.Sub(l.armed) > stall/4 {
-			l.armed, l.kicked = now, false
-			g.leftConn.SetReadDeadline(now.Add(stall))
-		} else if l.kicked {
-			l.kicked = false
-			g.leftConn.SetReadDeadline(l.armed.Add(stall))
+		now := time.Now()
+		want := l.heard.Add(stall)
+		if least := now.Add(stall / 8); want.Before(least) {
+			want = least
+		}
+		if l.kicked || want.Sub(l.deadline) > stall/4 || l.deadline.Sub(now) < stall/8 {
+			l.deadline, l.kicked = want, false
+			g.leftConn.SetReadDeadline(want)
 		}
 	}
 	next := 0
@@ -708,7 +718,7 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 				g.failLeft(err)
 				return leftFailed
 			}
-			l.hdrN = 0
+			l.hdrN, l.heard = 0, time.Now()
 		}
 		h := parseHeader(l.hdr[:])
 		switch h.typ {
