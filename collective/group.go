@@ -673,7 +673,6 @@ const (
 // aborts and silence (StallTimeout) on the way. The caller holds leftMu.
 func (g *Group) serveLeft(job *recvJob) leftEnd {
 	l := &g.leftRd
-	stall := g.opts.StallTimeout
 	if job == nil && l.pending {
 		return leftWaiting // until its operation takes it
 	}
@@ -684,28 +683,10 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 		g.blame(g.left, closedReason+" before sending this operation's data")
 		return leftFailed
 	}
-	// The stall deadline is StallTimeout after the last frame was heard, moved
-	// on at most every quarter window (a timer update per frame costs
-	// microseconds): silence is detected after 3/4 to 1 StallTimeout. It
-	// counts from the last frame, not from when a reader began: operations
-	// and readLeft take turns, and a turn must not restart the count. A link
-	// left unread longer than that gets stall/8 from now: a read whose
-	// deadline has passed fails before it looks at what already arrived.
-	arm := func() {
-		now := time.Now()
-		want := l.heard.Add(stall)
-		if least := now.Add(stall / 8); want.Before(least) {
-			want = least
-		}
-		if l.kicked || want.Sub(l.deadline) > stall/4 || l.deadline.Sub(now) < stall/8 {
-			l.deadline, l.kicked = want, false
-			g.leftConn.SetReadDeadline(want)
-		}
-	}
 	next := 0
 	for {
 		if !l.pending {
-			arm()
+			g.armLeft()
 			if job == nil && g.wantLeft.Load() {
 				return leftYielded
 			}
@@ -756,7 +737,7 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 		if it.add {
 			dst = g.scratch[:len(it.dst)]
 		}
-		arm()
+		g.armLeft()
 		if _, err := io.ReadFull(g.leftReader, asBytes(dst)); err != nil {
 			g.failLeft(err)
 			return leftFailed
@@ -774,6 +755,27 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 		if next == len(job.items) {
 			return leftJobDone
 		}
+	}
+}
+
+// armLeft sets the left link's read deadline, StallTimeout after the last
+// frame was heard, moved on at most every quarter window (a timer update
+// per frame costs microseconds): silence is detected after 3/4 to 1
+// StallTimeout. It counts from the last frame, not from when a reader
+// began: operations and readLeft take turns, and a turn must not restart
+// the count. A link left unread longer than that gets stall/8 from now: a
+// read whose deadline has passed fails before it looks at what already
+// arrived. The caller reads the link (holds leftMu, or is its only reader).
+func (g *Group) armLeft() {
+	l, stall := &g.leftRd, g.opts.StallTimeout
+	now := time.Now()
+	want := l.heard.Add(stall)
+	if least := now.Add(stall / 8); want.Before(least) {
+		want = least
+	}
+	if l.kicked || want.Sub(l.deadline) > stall/4 || l.deadline.Sub(now) < stall/8 {
+		l.deadline, l.kicked = want, false
+		g.leftConn.SetReadDeadline(want)
 	}
 }
 
@@ -850,17 +852,13 @@ func (g *Group) readLeft() {
 // carries keepalives and aborts only (the data crosses the ring).
 func (g *Group) readLeftBesideRing() {
 	var hb [headerLen]byte
-	stall := g.opts.StallTimeout
-	var armed time.Time
 	for {
-		if now := time.Now(); now.Sub(armed) > stall/4 {
-			armed = now
-			g.leftConn.SetReadDeadline(now.Add(stall))
-		}
+		g.armLeft()
 		if _, err := io.ReadFull(g.leftReader, hb[:]); err != nil {
 			g.failLeft(err)
 			return
 		}
+		g.leftRd.heard = time.Now()
 		h := parseHeader(hb[:])
 		switch h.typ {
 		case frameKeepalive:
@@ -1024,15 +1022,14 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 // this goroutine waiting wakes it through the scheduler, which starts a
 // second thread of the process (see run).
 func (g *Group) awaitToken(job *recvJob, look bool) error {
-	if look && g.yield != nil && g.yield.ready() {
-		until := time.Now().Add(g.opts.SpinWindow)
-		for i := 1; ; i++ {
+	if look && g.yield != nil {
+		for wait := (spinWait{window: g.opts.SpinWindow}); ; {
 			select {
 			case <-job.tokens:
 				return nil
 			default:
 			}
-			if !g.yield.yield() || (i%16 == 0 && time.Now().After(until)) {
+			if !wait.poll(g) {
 				break
 			}
 		}
