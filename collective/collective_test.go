@@ -193,44 +193,62 @@ func TestBarrierWaitsForTheLastRank(t *testing.T) {
 // left reader (run), and its failures must reach the caller all the same.
 func TestMismatchedLengthsFailOnBothRanks(t *testing.T) {
 	for _, transport := range []string{TransportAuto, TransportTCP} {
-		t.Run(transport, func(t *testing.T) {
-			groups := gang(t, 2, Options{Transport: transport})
-			errs := each(groups, func(r int, g *Group) error {
-				return g.AllReduce(context.Background(), make([]float32, 10+2*r))
-			})
-			for r, err := range errs {
-				if err == nil || !strings.Contains(err.Error(), "different lengths") {
-					t.Errorf("rank %d: got %v, want a protocol error about different lengths", r, err)
+		for _, floats := range []int{10, 1 << 18} {
+			t.Run(fmt.Sprintf("%s/%d", transport, floats), func(t *testing.T) {
+				groups := gang(t, 2, Options{Transport: transport})
+				errs := each(groups, func(r int, g *Group) error {
+					return g.AllReduce(context.Background(), make([]float32, floats+2*r))
+				})
+				for r, err := range errs {
+					if err == nil || !strings.Contains(err.Error(), "different lengths") {
+						t.Errorf("rank %d: got %v, want a protocol error about different lengths", r, err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
 func TestCancelledRankAbortsTheGroup(t *testing.T) {
 	for _, transport := range []string{TransportAuto, TransportTCP} {
-		t.Run(transport, func(t *testing.T) {
-			groups := gang(t, 3, Options{Transport: transport})
-			errs := each(groups, func(r int, g *Group) error {
-				switch r {
-				case 0:
-					ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-					defer cancel()
-					return g.AllReduce(ctx, make([]float32, 100))
-				case 1:
-					return g.AllReduce(context.Background(), make([]float32, 100))
-				default: // rank 2 is late; by then the group is aborted
-					time.Sleep(time.Second)
-					return g.AllReduce(context.Background(), make([]float32, 100))
-				}
+		for _, floats := range []int{100, 1 << 18} {
+			t.Run(fmt.Sprintf("%s/%d", transport, floats), func(t *testing.T) {
+				testCancelledRankAbortsTheGroup(t, transport, floats)
 			})
-			for r, err := range errs {
-				var pe *PeerError
-				if !errors.As(err, &pe) || pe.Reporter != 0 || pe.Rank != -1 {
-					t.Errorf("rank %d: got %v, want an abort reported by rank 0", r, err)
-				}
-			}
-		})
+		}
+	}
+}
+
+// testCancelledRankAbortsTheGroup: rank 0's context ends while it waits in
+// an operation that rank 2 has not begun; every rank returns the abort, and
+// rank 0 at once (its wait in a link wakes).
+func testCancelledRankAbortsTheGroup(t *testing.T, transport string, floats int) {
+	groups := gang(t, 3, Options{Transport: transport})
+	var cancelledAfter time.Duration
+	errs := each(groups, func(r int, g *Group) error {
+		switch r {
+		case 0:
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			err := g.AllReduce(ctx, make([]float32, floats))
+			cancelledAfter = time.Since(start)
+			return err
+		case 1:
+			return g.AllReduce(context.Background(), make([]float32, floats))
+		default: // rank 2 is late; by then the group is aborted
+			time.Sleep(time.Second)
+			return g.AllReduce(context.Background(), make([]float32, floats))
+		}
+	})
+	if cancelledAfter > 2*time.Second {
+		t.Errorf("rank 0 returned %v after its operation began; its context ended after 200ms", cancelledAfter)
+	}
+	for r, err := range errs {
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Reporter != 0 || pe.Rank != -1 {
+			t.Errorf("rank %d: got %v, want an abort reported by rank 0", r, err)
+		}
 	}
 }
 

@@ -175,14 +175,20 @@ type Group struct {
 	yield               *coreYielder  // more ranks than cores here: poll by yielding the core
 	leftClosed          atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
 	rightClosed         atomic.Bool   // the right neighbour closed its group gracefully
-	writeMu             sync.Mutex
-	frameBuf            []byte // header and small payload, under writeMu
-	leftWriteMu         sync.Mutex
-	lastWrite           atomic.Int64 // unix nanos of the last frame to the right
+	// nbLeft and nbRight are the links read and written without blocking by
+	// an operation's progress loop, woken by waker when the group fails
+	// (progress.go); nil where the platform has none.
+	nbLeft, nbRight nbLink
+	waker           *progressWaker
+	writeMu         sync.Mutex
+	frameBuf        []byte // header and small payload, under writeMu
+	leftWriteMu     sync.Mutex
+	lastWrite       atomic.Int64 // unix nanos of the last frame to the right
 
 	// Counted for tests: operations that took the left link from readLeft,
-	// and data frames read before their operation began.
-	leftTaken, leftEarly atomic.Int64
+	// data frames read before their operation began, and operations run by
+	// a progress loop.
+	leftTaken, leftEarly, progressOps atomic.Int64
 
 	opMu    sync.Mutex
 	seq     uint32
@@ -313,6 +319,15 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		}
 	}
 	g.leftReader = bufio.NewReaderSize(left, 64<<10)
+	if w, err := newProgressWaker(); err == nil {
+		g.nbLeft, g.nbRight = nbLinkOf(g.leftConn), nbLinkOf(g.rightConn)
+		if g.nbLeft != nil && g.nbRight != nil {
+			g.waker = w
+		} else {
+			g.nbLeft, g.nbRight = nil, nil
+			w.close()
+		}
+	}
 	g.leftRd.heard = time.Now()
 	g.lastWrite.Store(time.Now().UnixNano())
 	g.wg.Add(3)
@@ -403,6 +418,9 @@ func (g *Group) Close() error {
 	g.opMu.Lock()
 	defer g.opMu.Unlock()
 	g.closeRings.Do(func() {
+		if g.waker != nil {
+			g.waker.close()
+		}
 		if g.sendRing != nil {
 			g.sendRing.close()
 		}
@@ -574,6 +592,9 @@ func (g *Group) fail(local error, pe *PeerError) {
 		close(g.done)
 		if g.world == 1 {
 			return
+		}
+		if g.waker != nil {
+			g.waker.wake() // a progress loop waiting in poll(2)
 		}
 		g.wakeRings()
 		if local != ErrClosed && pe.Reason != closedReason {
@@ -969,6 +990,9 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 				return g.err
 			}
 			return nil
+		}
+		if g.waker != nil && g.sendRing == nil {
+			return g.progress(job, sends, bytes <= g.opts.SpinMaxBytes)
 		}
 		job.tokens = make(chan struct{}, len(recvs))
 		job.finished = make(chan struct{})

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -36,6 +38,8 @@ type childGang struct {
 	// Pause between operations: longer than leftIdleGap, readLeft reads
 	// the left link between them (without, the operations do).
 	Pause time.Duration
+	// Idle: join, say "joined", and call no operation.
+	Idle bool
 }
 
 func (cg childGang) options() Options {
@@ -60,6 +64,11 @@ func rankProcess() int {
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
+	}
+	if cg.Idle {
+		fmt.Println("joined")
+		<-ctx.Done()
+		return 0
 	}
 	buf := make([]float32, cg.Floats)
 	for op := 0; ; op++ {
@@ -119,23 +128,7 @@ func TestRealPeerFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const world, victim = 4, 2
 			stall := time.Second
-			child := exec.Command(os.Args[0], "-test.run=^$")
-			child.Env = append(os.Environ(), "DT_COLLECTIVE_RANK=1")
-			stdin, _ := child.StdinPipe()
-			stdout, _ := child.StdoutPipe()
-			child.Stderr = os.Stderr
-			if err := child.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				child.Process.Signal(syscall.SIGCONT)
-				child.Process.Kill()
-				child.Wait()
-			}()
-			lines := bufio.NewScanner(stdout)
-			if !lines.Scan() {
-				t.Fatal("rank process printed no address")
-			}
+			child, stdin, lines := startRankProcess(t)
 			peers := make([]string, world)
 			peers[victim] = lines.Text()
 			lns := map[int]*Listener{}
@@ -210,6 +203,196 @@ func TestRealPeerFailures(t *testing.T) {
 				if limit := stall + 2*time.Second; latency > limit {
 					t.Errorf("rank %d took %v to notice, more than %v", r, latency, limit)
 				}
+			}
+		})
+	}
+}
+
+// startRankProcess starts the test binary as a rank process (rankProcess),
+// killed when the test ends; lines has read the address it listens on.
+func startRankProcess(t *testing.T) (*exec.Cmd, io.Writer, *bufio.Scanner) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "DT_COLLECTIVE_RANK=1")
+	stdin, _ := child.StdinPipe()
+	stdout, _ := child.StdoutPipe()
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Signal(syscall.SIGCONT)
+		child.Process.Kill()
+		child.Wait()
+	})
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() {
+		t.Fatal("rank process printed no address")
+	}
+	return child, stdin, lines
+}
+
+// TestCancellingWhileANeighbourHangs: rank 0's context ends while it waits
+// in an operation on a rank process that was stopped (SIGSTOP), and so will
+// neither send, read nor close anything. Rank 0 returns the abort at once,
+// long before StallTimeout, over both TCP links and both ways an operation
+// moves (a 1 MiB one in its progress loop, a 4 KiB one inline).
+func TestCancellingWhileANeighbourHangs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a rank process")
+	}
+	for _, tc := range []struct {
+		name   string
+		cores  int
+		floats int
+	}{
+		{"through the poller/1 MiB", 64, 1 << 18}, {"outside the poller/1 MiB", 1, 1 << 18},
+		{"through the poller/4 KiB", 64, 1 << 10}, {"outside the poller/4 KiB", 1, 1 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const stall = 20 * time.Second
+			child, stdin, lines := startRankProcess(t)
+			ln, err := Listen("127.0.0.1:0", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			cg := childGang{Gang: Gang{Run: "hang", Generation: 1, Peers: []string{ln.Addr(), lines.Text()}},
+				Rank: 1, Stall: stall, Floats: tc.floats, Transport: TransportTCP, HostCores: tc.cores}
+			json.NewEncoder(stdin).Encode(cg)
+			g, err := Join(context.Background(), ln, cg.Gang, 0, cg.options())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			buf := make([]float32, tc.floats)
+			for range 3 {
+				if err := g.AllReduce(context.Background(), buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			waitStopped(t, child.Process.Pid) // before it could take part in one more operation
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			start := time.Now()
+			err = g.AllReduce(ctx, buf)
+			took := time.Since(start)
+			var pe *PeerError
+			if !errors.As(err, &pe) || pe.Rank != -1 || pe.Reporter != 0 {
+				t.Fatalf("got %v, want the abort of rank 0's own cancellation", err)
+			}
+			// Cancelled after 200ms: well within 2s, against the 20s a stall takes.
+			if took > 2*time.Second {
+				t.Errorf("returned %v after the operation began; its context ended after 200ms", took)
+			}
+			t.Logf("returned after %v: %v", took.Round(time.Millisecond), err)
+		})
+	}
+}
+
+// waitStopped waits until process pid is stopped (SIGSTOP is delivered
+// asynchronously: until then it runs on).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// "pid (comm) state ...": the state follows the last ')'.
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'T' {
+			return
+		}
+	}
+	t.Fatalf("process %d not stopped after 5s", pid)
+}
+
+// TestAWriterBlockedOnAHungRankHearsOfAFailureFromTheLeft: rank 1 forwards
+// a 64 MiB broadcast to rank 2, a process that was stopped and reads
+// nothing, so rank 1's writes block; meanwhile rank 0, the root, finishes
+// and begins the next operation, whose first frame rank 1 keeps for later
+// (it reads nothing more of its left link). When rank 0 then fails (its
+// context ends), the abort it sends waits behind that frame, and rank 2
+// passes on nothing: rank 1 hears of it because rank 0 closed the link,
+// and returns the abort naming rank 0's cancellation.
+func TestAWriterBlockedOnAHungRankHearsOfAFailureFromTheLeft(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a rank process")
+	}
+	for _, tc := range []struct {
+		name  string
+		cores int
+	}{{"through the poller", 64}, {"outside the poller", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			child, stdin, lines := startRankProcess(t)
+			lns := make([]*Listener, 2)
+			peers := make([]string, 3)
+			for r := range lns {
+				ln, err := Listen("127.0.0.1:0", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				lns[r], peers[r] = ln, ln.Addr()
+			}
+			peers[2] = lines.Text()
+			cg := childGang{Gang: Gang{Run: "blocked", Generation: 1, Peers: peers}, Rank: 2, Stall: 20 * time.Second,
+				Transport: TransportTCP, HostCores: tc.cores, Idle: true}
+			json.NewEncoder(stdin).Encode(cg)
+			groups := make([]*Group, 2)
+			var wg sync.WaitGroup
+			for r := range groups {
+				wg.Go(func() {
+					g, err := Join(context.Background(), lns[r], cg.Gang, r, cg.options())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					groups[r] = g
+				})
+			}
+			wg.Wait()
+			for _, g := range groups {
+				if g == nil {
+					t.FailNow()
+				}
+				defer g.Close()
+			}
+			if !lines.Scan() || lines.Text() != "joined" {
+				t.Fatalf("rank process: %q", lines.Text())
+			}
+			if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			waitStopped(t, child.Process.Pid)
+
+			root := make([]float32, 16<<20)
+			rootDone := make(chan error, 1)
+			var rootCancelled atomic.Int64
+			go func() {
+				if err := groups[0].Broadcast(context.Background(), root, 0); err != nil {
+					rootDone <- err
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+				defer cancel()
+				context.AfterFunc(ctx, func() { rootCancelled.Store(time.Now().UnixNano()) })
+				rootDone <- groups[0].AllReduce(ctx, make([]float32, 1<<18))
+			}()
+			done := make(chan error, 1)
+			go func() { done <- groups[1].Broadcast(context.Background(), make([]float32, 16<<20), 0) }()
+			select {
+			case err := <-done:
+				var pe *PeerError
+				if !errors.As(err, &pe) || pe.Rank != -1 || pe.Reporter != 0 {
+					t.Fatalf("rank 1 got %v, want the abort of rank 0's cancellation (rank 0: %v)", err, <-rootDone)
+				}
+				t.Logf("rank 1 returned %v after rank 0's context ended: %v", time.Since(time.Unix(0, rootCancelled.Load())).Round(time.Millisecond), err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("rank 1 still blocked 10s on; rank 0: %v", <-rootDone)
 			}
 		})
 	}
