@@ -546,8 +546,10 @@ func TestSmallAllReduceSumsAsTheRingDoes(t *testing.T) {
 						bufs[r] = slices.Clone(inputs[r])
 					}
 					for r, err := range each(groups, func(r int, g *Group) error {
-						if g.gathers(length) != (gather > 0) {
-							t.Errorf("rank %d: gathers(%d) = %v with GatherBytes %d", r, length, g.gathers(length), gather)
+						// Two ranks over shared memory take the ring (gathers).
+						want := gather > 0 && !(n == 2 && g.recvRing != nil)
+						if g.gathers(length) != want {
+							t.Errorf("rank %d: gathers(%d) = %v with GatherBytes %d, want %v", r, length, g.gathers(length), gather, want)
 						}
 						return g.AllReduce(context.Background(), bufs[r])
 					}) {
@@ -586,14 +588,20 @@ func TestSmallAllReduceSumsAsTheRingDoes(t *testing.T) {
 // Ranks that disagree on the small all-reduce's bound fail with a protocol
 // error on every rank instead of summing different things.
 func TestRanksThatDisagreeOnGatherBytesFail(t *testing.T) {
-	groups := gang(t, 2, Options{GatherBytes: 64 << 10})
-	groups[1].opts.GatherBytes = 0
-	errs := each(groups, func(r int, g *Group) error {
-		return g.AllReduce(context.Background(), make([]float32, 100))
-	})
-	for r, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "protocol error") {
-			t.Errorf("rank %d: got %v, want a protocol error", r, err)
+	// (Two ranks over shared memory never gather: gathers.)
+	for _, tc := range []struct {
+		ranks     int
+		transport string
+	}{{2, TransportTCP}, {3, TransportAuto}} {
+		groups := gang(t, tc.ranks, Options{GatherBytes: 64 << 10, Transport: tc.transport})
+		groups[1].opts.GatherBytes = 0
+		errs := each(groups, func(r int, g *Group) error {
+			return g.AllReduce(context.Background(), make([]float32, 100))
+		})
+		for r, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), "protocol error") {
+				t.Errorf("%d ranks over %q, rank %d: got %v, want a protocol error", tc.ranks, tc.transport, r, err)
+			}
 		}
 	}
 }

@@ -4,10 +4,14 @@
 // host (shmlink.go: the data and its signal both cross the ring; TCP carries
 // the keepalives and aborts). On a host with more ranks than cores, a rank
 // reads its left TCP link outside the Go runtime's network poller
-// (fdconn_linux.go), so that each arrival wakes one thread, not two. A small
-// operation over TCP reads its frames in the caller's goroutine; a readLeft
-// goroutine reads for larger ones and, between operations, keepalives and
-// aborts (group.go, serveLeft).
+// (fdconn_linux.go), so that each arrival wakes one thread, not two. An
+// operation over TCP runs in the caller's goroutine: a small one reads its
+// frames and forwards them as they arrive (group.go, serveLeft); a larger one
+// runs a progress loop that reads and writes both links without blocking and
+// sleeps in poll(2) on both when neither moves (progress.go), as MPI's
+// progress engine does. A readLeft goroutine reads between operations
+// (keepalives, aborts, silence), and for a larger operation where the
+// platform has no progress loop.
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join
