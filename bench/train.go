@@ -26,6 +26,7 @@ type trainFlags struct {
 	peers                                  bool
 	bucketBytes                            int // scaling.bucket_bytes of our ranks; 0: the default
 	gomaxprocs                             int // GOMAXPROCS of our rank processes; 0: the runtime's default
+	spinWindow                             time.Duration
 	scalingRepeats, scalingEpochs          int
 }
 
@@ -42,6 +43,7 @@ func benchTrain(args []string) error {
 	fs.IntVar(&f.throughputEpochs, "throughput-epochs", 2, "epochs of the 1-rank throughput runs")
 	fs.IntVar(&f.bucketBytes, "bucket-bytes", 0, "gradient per all-reduce bucket, overlapped with backward (scaling.bucket_bytes); 0: the default")
 	fs.IntVar(&f.gomaxprocs, "gomaxprocs", 2, "GOMAXPROCS of each rank process: the training thread and the one that all-reduces beside it (PyTorch DDP also all-reduces on a thread of its own); 0: the runtime's default")
+	fs.DurationVar(&f.spinWindow, "spin-window", 0, "collective.Options.SpinWindow of our ranks: how long a small all-reduce polls before it sleeps; 0: the default, negative: never")
 	fs.IntVar(&f.scalingRepeats, "scaling-repeats", 3, "rounds of the scaling table (1 rank, 2 ranks overlapped, 2 ranks all-reducing after backward), interleaved; 0: no table")
 	fs.IntVar(&f.scalingEpochs, "scaling-epochs", 3, "epochs of each scaling run; the first is a warm-up and not counted")
 	fs.Parse(args)
@@ -106,7 +108,8 @@ func meanOf(rows []map[string]any, key string) float64 {
 func runOurTraining(ctx context.Context, f trainFlags, ranks, epochs int, show bool) ([]map[string]any, error) {
 	cmds, err := selfRanks(ctx, ranks, func(rank int, peers string) []string {
 		return []string{"train-rank", "-rank", strconv.Itoa(rank), "-peers", peers, "-bucket-bytes", strconv.Itoa(f.bucketBytes),
-			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data}
+			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data,
+			"-spin-window", f.spinWindow.String()}
 	})
 	if err != nil {
 		return nil, err
@@ -163,6 +166,7 @@ func trainRank(args []string) error {
 	seed := fs.Uint64("seed", 0, "")
 	data := fs.String("data", dataset.DefaultURL, "")
 	bucketBytes := fs.Int("bucket-bytes", 0, "")
+	spinWindow := fs.Duration("spin-window", 0, "")
 	fs.Parse(args)
 	ctx := context.Background()
 	train, err := dataset.Load(ctx, *data, dataset.Train)
@@ -183,7 +187,7 @@ func trainRank(args []string) error {
 		defer ln.Close()
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench-train", Generation: 1, Peers: addrs}, *rank, collective.Options{Secret: benchSecret})
+		g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench-train", Generation: 1, Peers: addrs}, *rank, collective.Options{Secret: benchSecret, SpinWindow: *spinWindow})
 		if err != nil {
 			return err
 		}

@@ -51,3 +51,13 @@ func benchAllReduce(b *testing.B, transport string, size, gather int) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkAddInto is the sum of one received 512 KiB chunk into its
+// buffer (addInto), in cache.
+func BenchmarkAddInto(b *testing.B) {
+	dst, src := make([]float32, 128<<10), make([]float32, 128<<10)
+	b.SetBytes(4 * int64(len(dst)))
+	for b.Loop() {
+		addInto(dst, src)
+	}
+}

@@ -29,11 +29,7 @@ func gang(t testing.TB, n int, opts Options) []*Group {
 	lns := make([]*Listener, n)
 	peers := make([]string, n)
 	for i := range n {
-		ln, err := Listen("127.0.0.1:0", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
+		ln := listen(t)
 		lns[i], peers[i] = ln, ln.Addr()
 	}
 	groups := make([]*Group, n)
@@ -686,11 +682,7 @@ func TestSmallTCPOperationsReadAndForwardThemselves(t *testing.T) {
 // passed; without RefusedTimeout the join waits on, as for a listener
 // still starting, until its context ends.
 func TestJoinGivesUpOnARefusingNeighbourAfterRefusedTimeout(t *testing.T) {
-	ln, err := Listen("127.0.0.1:0", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listen(t)
 	gone, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -821,11 +813,7 @@ func TestSilenceIsCountedFromTheLastFrameWhoeverReads(t *testing.T) {
 		lns := make([]*Listener, 2)
 		peers := make([]string, 2)
 		for i := range lns {
-			ln, err := Listen("127.0.0.1:0", nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ln := listen(t)
 			lns[i], peers[i] = ln, ln.Addr()
 		}
 		gangSpec := Gang{Run: "silence", Generation: 1, Peers: peers}

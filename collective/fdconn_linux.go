@@ -118,6 +118,15 @@ func (c *fdConn) release() {
 }
 
 func (c *fdConn) Read(p []byte) (int, error) {
+	return c.reading(p, false)
+}
+
+// reading reads into p under readMu, with the descriptor held. Unless
+// once, it waits for data (looking for it first while an operation is in
+// progress, lookFor); once, it returns 0 and no error when none has
+// arrived, and fails at once after the read deadline (the progress loop's
+// tryRead).
+func (c *fdConn) reading(p []byte, once bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -127,18 +136,25 @@ func (c *fdConn) Read(p []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	defer c.release()
+	if once {
+		c.mu.Lock()
+		deadline := c.deadline[dirRead]
+		c.mu.Unlock()
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return 0, os.ErrDeadlineExceeded
+		}
+	}
 	looked := false
 	for {
 		n, err := syscall.Read(c.fd, p) // syscall's Read tells the race detector of the I/O
-		switch {
-		case n > 0:
-			return n, nil
-		case err == nil:
-			return 0, io.EOF
-		case err == syscall.EINTR:
+		if err == syscall.EINTR {
 			continue
-		case err != syscall.EAGAIN:
-			return 0, c.closedOr(c.opError("read", err))
+		}
+		if n, err = nbResult(n, err, true); err != nil && err != io.EOF {
+			err = c.closedOr(c.opError("read", err))
+		}
+		if n > 0 || err != nil || once {
+			return n, err
 		}
 		if !looked && c.poll.active != nil && c.poll.active.Load() && c.poll.window > 0 {
 			looked = true

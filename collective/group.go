@@ -1007,8 +1007,12 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 				if err := shm.await(tokens); err != nil {
 					return err
 				}
-			} else if err := g.awaitToken(job, bytes <= g.opts.SpinMaxBytes); err != nil {
-				return err
+			} else {
+				select {
+				case <-job.tokens:
+				case <-g.done:
+					return g.err
+				}
 			}
 		}
 		if g.sendRing != nil {
@@ -1036,32 +1040,6 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	case <-job.finished: // completed, even if the group failed just after (a peer closing, say)
 		return nil
 	default:
-		return g.err
-	}
-}
-
-// awaitToken waits for readLeft's next receipt of job. Where ranks
-// outnumber cores, a small enough operation (look) first looks for it,
-// yielding the core between looks, for SpinWindow: a receipt that finds
-// this goroutine waiting wakes it through the scheduler, which starts a
-// second thread of the process (see run).
-func (g *Group) awaitToken(job *recvJob, look bool) error {
-	if look && g.yield != nil {
-		for wait := (spinWait{window: g.opts.SpinWindow}); ; {
-			select {
-			case <-job.tokens:
-				return nil
-			default:
-			}
-			if !wait.poll(g) {
-				break
-			}
-		}
-	}
-	select {
-	case <-job.tokens:
-		return nil
-	case <-g.done:
 		return g.err
 	}
 }

@@ -136,11 +136,7 @@ func TestRealPeerFailures(t *testing.T) {
 				if r == victim {
 					continue
 				}
-				ln, err := Listen("127.0.0.1:0", nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ln.Close()
+				ln := listen(t)
 				lns[r], peers[r] = ln, ln.Addr()
 			}
 			gangSpec := Gang{Run: "chaos", Generation: 7, Peers: peers}
@@ -252,11 +248,7 @@ func TestCancellingWhileANeighbourHangs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const stall = 20 * time.Second
 			child, stdin, lines := startRankProcess(t)
-			ln, err := Listen("127.0.0.1:0", nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ln := listen(t)
 			cg := childGang{Gang: Gang{Run: "hang", Generation: 1, Peers: []string{ln.Addr(), lines.Text()}},
 				Rank: 1, Stall: stall, Floats: tc.floats, Transport: TransportTCP, HostCores: tc.cores}
 			json.NewEncoder(stdin).Encode(cg)
@@ -331,11 +323,7 @@ func TestAWriterBlockedOnAHungRankHearsOfAFailureFromTheLeft(t *testing.T) {
 			lns := make([]*Listener, 2)
 			peers := make([]string, 3)
 			for r := range lns {
-				ln, err := Listen("127.0.0.1:0", nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ln.Close()
+				ln := listen(t)
 				lns[r], peers[r] = ln, ln.Addr()
 			}
 			peers[2] = lines.Text()

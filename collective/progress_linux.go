@@ -83,33 +83,7 @@ func nbResult(n int, err error, read bool) (int, error) {
 	return 0, nil
 }
 
-func (c *fdConn) tryRead(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
-	if !c.acquire() {
-		return 0, net.ErrClosed
-	}
-	defer c.release()
-	c.mu.Lock()
-	deadline := c.deadline[dirRead]
-	c.mu.Unlock()
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		return 0, os.ErrDeadlineExceeded
-	}
-	for {
-		n, err := syscall.Read(c.fd, p)
-		if err == syscall.EINTR {
-			continue
-		}
-		if n, err = nbResult(n, err, true); err != nil && err != io.EOF {
-			err = c.closedOr(c.opError("read", err))
-		}
-		return n, err
-	}
-}
+func (c *fdConn) tryRead(p []byte) (int, error) { return c.reading(p, true) }
 
 func (c *fdConn) tryWritev(bufs [][]byte) (int, error) {
 	c.writeMu.Lock()
