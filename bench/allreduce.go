@@ -115,11 +115,9 @@ func benchAllReduce(args []string) error {
 		}
 		worlds = append(worlds, world)
 	}
-	loads := strings.Split(*loadFlag, ",")
-	for _, l := range loads {
-		if l != "idle" && l != "loaded" {
-			return fmt.Errorf("-load: %q; want idle, loaded or both (idle,loaded)", l)
-		}
+	loads, err := parseLoads(*loadFlag)
+	if err != nil {
+		return err
 	}
 	fmt.Printf("# all-reduce of float32 sums, ranks as processes on one machine; time = slowest rank's mean per operation\n")
 	fmt.Printf("# median of %d interleaved runs per implementation; ±: (max-min)/median over the runs\n", *repeat)
@@ -208,6 +206,17 @@ func benchAllReduce(args []string) error {
 		table(header, shmRows)
 	}
 	return nil
+}
+
+// parseLoads reads a -load flag: idle, loaded, or both (idle,loaded).
+func parseLoads(flag string) ([]string, error) {
+	loads := strings.Split(flag, ",")
+	for _, l := range loads {
+		if l != "idle" && l != "loaded" {
+			return nil, fmt.Errorf("-load: %q; want idle, loaded or both (idle,loaded)", l)
+		}
+	}
+	return loads, nil
 }
 
 // startLoad, when on, starts one CPU-bound process per core (this binary's

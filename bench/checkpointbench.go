@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"time"
 
@@ -23,12 +24,17 @@ func benchCheckpoint(args []string) error {
 	sizeFlag := fs.String("size", "1G", "state size (K, M, G suffixes)")
 	dirFlag := fs.String("dir", "", "folder on the disk to measure (default: a temporary folder)")
 	repeat := fs.Int("repeat", 3, "interleaved runs; the table shows medians")
+	loadFlag := fs.String("load", "idle", "idle, loaded (a CPU-bound process on every core beside both sides, as in bench allreduce) or both (idle,loaded)")
 	stall := fs.Bool("stall", true, "also measure what a checkpoint costs training (native trainer of about -size of state)")
 	data := fs.String("data", dataset.DefaultURL, "the data set the stall measurement trains on")
 	fs.Parse(args)
 	size, err := parseSize(*sizeFlag)
 	if err != nil || size < 1<<20 {
 		return fmt.Errorf("-size: %q; want at least 1M", *sizeFlag)
+	}
+	loads, err := parseLoads(*loadFlag)
+	if err != nil {
+		return err
 	}
 	dir := *dirFlag
 	if dir == "" {
@@ -40,8 +46,6 @@ func benchCheckpoint(args []string) error {
 	ctx := context.Background()
 	state := make([]byte, size)
 	rand.Read(state)
-	const chunk = 4 << 20
-	ddFile := filepath.Join(dir, "dd.bin")
 	// dd copies the same bytes from memory (tmpfs), not zeros: a virtual
 	// disk may store zeros for less than other bytes.
 	ddSource := "/dev/zero"
@@ -53,119 +57,15 @@ func benchCheckpoint(args []string) error {
 		}
 		defer os.Remove(f.Name())
 	}
-	var ddWrite, ddRead, save, load, restore, restoreOnce []float64
-	for rep := range *repeat {
-		ddRound := func() error { // dd: raw disk, synced
-			// Removed at the end of the round, as ours removes its store:
-			// removing it just before writing would hand dd the page-cache
-			// pages its last file freed, which on a VM whose host takes
-			// freed pages back (free page reporting, 2 s after) are the only
-			// ones backed, and ours would write into cold ones.
-			defer os.Remove(ddFile)
-			if err := timed(&ddWrite, func() error {
-				return command("dd", "if="+ddSource, "of="+ddFile, fmt.Sprint("bs=", chunk), fmt.Sprint("count=", size/chunk), "conv=fdatasync")
-			}); err != nil {
-				return err
-			}
-			dropCache(ddFile)
-			return timed(&ddRead, func() error { return command("dd", "if="+ddFile, "of=/dev/null", fmt.Sprint("bs=", chunk)) })
+	for _, l := range loads {
+		stop := startLoad(l == "loaded")
+		m, err := measureCheckpointRounds(ctx, dir, state, ddSource, *repeat)
+		stop()
+		if err != nil {
+			return fmt.Errorf("%s: %w", l, err)
 		}
-		oursRound := func() error { // ours: hash while writing, fsync, manifest last
-			root := filepath.Join(dir, fmt.Sprint("store-", rep))
-			store, err := checkpoint.Open(ctx, "file://"+root+"?create_dir=1&metadata=skip", nil)
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(root)
-			defer store.Close()
-			if err := timed(&save, func() error {
-				w, err := store.Begin(ctx, "bench", 1, 0)
-				if err != nil {
-					return err
-				}
-				ow, err := w.Create(ctx, "state.bin")
-				if err != nil {
-					return err
-				}
-				for off := 0; off < size; off += chunk {
-					if _, err := ow.Write(state[off:min(off+chunk, size)]); err != nil {
-						return err
-					}
-				}
-				if err := ow.Close(); err != nil {
-					return err
-				}
-				_, err = w.Commit(ctx, checkpoint.Info{WorldSize: 1})
-				return err
-			}); err != nil {
-				return err
-			}
-			// Load: read the object back, verifying size and hash as it streams.
-			objPath := filepath.Join(root, "bench", checkpoint.ID(1, 0), "state.bin")
-			dropCache(objPath)
-			c, err := store.Get(ctx, checkpoint.Ref{Run: "bench", ID: checkpoint.ID(1, 0)}) // verifies: a full read
-			if err != nil {
-				return err
-			}
-			dropCache(objPath)
-			if err := timed(&load, func() error { return readAll(ctx, c) }); err != nil {
-				return err
-			}
-			// Restore, as a resuming run does it: find the latest verified, then load it.
-			dropCache(objPath)
-			if err := timed(&restore, func() error {
-				c, err := store.LatestVerified(ctx, "bench")
-				if err != nil {
-					return err
-				}
-				return readAll(ctx, c)
-			}); err != nil {
-				return err
-			}
-			// RestoreLatest: verify while loading, in one read.
-			dropCache(objPath)
-			return timed(&restoreOnce, func() error {
-				_, err := store.RestoreLatest(ctx, "bench", func(c *checkpoint.Checkpoint) error { return readAll(ctx, c) })
-				return err
-			})
-		}
-		// Which goes first alternates, so that neither always follows the
-		// other's writeback (on 2026-11-24 the order made no difference here).
-		first, second := ddRound, oursRound
-		if rep%2 == 1 {
-			first, second = oursRound, ddRound
-		}
-		if err := first(); err != nil {
-			return err
-		}
-		if err := second(); err != nil {
-			return err
-		}
+		printCheckpointTable(l, m, size, *repeat, dir, ddSource)
 	}
-	gbps := func(secs []float64) float64 { return float64(size) / median(secs) / 1e9 }
-	// spread: the slowest and fastest round, GB/s.
-	spread := func(secs []float64) string {
-		return fmt.Sprintf("%.2f–%.2f", float64(size)/slices.Max(secs)/1e9, float64(size)/slices.Min(secs)/1e9)
-	}
-	// ratios: ours against dd round by round (the same round's dd), lowest–highest.
-	ratios := func(ours, dd []float64) string {
-		r := make([]float64, len(ours))
-		for i := range ours {
-			r[i] = dd[i] / ours[i]
-		}
-		return fmt.Sprintf("%.2f–%.2fx", slices.Min(r), slices.Max(r))
-	}
-	row := func(what string, ours, dd []float64, target string) []string {
-		return []string{what, fmt.Sprintf("%.2f", gbps(ours)), spread(ours), fmt.Sprintf("%.2f", gbps(dd)), spread(dd),
-			fmt.Sprintf("%.2fx", gbps(ours)/gbps(dd)), ratios(ours, dd), target}
-	}
-	fmt.Printf("# %s state on %s, median of %d interleaved runs (dd first in odd rounds, ours first in even ones); page cache dropped (fadvise) before every read; dd writes the same bytes from %s, 4 MiB at a time, and reads them 4 MiB at a time, as ours; each removes what it wrote at the end of its round\n\n", humanBytes(size), dir, *repeat, ddSource)
-	table([]string{"operation", "ours GB/s", "spread", "dd GB/s", "spread", "ours / dd", "per round", "target"}, [][]string{
-		row("save: write + BLAKE3 + fsync + manifest (dd: conv=fdatasync)", save, ddWrite, ">= 0.8x"),
-		row("load: read with streaming BLAKE3 verification", load, ddRead, ">= 0.8x"),
-		row("restore: LatestVerified (full verify) + load", restore, ddRead, ""),
-		row("restore: RestoreLatest (verify while loading)", restoreOnce, ddRead, ">= 0.8x"),
-	})
 	if *stall {
 		state = nil
 		return benchStall(ctx, dir, size, *repeat, *data)
@@ -230,4 +130,163 @@ func command(name string, args ...string) error {
 		return fmt.Errorf("%s: %v: %s", name, err, out)
 	}
 	return nil
+}
+
+// checkpointRounds holds each round's seconds, ours and dd's.
+type checkpointRounds struct {
+	ddWrite, ddRead                  []float64 // dd through the page cache (conv=fdatasync)
+	ddWriteDirect, ddReadDirect      []float64 // dd with oflag=direct / iflag=direct
+	save, load, restore, restoreOnce []float64
+	saveCached, loadCached           []float64 // ours with direct_io=off: through the page cache
+}
+
+// measureCheckpointRounds runs repeat interleaved rounds of dd and ours on
+// dir: in each, dd (through the cache and direct), ours, and ours through
+// the page cache (direct_io=off), in an order that rotates by round.
+func measureCheckpointRounds(ctx context.Context, dir string, state []byte, ddSource string, repeat int) (*checkpointRounds, error) {
+	const chunk = 4 << 20
+	size := len(state)
+	ddFile := filepath.Join(dir, "dd.bin")
+	m := &checkpointRounds{}
+	dd := func(write, read *[]float64, wflags, rflags []string) error {
+		// Removed at the end, as ours removes its store: removing it just
+		// before writing would hand dd the page-cache pages its last file
+		// freed, which on a VM whose host takes freed pages back (free page
+		// reporting, 2 s after) are the only ones backed, and ours would
+		// write into cold ones.
+		defer os.Remove(ddFile)
+		args := append([]string{"if=" + ddSource, "of=" + ddFile, fmt.Sprint("bs=", chunk), fmt.Sprint("count=", size/chunk)}, wflags...)
+		if err := timed(write, func() error { return command("dd", args...) }); err != nil {
+			return err
+		}
+		dropCache(ddFile)
+		args = append([]string{"if=" + ddFile, "of=/dev/null", fmt.Sprint("bs=", chunk)}, rflags...)
+		return timed(read, func() error { return command("dd", args...) })
+	}
+	ddRound := func(int) error {
+		if err := dd(&m.ddWrite, &m.ddRead, []string{"conv=fdatasync"}, nil); err != nil {
+			return err
+		}
+		return dd(&m.ddWriteDirect, &m.ddReadDirect, []string{"oflag=direct", "conv=fdatasync"}, []string{"iflag=direct"})
+	}
+	// ours: hash while writing, fsync, manifest last; then read it back
+	// three ways. cached: with direct_io=off, save and load only.
+	ours := func(rep int, cached bool) error {
+		root := filepath.Join(dir, fmt.Sprint("store-", rep))
+		url := "file://" + root + "?create_dir=1&metadata=skip"
+		save, load := &m.save, &m.load
+		if cached {
+			url += "&" + checkpoint.DirectIOParam + "=off"
+			save, load = &m.saveCached, &m.loadCached
+		}
+		store, err := checkpoint.Open(ctx, url, nil)
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(root)
+		defer store.Close()
+		if err := timed(save, func() error {
+			w, err := store.Begin(ctx, "bench", 1, 0)
+			if err != nil {
+				return err
+			}
+			ow, err := w.Create(ctx, "state.bin")
+			if err != nil {
+				return err
+			}
+			for off := 0; off < size; off += chunk {
+				if _, err := ow.Write(state[off:min(off+chunk, size)]); err != nil {
+					return err
+				}
+			}
+			if err := ow.Close(); err != nil {
+				return err
+			}
+			_, err = w.Commit(ctx, checkpoint.Info{WorldSize: 1})
+			return err
+		}); err != nil {
+			return err
+		}
+		// Load: read the object back, verifying size and hash as it streams.
+		objPath := filepath.Join(root, "bench", checkpoint.ID(1, 0), "state.bin")
+		dropCache(objPath)
+		c, err := store.Get(ctx, checkpoint.Ref{Run: "bench", ID: checkpoint.ID(1, 0)}) // verifies: a full read
+		if err != nil {
+			return err
+		}
+		dropCache(objPath)
+		if err := timed(load, func() error { return readAll(ctx, c) }); err != nil {
+			return err
+		}
+		if cached {
+			return nil
+		}
+		// Restore, as a resuming run does it: find the latest verified, then load it.
+		dropCache(objPath)
+		if err := timed(&m.restore, func() error {
+			c, err := store.LatestVerified(ctx, "bench")
+			if err != nil {
+				return err
+			}
+			return readAll(ctx, c)
+		}); err != nil {
+			return err
+		}
+		// RestoreLatest: verify while loading, in one read.
+		dropCache(objPath)
+		return timed(&m.restoreOnce, func() error {
+			_, err := store.RestoreLatest(ctx, "bench", func(c *checkpoint.Checkpoint) error { return readAll(ctx, c) })
+			return err
+		})
+	}
+	sides := []func(int) error{
+		ddRound,
+		func(rep int) error { return ours(rep, false) },
+		func(rep int) error { return ours(rep, true) },
+	}
+	for rep := range repeat {
+		// Which goes first rotates, so that none always follows another's
+		// writeback (on 2026-11-24 the order made no difference here).
+		for k := range sides {
+			if err := sides[(rep+k)%len(sides)](rep); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// printCheckpointTable prints one sitting's table: ours against dd, each
+// operation against the faster of dd through the page cache and dd direct
+// in the median.
+func printCheckpointTable(load string, m *checkpointRounds, size, repeat int, dir, ddSource string) {
+	gbps := func(secs []float64) float64 { return float64(size) / median(secs) / 1e9 }
+	// spread: the slowest and fastest round, GB/s.
+	spread := func(secs []float64) string {
+		return fmt.Sprintf("%.2f–%.2f", float64(size)/slices.Max(secs)/1e9, float64(size)/slices.Min(secs)/1e9)
+	}
+	// ratios: ours against the same round's faster dd, lowest–highest.
+	ratios := func(ours, dd, ddDirect []float64) string {
+		r := make([]float64, len(ours))
+		for i := range ours {
+			r[i] = min(dd[i], ddDirect[i]) / ours[i]
+		}
+		return fmt.Sprintf("%.2f–%.2fx", slices.Min(r), slices.Max(r))
+	}
+	row := func(what string, ours, dd, ddDirect []float64, target string) []string {
+		best := max(gbps(dd), gbps(ddDirect))
+		return []string{what, fmt.Sprintf("%.2f", gbps(ours)), spread(ours),
+			fmt.Sprintf("%.2f", gbps(dd)), spread(dd), fmt.Sprintf("%.2f", gbps(ddDirect)), spread(ddDirect),
+			fmt.Sprintf("%.2fx", gbps(ours)/best), ratios(ours, dd, ddDirect), target}
+	}
+	fmt.Printf("\n## %s\n\n", load)
+	fmt.Printf("# %s state on %s, median of %d interleaved rounds (the order of dd, ours and ours with direct_io=off rotates by round); page cache dropped (fadvise) before every read; dd writes the same bytes from %s, 4 MiB at a time, and reads them 4 MiB at a time, as ours, through the page cache and with oflag/iflag=direct; each removes what it wrote at the end of its round; loaded: one CPU-bound process per core (%d) beside every side\n\n", humanBytes(size), dir, repeat, ddSource, runtime.NumCPU())
+	table([]string{"operation", "ours GB/s", "spread", "dd GB/s", "spread", "dd direct GB/s", "spread", "ours / best dd", "per round", "target"}, [][]string{
+		row("save: write + BLAKE3 + fsync + manifest (dd: conv=fdatasync)", m.save, m.ddWrite, m.ddWriteDirect, ">= 0.8x"),
+		row("save, through the page cache (direct_io=off)", m.saveCached, m.ddWrite, m.ddWriteDirect, ""),
+		row("load: read with streaming BLAKE3 verification", m.load, m.ddRead, m.ddReadDirect, ">= 0.8x"),
+		row("load, through the page cache (direct_io=off)", m.loadCached, m.ddRead, m.ddReadDirect, ""),
+		row("restore: LatestVerified (full verify) + load", m.restore, m.ddRead, m.ddReadDirect, ""),
+		row("restore: RestoreLatest (verify while loading)", m.restoreOnce, m.ddRead, m.ddReadDirect, ">= 0.8x"),
+	})
 }

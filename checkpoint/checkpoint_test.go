@@ -352,7 +352,7 @@ func TestLocalDiskObjectsAreFsynced(t *testing.T) {
 	ctx := context.Background()
 	for url, wantFile := range map[string]bool{"file://" + t.TempDir() + "?metadata=skip": true, "mem://": false} {
 		s, _ := Open(ctx, url, nil)
-		sw, err := s.newSyncedWriter(ctx, "k")
+		sw, err := s.newSyncedWriter(ctx, "k", false)
 		if err != nil {
 			t.Fatal(err)
 		}

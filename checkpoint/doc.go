@@ -14,6 +14,10 @@
 // again while reading. Prune applies retention (keep the last N and the best K
 // by a metric) and never deletes the latest verified checkpoint.
 //
+// On a local disk objects are written and read with O_DIRECT where the file
+// system takes it (fileio.go), bypassing the page cache; file:// URLs take
+// direct_io=off to go through it.
+//
 // It knows nothing of Temporal or of trainers; a Writer and a Checkpoint
 // satisfy trainer.StateWriter and trainer.StateReader.
 package checkpoint

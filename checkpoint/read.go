@@ -361,7 +361,11 @@ func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint
 	for k := range v.streams {
 		st := readStream{filled: make(chan readChunk, streamBuffers), free: make(chan []byte, streamBuffers)}
 		for range streamBuffers {
-			st.free <- make([]byte, size)
+			if c.s.directIO {
+				st.free <- alignedBuffer(size)[:size]
+			} else {
+				st.free <- make([]byte, size)
+			}
 		}
 		v.streams[k] = st
 		v.reading.Add(1)
@@ -401,12 +405,27 @@ func (v *verifyingReader) readAhead(ctx context.Context, k int) {
 }
 
 // readBlock fills buf from offset off; a short read (the object shrank)
-// returns io.EOF with what it got.
+// returns io.EOF with what it got. On a local disk it reads the block
+// directly (O_DIRECT: buf's capacity is aligned, and so is the length it
+// asks for) unless the page cache holds all of it already.
 func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) (int, error) {
 	if len(buf) == 0 {
 		return 0, nil
 	}
-	r, err := v.c.s.bucket.NewRangeReader(ctx, v.key, off, int64(len(buf)), nil)
+	want, ask := len(buf), len(buf)
+	var opts *blob.ReaderOptions
+	var direct *os.File
+	if v.c.s.directIO {
+		ask = roundUp(want, directAlign) // a whole last block: reading past the end is a short read
+		opts = &blob.ReaderOptions{BeforeRead: func(as func(any) bool) error {
+			var f *os.File
+			if as(&f) && canDirect(f) && !cached(f, off, int64(want)) && setDirect(f, true) == nil {
+				direct = f
+			}
+			return nil
+		}}
+	}
+	r, err := v.c.s.bucket.NewRangeReader(ctx, v.key, off, int64(ask), opts)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
 			return 0, io.EOF // removed since it was opened: short, hence corrupt
@@ -414,7 +433,17 @@ func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) 
 		return 0, err
 	}
 	defer r.Close()
-	n, err := io.ReadFull(r, buf)
+	buf = buf[:ask]
+	n, err := io.ReadAtLeast(r, buf, want)
+	if err != nil && direct != nil && isDirectRefused(err) {
+		// The file system took O_DIRECT and then refused the read: the rest through the cache.
+		if err = setDirect(direct, false); err == nil {
+			var m int
+			m, err = io.ReadAtLeast(r, buf[n:], want-n)
+			n += m
+		}
+	}
+	n = min(n, want)
 	if v.c.read != nil {
 		v.c.read.Add(int64(n))
 	}
@@ -432,7 +461,7 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 		if v.cur.buf != nil {
 			if len(v.cur.buf) > 0 || v.obj.Size == 0 {
 				b, free := v.cur.buf, v.streams[v.blocks%len(v.streams)].free
-				v.hashes.hash(v.blocks, b, func() { free <- b[:cap(b)] })
+				v.hashes.hash(v.blocks, b, nil, func() { free <- b[:cap(b)] })
 				v.blocks++
 			}
 			v.cur.buf = nil

@@ -66,7 +66,7 @@ func (sw *ShardWriter) Close(ctx context.Context) error {
 		list = append(list, *o)
 	}
 	data, _ := json.Marshal(list)
-	out, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+shardListName(sw.rank))
+	out, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+shardListName(sw.rank), false)
 	if err == nil {
 		_, err = out.Write(data)
 		err = out.Close(err)

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -16,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -38,6 +40,9 @@ type Store struct {
 	key    []byte // signs and verifies manifests (Sign)
 	// readStreams is how many range reads of one object run at once.
 	readStreams int
+	// directIO: objects on a local disk bypass the page cache (fileio.go);
+	// a file:// URL's direct_io=off turns it off.
+	directIO bool
 }
 
 // readStreamsFor is how many range reads of one object a store keeps in
@@ -96,11 +101,40 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	b, err := blob.OpenBucket(ctx, withFileDefaults(url))
+	bucketURL, directIO, err := directIOOf(url)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: opening storage %q: %w", url, err)
+	}
+	b, err := blob.OpenBucket(ctx, withFileDefaults(bucketURL))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
-	return &Store{bucket: b, url: url, log: log, readStreams: readStreamsFor(url)}, nil
+	return &Store{bucket: b, url: url, log: log, readStreams: readStreamsFor(url), directIO: directIO}, nil
+}
+
+// DirectIOParam is the file:// URL parameter that says whether objects
+// bypass the page cache: on (the default, where the file system allows it)
+// or off.
+const DirectIOParam = "direct_io"
+
+// directIOOf takes the direct_io parameter out of a file:// URL (fileblob
+// would refuse it) and reads it.
+func directIOOf(raw string) (string, bool, error) {
+	u, err := neturl.Parse(raw)
+	if err != nil || u.Scheme != "file" {
+		return raw, false, nil
+	}
+	q := u.Query()
+	if !q.Has(DirectIOParam) {
+		return raw, true, nil
+	}
+	v := q.Get(DirectIOParam)
+	if v != "on" && v != "off" {
+		return "", false, fmt.Errorf("?%s=%q; want on (the default: objects bypass the page cache where the file system allows it) or off", DirectIOParam, v)
+	}
+	q.Del(DirectIOParam)
+	u.RawQuery = q.Encode()
+	return u.String(), v == "on", nil
 }
 
 // withFileDefaults sets two fileblob options a file:// URL does not set:
@@ -254,13 +288,13 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 	if _, dup := w.objects[name]; dup {
 		return nil, fmt.Errorf("checkpoint: object %q written twice", name)
 	}
-	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+name)
+	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+name, true)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: creating %s: %w", name, err)
 	}
 	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(w.algo()), sw: sw, free: make(chan []byte, writeBuffers)}
 	for range writeBuffers {
-		ow.free <- make([]byte, 0, BlockSize)
+		ow.free <- alignedBuffer(BlockSize)[:0]
 	}
 	ow.block = <-ow.free
 	w.objects[name] = ow.obj
@@ -270,17 +304,27 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 
 // syncedWriter is a blob writer that, on local disk, fsyncs the data before
 // the close that publishes it (fileblob writes a temporary file and renames it).
+// An object's writer (blocks) writes whole blocks at their offsets instead,
+// with O_DIRECT where the file system takes it (fileio.go).
 type syncedWriter struct {
 	bw            *blob.Writer
 	file          *os.File
 	cancel        context.CancelFunc
 	written, sent int64 // bytes written; bytes handed to the kernel's writeback
+
+	blocks bool        // writeBlock writes straight to file; Write is not used
+	direct atomic.Bool // file is open with O_DIRECT
+	size   int64       // the object's size, for Close: a direct write pads the last block
+	mu     sync.Mutex
+	failed error // the first block that could not be written
 }
 
 // writebackEvery is how much a local object grows between writeback kicks.
 const writebackEvery = 8 << 20
 
-func (s *Store) newSyncedWriter(ctx context.Context, key string) (*syncedWriter, error) {
+// newSyncedWriter starts the object key. With blocks, a local file is
+// written by writeBlock, directly where the file system allows it.
+func (s *Store) newSyncedWriter(ctx context.Context, key string, blocks bool) (*syncedWriter, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	sw := &syncedWriter{cancel: cancel}
 	bw, err := s.bucket.NewWriter(ctx, key, &blob.WriterOptions{
@@ -295,6 +339,12 @@ func (s *Store) newSyncedWriter(ctx context.Context, key string) (*syncedWriter,
 		return nil, err
 	}
 	sw.bw = bw
+	if blocks && sw.file != nil {
+		sw.blocks = true
+		if s.directIO && canDirect(sw.file) && setDirect(sw.file, true) == nil {
+			sw.direct.Store(true)
+		}
+	}
 	return sw, nil
 }
 
@@ -308,8 +358,53 @@ func (sw *syncedWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// writeBlock writes b at off, from any goroutine. A direct write of a last
+// block that does not fill the alignment is padded with zeros (b's capacity
+// is a whole aligned block), and Close cuts the file to its size. A file
+// system that refuses a direct write gets this one and the rest through the
+// page cache.
+func (sw *syncedWriter) writeBlock(b []byte, off int64) {
+	if len(b) == 0 {
+		return
+	}
+	var err error
+	if sw.direct.Load() {
+		padded := b[:roundUp(len(b), directAlign)]
+		clear(padded[len(b):])
+		if _, err = sw.file.WriteAt(padded, off); err != nil && isDirectRefused(err) {
+			sw.direct.Store(false)
+			err = setDirect(sw.file, false)
+		} else {
+			return
+		}
+	}
+	if err == nil {
+		if _, err = sw.file.WriteAt(b, off); err == nil {
+			startWriteback(sw.file, off, int64(len(b)))
+		}
+	}
+	if err != nil {
+		sw.mu.Lock()
+		sw.failed = cmp.Or(sw.failed, err)
+		sw.mu.Unlock()
+	}
+}
+
+// err is the first block write that failed.
+func (sw *syncedWriter) err() error {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	return sw.failed
+}
+
 // Close publishes the object; after a failed write it discards it instead.
 func (sw *syncedWriter) Close(failed error) error {
+	if sw.blocks {
+		failed = cmp.Or(failed, sw.err())
+		if failed == nil {
+			failed = sw.file.Truncate(sw.size) // the last direct block's padding
+		}
+	}
 	if failed == nil && sw.file != nil {
 		failed = sw.file.Sync()
 	}
@@ -337,11 +432,30 @@ type objectWriter struct {
 var writeBuffers = runtime.GOMAXPROCS(0) + 1
 
 // Write writes p to storage while earlier blocks hash on other cores, then
-// copies p into the block buffers it hashes next.
+// copies p into the block buffers it hashes next. On a local disk it copies
+// p into the blocks only, and each full block is written and then hashed on
+// another core.
 func (o *objectWriter) Write(p []byte) (int, error) {
+	if o.sw.blocks {
+		if err := o.sw.err(); err != nil {
+			o.err = err
+			return 0, err
+		}
+		o.fill(p)
+		return len(p), nil
+	}
 	n, err := o.sw.Write(p)
-	o.obj.Size += int64(n)
-	for rest := p[:n]; len(rest) > 0; {
+	o.fill(p[:n])
+	if err != nil {
+		o.err = err
+	}
+	return n, err
+}
+
+// fill copies p into the blocks, handing each full one on.
+func (o *objectWriter) fill(p []byte) {
+	o.obj.Size += int64(len(p))
+	for rest := p; len(rest) > 0; {
 		k := min(len(rest), BlockSize-len(o.block))
 		o.block = append(o.block, rest[:k]...)
 		rest = rest[k:]
@@ -349,23 +463,35 @@ func (o *objectWriter) Write(p []byte) (int, error) {
 			o.flushBlock()
 		}
 	}
-	if err != nil {
-		o.err = err
-	}
-	return n, err
 }
 
+// flushBlock hands the block being filled to a hasher (which, on a local
+// disk, writes it first) and takes a free buffer for the next.
 func (o *objectWriter) flushBlock() {
-	b := o.block
-	o.hashes.hash(o.blocks, b, func() { o.free <- b[:0] })
+	b, i := o.block, o.blocks
+	var write func()
+	if o.sw.blocks {
+		write = func() { o.sw.writeBlock(b, int64(i)*BlockSize) }
+	}
+	o.hashes.hash(i, b, write, func() { o.free <- b[:0] })
 	o.blocks++
 	o.block = <-o.free
 }
 
 func (o *objectWriter) Close() error {
-	err := o.sw.Close(o.err)
-	if len(o.block) > 0 || o.blocks == 0 {
-		o.flushBlock()
+	var err error
+	if o.sw.blocks {
+		if len(o.block) > 0 || o.blocks == 0 {
+			o.flushBlock()
+		}
+		o.hashes.wait() // every block written
+		o.sw.size = o.obj.Size
+		err = o.sw.Close(o.err)
+	} else {
+		err = o.sw.Close(o.err)
+		if len(o.block) > 0 || o.blocks == 0 {
+			o.flushBlock()
+		}
 	}
 	root := o.hashes.root(o.blocks)
 	o.w.mu.Lock()
@@ -417,7 +543,7 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 	if err != nil {
 		return Manifest{}, err
 	}
-	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+ManifestName)
+	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+ManifestName, false)
 	if err == nil {
 		_, err = sw.Write(data)
 		err = sw.Close(err)

@@ -60,7 +60,7 @@ var DefaultPassEnv = []string{"PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "T
 // safeParams are the query parameters a spec may set itself, by scheme:
 // none of them reads a file, picks an identity, or sends a request elsewhere.
 var safeParams = map[string][]string{
-	"file":   {"create_dir", "metadata", "no_tmp_dir", "prefix"},
+	"file":   {"create_dir", "direct_io", "metadata", "no_tmp_dir", "prefix"},
 	"s3":     {"prefix", "region"},
 	"gs":     {"prefix"},
 	"azblob": {"prefix"},

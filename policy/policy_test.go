@@ -20,7 +20,7 @@ func TestResolve(t *testing.T) {
 		{"file:///var/lib/durabletrain", "file:///var/lib/durabletrain", ""},
 		{"file:///var/lib/durabletrain-other/x", "", "outside the storage this worker allows"},
 		{"file:///etc/passwd", "", `"file:///etc/passwd" is outside the storage this worker allows (-storage-roots file:///var/lib/durabletrain/,s3://ckpts?endpoint=…&region=…&use_path_style=…`},
-		{"file:///var/lib/durabletrain/x?secret_key_path=/etc/shadow", "", `sets ?"secret_key_path"=; want only create_dir, metadata, no_tmp_dir, prefix`},
+		{"file:///var/lib/durabletrain/x?secret_key_path=/etc/shadow", "", `sets ?"secret_key_path"=; want only create_dir, direct_io, metadata, no_tmp_dir, prefix`},
 		{"s3://ckpts?prefix=run-1/", "s3://ckpts?endpoint=http%3A%2F%2Fminio%3A9000&prefix=run-1%2F&region=us-east-1&use_path_style=true", ""},
 		{"s3://ckpts?endpoint=http://169.254.169.254/", "", "sets ?endpoint=, which this worker's storage root"},
 		{"s3://ckpts?profile=admin", "", `sets ?"profile"=`},

@@ -1,0 +1,168 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// cachedPages is how many pages of the file at path the page cache holds.
+func cachedPages(t *testing.T, path string) uint64 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st unix.Cachestat_t
+	if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &st, 0); err != nil {
+		t.Skipf("cachestat: %v (Linux 6.5 or later)", err)
+	}
+	return st.Cache
+}
+
+func shapedBytes(n int) []byte {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*13 + i/4096)
+	}
+	return data
+}
+
+// On a file system that takes O_DIRECT, objects are written and read
+// without the page cache: at most one of an object's pages is cached after a
+// save and a load, whatever its last block's length (the page the file ends
+// in: cutting the last block's padding zeroes the rest of it through the
+// cache); with direct_io=off all of them are, as before.
+func TestLocalObjectsBypassThePageCache(t *testing.T) {
+	ctx := context.Background()
+	probe, err := os.CreateTemp(t.TempDir(), "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !canDirect(probe) {
+		t.Skipf("%s does not take O_DIRECT", filepath.Dir(probe.Name()))
+	}
+	probe.Close()
+	for _, size := range []int{1, 4095, BlockSize, BlockSize + 1, 3*BlockSize + 17} {
+		for _, param := range []string{"", "&direct_io=on", "&direct_io=off"} {
+			root := t.TempDir()
+			s, err := Open(ctx, "file://"+root+"?metadata=skip"+param, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := shapedBytes(size)
+			put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
+			path := filepath.Join(root, "r", ID(1, 0), "o")
+			if fi, err := os.Stat(path); err != nil || fi.Size() != int64(size) {
+				t.Fatalf("size %d%s: the file is %v (%v), want %d bytes: the last block's padding was not cut", size, param, fi.Size(), err, size)
+			}
+			pages := uint64((size + os.Getpagesize() - 1) / os.Getpagesize())
+			want := uint64(0)
+			if size%os.Getpagesize() != 0 {
+				want = 1
+			}
+			if param == "&direct_io=off" {
+				want = pages
+			}
+			if got := cachedPages(t, path); got != want {
+				t.Errorf("size %d%s: %d of %d pages cached after the save, want %d", size, param, got, pages, want)
+			}
+			c, err := s.LatestVerified(ctx, "r")
+			if err != nil {
+				t.Fatalf("size %d%s: %v", size, param, err)
+			}
+			if got := readObject(t, c, "o"); !bytes.Equal(got, data) {
+				t.Fatalf("size %d%s: read back %d bytes, not the %d written", size, param, len(got), size)
+			}
+			if got := cachedPages(t, path); got != want {
+				t.Errorf("size %d%s: %d of %d pages cached after the load, want %d", size, param, got, pages, want)
+			}
+			s.Close()
+		}
+	}
+}
+
+// A block the page cache holds already (here: read by another program) is
+// read through the cache, and a corrupt byte there is still found.
+func TestCachedBlocksAreReadThroughTheCacheAndVerified(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	data := shapedBytes(2*BlockSize + 5)
+	put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
+	path := filepath.Join(root, "r", ID(1, 0), "o")
+	if _, err := os.ReadFile(path); err != nil { // the whole object into the cache
+		t.Fatal(err)
+	}
+	c, err := s.LatestVerified(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readObject(t, c, "o"); !bytes.Equal(got, data) {
+		t.Fatal("read back different bytes through the cache")
+	}
+	flip(t, path, BlockSize+3) // through the cache: the cached page is the corrupt one
+	r, _ := c.Open(ctx, "o")
+	_, err = io.ReadAll(r)
+	r.Close()
+	var corrupt *CorruptError
+	if !errors.As(err, &corrupt) {
+		t.Fatalf("a byte flipped in a cached block: read returned %v, want a CorruptError", err)
+	}
+}
+
+// Where the file system does not take O_DIRECT (tmpfs here), objects go
+// through the page cache and round-trip as before.
+func TestObjectsRoundTripWhereDirectIOIsNotTaken(t *testing.T) {
+	ctx := context.Background()
+	root, err := os.MkdirTemp("/dev/shm", "durabletrain-checkpoint-test-")
+	if err != nil {
+		t.Skip("no /dev/shm")
+	}
+	defer os.RemoveAll(root)
+	probe, _ := os.CreateTemp(root, "probe")
+	direct := canDirect(probe)
+	probe.Close()
+	os.Remove(probe.Name())
+	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	for i, size := range []int{1, BlockSize + 1} {
+		data := shapedBytes(size)
+		put(t, s, "r", i+1, map[string][]byte{"o": data}, nil)
+		c, err := s.LatestVerified(ctx, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readObject(t, c, "o"); !bytes.Equal(got, data) {
+			t.Fatalf("size %d (direct I/O on %s: %v): read back different bytes", size, root, direct)
+		}
+	}
+}
+
+func TestDirectIOParameterIsCheckedAndNotPassedOn(t *testing.T) {
+	ctx := context.Background()
+	_, err := Open(ctx, "file://"+t.TempDir()+"?direct_io=yes", nil)
+	if err == nil || !strings.Contains(err.Error(), `?direct_io="yes"; want on`) {
+		t.Fatalf("direct_io=yes: %v, want an error naming the parameter and what it takes", err)
+	}
+	for _, v := range []string{"on", "off"} {
+		s, err := Open(ctx, fmt.Sprintf("file://%s?direct_io=%s", t.TempDir(), v), nil)
+		if err != nil {
+			t.Fatalf("direct_io=%s: %v", v, err)
+		}
+		if s.directIO != (v == "on") {
+			t.Errorf("direct_io=%s: directIO %v", v, s.directIO)
+		}
+		s.Close()
+	}
+}
