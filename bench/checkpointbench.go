@@ -26,6 +26,8 @@ func benchCheckpoint(args []string) error {
 	repeat := fs.Int("repeat", 3, "interleaved runs; the table shows medians")
 	loadFlag := fs.String("load", "idle", "idle, loaded (a CPU-bound process on every core beside both sides, as in bench allreduce) or both (idle,loaded)")
 	stall := fs.Bool("stall", true, "also measure what a checkpoint costs training (native trainer of about -size of state)")
+	stallOnly := fs.Bool("stall-only", false, "measure only what a checkpoint costs training")
+	stallDirect := fs.String("stall-direct-io", "on", "the stall measurement's store: direct_io=on (objects bypass the page cache) or off")
 	data := fs.String("data", dataset.DefaultURL, "the data set the stall measurement trains on")
 	fs.Parse(args)
 	size, err := parseSize(*sizeFlag)
@@ -57,6 +59,12 @@ func benchCheckpoint(args []string) error {
 		}
 		defer os.Remove(f.Name())
 	}
+	if *stallDirect != "on" && *stallDirect != "off" {
+		return fmt.Errorf("-stall-direct-io: %q; want on or off", *stallDirect)
+	}
+	if *stallOnly {
+		loads = nil
+	}
 	for _, l := range loads {
 		stop := startLoad(l == "loaded")
 		m, err := measureCheckpointRounds(ctx, dir, state, ddSource, *repeat)
@@ -66,9 +74,9 @@ func benchCheckpoint(args []string) error {
 		}
 		printCheckpointTable(l, m, size, *repeat, dir, ddSource)
 	}
-	if *stall {
+	if *stall || *stallOnly {
 		state = nil
-		return benchStall(ctx, dir, size, *repeat, *data)
+		return benchStall(ctx, dir, size, *repeat, *data, *stallDirect)
 	}
 	return nil
 }
