@@ -26,12 +26,13 @@ const (
 //
 // The optimizer steps only once every bucket is in (wait): a step whose
 // all-reduce failed halfway leaves the weights at the last completed step, which
-// a survivor's replica must be.
+// a survivor's replica must be. The buckets hold the ranks' sum; the
+// optimizer takes the mean (scale) as it reads them.
 type buckets struct {
 	comm   trainer.Reducer
 	grads  []float32
 	floats int // a bucket holds at least this many floats; the last may hold fewer
-	scale  float32
+	scale  float32 // 1/world: the sum times scale is the mean
 	handed int // grads[handed:] is with the reducer this step
 	out    int // buckets handed over and not yet waited for
 	todo   chan span
@@ -50,19 +51,14 @@ func newBuckets(ctx context.Context, comm trainer.Reducer, grads []float32, buck
 	return b
 }
 
-// reduce all-reduces and scales the buckets in the order they come. After a
-// failure it reports the same error for the rest without reducing them: the
-// group has failed, and the step will not be applied.
+// reduce all-reduces the buckets in the order they come. After a failure
+// it reports the same error for the rest without reducing them: the group
+// has failed, and the step will not be applied.
 func (b *buckets) reduce(ctx context.Context) {
 	var failed error
 	for s := range b.todo {
 		if failed == nil {
-			part := b.grads[s.lo:s.hi]
-			if failed = b.comm.AllReduce(ctx, part); failed == nil {
-				for i := range part {
-					part[i] *= b.scale
-				}
-			}
+			failed = b.comm.AllReduce(ctx, b.grads[s.lo:s.hi])
 		}
 		b.done <- failed
 	}

@@ -118,12 +118,16 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 				return m, err
 			}
 		}
-		globalLoss := float64(grads[len(grads)-1])
+		scale := float32(1) // grads hold the ranks' sum: their mean is sum*scale
+		if reduce != nil {
+			scale = reduce.scale
+		}
+		globalLoss := float64(grads[len(grads)-1] * scale)
 		if math.IsNaN(globalLoss) || math.IsInf(globalLoss, 0) {
 			return m, trainer.DivergedError(epoch, step, globalLoss)
 		}
 		t.opt.begin()
-		t.opt.update(t.model.params, grads, 0, len(t.model.params))
+		t.opt.update(t.model.params, grads, scale, 0, len(t.model.params))
 		t.cursor.Step = step + 1
 		lossSum += globalLoss
 		ran++

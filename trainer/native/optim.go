@@ -6,11 +6,14 @@ import "math"
 // A step is begin, then update over ranges that cover the parameters once, in
 // any order: every rule here is element-wise, so a step applied bucket by
 // bucket (as the buckets' all-reduces finish) is bit-identical to one pass.
+// The gradient of parameter i is grads[i]*scale, rounded to float32: the
+// ranks' sum times 1/world, their mean, exactly as if grads had been scaled
+// in place first, without a pass over memory to do it.
 type optimizer interface {
 	// begin starts a step: it counts it and fixes what depends on the count.
 	begin()
-	// update applies the step begun to params[lo:hi] from grads[lo:hi].
-	update(params, grads []float32, lo, hi int)
+	// update applies the step begun to params[lo:hi] from grads[lo:hi]*scale.
+	update(params, grads []float32, scale float32, lo, hi int)
 	// buffers are the optimizer's state vectors, saved with the weights.
 	buffers() [][]float32
 	steps() int64
@@ -37,11 +40,11 @@ func (o *sgd) begin() {
 	o.t++
 }
 
-func (o *sgd) update(p, g []float32, lo, hi int) {
+func (o *sgd) update(p, g []float32, scale float32, lo, hi int) {
 	first := o.first
 	v := o.velocity
 	for i := lo; i < hi; i++ {
-		gi := g[i] + o.decay*p[i]
+		gi := float32(g[i]*scale) + o.decay*p[i]
 		if o.momentum != 0 {
 			if first {
 				v[i] = gi
@@ -75,18 +78,19 @@ func (o *adam) begin() {
 	o.stepSize, o.invSqrtBC2 = float32(o.lr/bc1), float32(1/math.Sqrt(bc2))
 }
 
-func (o *adam) update(p, g []float32, lo, hi int) {
-	adamStep(p[lo:hi], g[lo:hi], o.m[lo:hi], o.v[lo:hi], o.beta1, o.beta2, o.decay, o.stepSize, o.invSqrtBC2, float32(o.eps))
+func (o *adam) update(p, g []float32, scale float32, lo, hi int) {
+	adamStep(p[lo:hi], g[lo:hi], o.m[lo:hi], o.v[lo:hi], scale, o.beta1, o.beta2, o.decay, o.stepSize, o.invSqrtBC2, float32(o.eps))
 }
 
 // minNormal32 is the smallest normal float32 (FLT_MIN).
 const minNormal32 = 0x1p-126
 
-// adamStepGo is the reference kernel: one pass of torch.optim.Adam's update.
-func adamStepGo(p, g, m, v []float32, b1, b2, decay, stepSize, invSqrtBC2, eps float32) {
+// adamStepGo is the reference kernel: one pass of torch.optim.Adam's update,
+// the gradient being g*scale.
+func adamStepGo(p, g, m, v []float32, scale, b1, b2, decay, stepSize, invSqrtBC2, eps float32) {
 	g, m, v = g[:len(p)], m[:len(p)], v[:len(p)]
 	for i := range p {
-		gi := g[i] + decay*p[i]
+		gi := float32(g[i]*scale) + decay*p[i]
 		mi := b1*m[i] + (1-b1)*gi
 		vi := b2*v[i] + (1-b2)*gi*gi
 		// Moments of parameters that get no gradient (weights of always-blank
