@@ -31,10 +31,10 @@ const (
 type buckets struct {
 	comm   trainer.Reducer
 	grads  []float32
-	floats int // a bucket holds at least this many floats; the last may hold fewer
+	floats int     // a bucket holds at least this many floats; the last may hold fewer
 	scale  float32 // 1/world: the sum times scale is the mean
-	handed int // grads[handed:] is with the reducer this step
-	out    int // buckets handed over and not yet waited for
+	handed int     // grads[handed:] is with the reducer this step
+	out    int     // buckets handed over and not yet waited for
 	todo   chan span
 	done   chan error
 }
