@@ -166,3 +166,72 @@ func TestDirectIOParameterIsCheckedAndNotPassedOn(t *testing.T) {
 		s.Close()
 	}
 }
+
+// A direct write the file system refuses (here: from memory that is not
+// aligned, which ext4 answers with EINVAL) is made again through the page
+// cache, and so is every later one: the object is whole.
+func TestARefusedDirectWriteGoesThroughTheCache(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	defer s.Close()
+	sw, err := s.newSyncedWriter(ctx, "o", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sw.direct.Load() {
+		t.Skip("this file system does not take O_DIRECT")
+	}
+	data := shapedBytes(2*directAlign + 1)
+	buf := alignedBuffer(3 * directAlign)
+	copy(buf[1:], data)
+	sw.writeBlock(buf[1:1+2*directAlign], 0) // misaligned memory
+	if sw.direct.Load() {
+		t.Fatal("still direct after a refused write")
+	}
+	sw.writeBlock(data[2*directAlign:], 2*directAlign)
+	sw.size = int64(len(data))
+	if err := sw.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.bucket.NewReader(ctx, "o", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	r.Close()
+	if !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes, not the %d written", len(got), len(data))
+	}
+}
+
+// A direct write that fails for any other reason fails the object: its
+// Close reports it and the checkpoint is not committed.
+func TestAFailedDirectWriteFailsTheCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	w, err := s.Begin(ctx, "r", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ow, err := w.Create(ctx, "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := ow.(*objectWriter)
+	if !o.sw.direct.Load() {
+		t.Skip("this file system does not take O_DIRECT")
+	}
+	o.sw.file.Close() // every write from now on fails (EBADF), which is not a refusal of O_DIRECT
+	ow.Write(shapedBytes(BlockSize + 10))
+	if err := ow.Close(); err == nil {
+		t.Fatal("Close returned nil after a block could not be written")
+	}
+	if _, err := w.Commit(ctx, Info{WorldSize: 1}); err == nil {
+		t.Fatal("Commit succeeded after an object failed")
+	}
+	if _, err := s.LatestVerified(ctx, "r"); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("LatestVerified: %v, want ErrNoCheckpoint", err)
+	}
+}

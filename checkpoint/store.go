@@ -367,18 +367,8 @@ func (sw *syncedWriter) writeBlock(b []byte, off int64) {
 	if len(b) == 0 {
 		return
 	}
-	var err error
-	if sw.direct.Load() {
-		padded := b[:roundUp(len(b), directAlign)]
-		clear(padded[len(b):])
-		if _, err = sw.file.WriteAt(padded, off); err != nil && isDirectRefused(err) {
-			sw.direct.Store(false)
-			err = setDirect(sw.file, false)
-		} else {
-			return
-		}
-	}
-	if err == nil {
+	err := sw.writeDirect(b, off)
+	if errors.Is(err, errNotDirect) {
 		if _, err = sw.file.WriteAt(b, off); err == nil {
 			startWriteback(sw.file, off, int64(len(b)))
 		}
@@ -388,6 +378,29 @@ func (sw *syncedWriter) writeBlock(b []byte, off int64) {
 		sw.failed = cmp.Or(sw.failed, err)
 		sw.mu.Unlock()
 	}
+}
+
+// errNotDirect says a block is to be written through the page cache.
+var errNotDirect = errors.New("not direct")
+
+// writeDirect writes b at off with O_DIRECT, padded to the alignment. It
+// returns errNotDirect if the file is not direct, or if the file system
+// refused the write (which turns direct I/O off for the rest).
+func (sw *syncedWriter) writeDirect(b []byte, off int64) error {
+	if !sw.direct.Load() {
+		return errNotDirect
+	}
+	padded := b[:roundUp(len(b), directAlign)]
+	clear(padded[len(b):])
+	_, err := sw.file.WriteAt(padded, off)
+	if err == nil || !isDirectRefused(err) {
+		return err
+	}
+	sw.direct.Store(false)
+	if err := setDirect(sw.file, false); err != nil {
+		return err
+	}
+	return errNotDirect
 }
 
 // err is the first block write that failed.
