@@ -225,6 +225,13 @@ func TestAFailedDirectWriteFailsTheCheckpoint(t *testing.T) {
 	}
 	o.sw.file.Close() // every write from now on fails (EBADF), which is not a refusal of O_DIRECT
 	ow.Write(shapedBytes(BlockSize + 10))
+	o.hashes.wait() // the full block has been written, or not
+	if o.sw.err() == nil {
+		t.Fatal("a block that could not be written left no error")
+	}
+	if _, err := ow.Write([]byte{1}); err == nil {
+		t.Fatal("Write returned nil after a block could not be written")
+	}
 	if err := ow.Close(); err == nil {
 		t.Fatal("Close returned nil after a block could not be written")
 	}
