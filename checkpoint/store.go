@@ -387,7 +387,7 @@ var errNotDirect = errors.New("not direct")
 // returns errNotDirect if the file is not direct, or if the file system
 // refused the write (which turns direct I/O off for the rest).
 func (sw *syncedWriter) writeDirect(b []byte, off int64) error {
-	if !sw.direct.Load() {
+	if !sw.direct.Load() || cap(b) < roundUp(len(b), directAlign) {
 		return errNotDirect
 	}
 	padded := b[:roundUp(len(b), directAlign)]
