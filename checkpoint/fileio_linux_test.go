@@ -242,3 +242,40 @@ func TestAFailedDirectWriteFailsTheCheckpoint(t *testing.T) {
 		t.Fatalf("LatestVerified: %v, want ErrNoCheckpoint", err)
 	}
 }
+
+// A corrupt byte is found when its block is read directly too (the file
+// dropped from the page cache after it was damaged).
+func TestCorruptBlocksReadDirectlyAreFound(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	defer s.Close()
+	data := shapedBytes(2*BlockSize + 5)
+	put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
+	path := filepath.Join(root, "r", ID(1, 0), "o")
+	c, err := s.LatestVerified(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int{0, BlockSize + 3, len(data) - 1} {
+		flip(t, path, at)
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Sync()
+		unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		f.Close()
+		if got := cachedPages(t, path); got != 0 {
+			t.Skipf("%d pages still cached after FADV_DONTNEED", got)
+		}
+		r, _ := c.Open(ctx, "o")
+		_, err = io.ReadAll(r)
+		r.Close()
+		var corrupt *CorruptError
+		if !errors.As(err, &corrupt) {
+			t.Fatalf("byte %d flipped, read directly: %v, want a CorruptError", at, err)
+		}
+		flip(t, path, at) // mended for the next
+	}
+}
