@@ -24,7 +24,7 @@ func benchCheckpoint(args []string) error {
 	sizeFlag := fs.String("size", "1G", "state size (K, M, G suffixes)")
 	dirFlag := fs.String("dir", "", "folder on the disk to measure (default: a temporary folder)")
 	repeat := fs.Int("repeat", 3, "interleaved runs; the table shows medians")
-	loadFlag := fs.String("load", "idle", "idle, loaded (a CPU-bound process on every core beside both sides, as in bench allreduce) or both (idle,loaded)")
+	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every side, as in bench allreduce) or both (idle,loaded)")
 	stall := fs.Bool("stall", true, "also measure what a checkpoint costs training (native trainer of about -size of state)")
 	stallOnly := fs.Bool("stall-only", false, "measure only what a checkpoint costs training")
 	stallDirect := fs.String("stall-direct-io", "on", "the stall measurement's store: direct_io=on (objects bypass the page cache) or off")
