@@ -19,9 +19,10 @@ import "unsafe"
 // (O_DIRECT does not flush the disk's own cache), the manifest written
 // last, and every block hashed. A block that is all in the page cache
 // already (a checkpoint read back right after it was written through the
-// cache, by an older version) is read through it; a file system that does
-// not take O_DIRECT (tmpfs before Linux 6.6, some network file systems) or
-// takes it and then refuses a write is read and written through the cache.
+// cache, by an older version) is read through it. A file system that does
+// not report an O_DIRECT alignment (STATX_DIOALIGN) our buffers meet, as
+// tmpfs does not on Linux 6.18 here, is read and written through the cache,
+// and so is one that takes O_DIRECT and then refuses a read or a write.
 
 // directAlign is the alignment of our buffers, and the most that direct I/O
 // may ask of offsets and lengths: a file system that wants more is used

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"errors"
 	"os"
 
@@ -12,7 +13,7 @@ import (
 // a whole checkpoint in the page cache until the final fsync, leaving the disk
 // idle while the object is hashed and written.
 func startWriteback(f *os.File, off, n int64) {
-	unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+	control(f, func(fd int) { unix.SyncFileRange(fd, off, n, unix.SYNC_FILE_RANGE_WRITE) })
 }
 
 // canDirect reports whether f's file system takes O_DIRECT with offsets,
@@ -33,7 +34,7 @@ func canDirect(f *os.File) bool {
 // setDirect turns O_DIRECT on or off for f's open file.
 func setDirect(f *os.File, on bool) error {
 	var err error
-	control(f, func(fd int) {
+	cerr := control(f, func(fd int) {
 		var flags int
 		if flags, err = unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err != nil {
 			return
@@ -45,7 +46,7 @@ func setDirect(f *os.File, on bool) error {
 		}
 		_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags)
 	})
-	return err
+	return cmp.Or(cerr, err)
 }
 
 // cached reports whether every page of [off, off+n) of f is in the page
@@ -65,11 +66,12 @@ func cached(f *os.File, off, n int64) bool {
 // read or write it had said it would take.
 func isDirectRefused(err error) bool { return errors.Is(err, unix.EINVAL) }
 
-// control runs fn with f's descriptor, without Fd's switch to blocking mode.
-func control(f *os.File, fn func(fd int)) {
+// control runs fn with f's descriptor, without Fd's switch to blocking
+// mode; it does not run fn (and says why) if f is closed.
+func control(f *os.File, fn func(fd int)) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
-		return
+		return err
 	}
-	rc.Control(func(fd uintptr) { fn(int(fd)) })
+	return rc.Control(func(fd uintptr) { fn(int(fd)) })
 }

@@ -307,10 +307,9 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 // An object's writer (blocks) writes whole blocks at their offsets instead,
 // with O_DIRECT where the file system takes it (fileio.go).
 type syncedWriter struct {
-	bw            *blob.Writer
-	file          *os.File
-	cancel        context.CancelFunc
-	written, sent int64 // bytes written; bytes handed to the kernel's writeback
+	bw     *blob.Writer
+	file   *os.File
+	cancel context.CancelFunc
 
 	blocks bool        // writeBlock writes straight to file; Write is not used
 	direct atomic.Bool // file is open with O_DIRECT
@@ -318,9 +317,6 @@ type syncedWriter struct {
 	mu     sync.Mutex
 	failed error // the first block that could not be written
 }
-
-// writebackEvery is how much a local object grows between writeback kicks.
-const writebackEvery = 8 << 20
 
 // newSyncedWriter starts the object key. With blocks, a local file is
 // written by writeBlock, directly where the file system allows it.
@@ -348,15 +344,9 @@ func (s *Store) newSyncedWriter(ctx context.Context, key string, blocks bool) (*
 	return sw, nil
 }
 
-func (sw *syncedWriter) Write(p []byte) (int, error) {
-	n, err := sw.bw.Write(p)
-	sw.written += int64(n)
-	if sw.file != nil && sw.written-sw.sent >= writebackEvery {
-		startWriteback(sw.file, sw.sent, sw.written-sw.sent)
-		sw.sent = sw.written
-	}
-	return n, err
-}
+// Write writes p through the blob writer: objects of stores without a
+// local file, and a checkpoint's small files (manifest, shard lists).
+func (sw *syncedWriter) Write(p []byte) (int, error) { return sw.bw.Write(p) }
 
 // writeBlock writes b at off, from any goroutine. A direct write of a last
 // block that does not fill the alignment is padded with zeros (b's capacity
