@@ -27,14 +27,13 @@ const (
 // The optimizer steps only once every bucket is in (wait): a step whose
 // all-reduce failed halfway leaves the weights at the last completed step, which
 // a survivor's replica must be. The buckets hold the ranks' sum; the
-// optimizer takes the mean (scale) as it reads them.
+// optimizer takes the mean as it reads them.
 type buckets struct {
 	comm   trainer.Reducer
 	grads  []float32
-	floats int     // a bucket holds at least this many floats; the last may hold fewer
-	scale  float32 // 1/world: the sum times scale is the mean
-	handed int     // grads[handed:] is with the reducer this step
-	out    int     // buckets handed over and not yet waited for
+	floats int // a bucket holds at least this many floats; the last may hold fewer
+	handed int // grads[handed:] is with the reducer this step
+	out    int // buckets handed over and not yet waited for
 	todo   chan span
 	done   chan error
 }
@@ -45,7 +44,7 @@ type span struct{ lo, hi int }
 func newBuckets(ctx context.Context, comm trainer.Reducer, grads []float32, bucketBytes int) *buckets {
 	floats := max(1, bucketBytes/4)
 	most := len(grads)/floats + 2 // every bucket but the last holds floats or more
-	b := &buckets{comm: comm, grads: grads, floats: floats, scale: 1 / float32(comm.World()),
+	b := &buckets{comm: comm, grads: grads, floats: floats,
 		todo: make(chan span, most), done: make(chan error, most)}
 	go b.reduce(ctx)
 	return b

@@ -88,7 +88,8 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 	start := time.Now()
 	var lossSum float64
 	ran := 0
-	var reduce *buckets // nil: a single rank, nothing to reduce
+	scale := 1 / float32(world) // grads hold the ranks' sum: their mean is sum*scale
+	var reduce *buckets         // nil: a single rank, nothing to reduce
 	if world > 1 {
 		reduce = newBuckets(ctx, t.comm, t.model.grads, t.cfg.BucketBytes)
 		defer reduce.close()
@@ -117,10 +118,6 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 			if err := reduce.wait(); err != nil {
 				return m, err
 			}
-		}
-		scale := float32(1) // grads hold the ranks' sum: their mean is sum*scale
-		if reduce != nil {
-			scale = reduce.scale
 		}
 		globalLoss := float64(grads[len(grads)-1] * scale)
 		if math.IsNaN(globalLoss) || math.IsInf(globalLoss, 0) {
