@@ -38,6 +38,9 @@ func benchCheckpoint(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *stallDirect != "on" && *stallDirect != "off" {
+		return fmt.Errorf("-stall-direct-io: %q; want on or off", *stallDirect)
+	}
 	dir := *dirFlag
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "durabletrain-ckpt-bench-"); err != nil {
@@ -46,6 +49,9 @@ func benchCheckpoint(args []string) error {
 		defer os.RemoveAll(dir)
 	}
 	ctx := context.Background()
+	if *stallOnly {
+		return benchStall(ctx, dir, size, *repeat, *data, *stallDirect)
+	}
 	state := make([]byte, size)
 	rand.Read(state)
 	// dd copies the same bytes from memory (tmpfs), not zeros: a virtual
@@ -59,12 +65,6 @@ func benchCheckpoint(args []string) error {
 		}
 		defer os.Remove(f.Name())
 	}
-	if *stallDirect != "on" && *stallDirect != "off" {
-		return fmt.Errorf("-stall-direct-io: %q; want on or off", *stallDirect)
-	}
-	if *stallOnly {
-		loads = nil
-	}
 	for _, l := range loads {
 		stop := startLoad(l == "loaded")
 		m, err := measureCheckpointRounds(ctx, dir, state, ddSource, *repeat)
@@ -74,7 +74,7 @@ func benchCheckpoint(args []string) error {
 		}
 		printCheckpointTable(l, m, size, *repeat, dir, ddSource)
 	}
-	if *stall || *stallOnly {
+	if *stall {
 		state = nil
 		return benchStall(ctx, dir, size, *repeat, *data, *stallDirect)
 	}
