@@ -74,6 +74,37 @@ func (m *rankMetrics) checkpoint(op string, bytes int64, took time.Duration) {
 	h.Timer(metricname.CheckpointLatency).Record(took)
 }
 
+// metered is the gang's collective as the trainer gets it: timed
+// (meteredReducer), and still caller-driven where the collective is.
+func metered(r trainer.Reducer, m *rankMetrics) trainer.Reducer {
+	mr := meteredReducer{Reducer: r, m: m}
+	if d, ok := r.(trainer.CallerDrivenReducer); ok {
+		return meteredDriven{meteredReducer: mr, driven: d}
+	}
+	return mr
+}
+
+// meteredDriven passes a caller-driven collective's started all-reduces
+// through and counts their bytes. Their latency and bus bandwidth are not
+// recorded: a started all-reduce runs between pieces of backward, so the
+// time from its start to Wait is mostly computation.
+type meteredDriven struct {
+	meteredReducer
+	driven trainer.CallerDrivenReducer
+}
+
+func (r meteredDriven) CallerDriven() bool { return r.driven.CallerDriven() }
+func (r meteredDriven) Progress() error    { return r.driven.Progress() }
+func (r meteredDriven) Wait() error        { return r.driven.Wait() }
+
+func (r meteredDriven) StartAllReduce(ctx context.Context, buf []float32) error {
+	if err := r.driven.StartAllReduce(ctx, buf); err != nil {
+		return err
+	}
+	r.m.reducedBytes.Inc(int64(len(buf)) * 4)
+	return nil
+}
+
 // meteredReducer times the collective a trainer uses.
 type meteredReducer struct {
 	trainer.Reducer

@@ -210,7 +210,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.events = &epochEvents{epoch: -1}
 	}
 	rep.tr, err = backend.NewRank(ctx, trainer.Rank{Spec: in.Spec, Run: in.Run, Generation: in.Generation, Rank: in.Rank,
-		Peers: in.Peers, Local: place, BatchSize: in.BatchSize, Comm: meteredReducer{Reducer: rep.group, m: rep.metrics}, Device: a.device(in.Slot), Scratch: rep.scratch,
+		Peers: in.Peers, Local: place, BatchSize: in.BatchSize, Comm: metered(rep.group, rep.metrics), Device: a.device(in.Slot), Scratch: rep.scratch,
 		PythonPath: a.PythonPath, Log: a.Log, Environ: a.Policy.Environ(), MemoryLimit: a.Policy.RankMemory(len(a.Slots)), Data: func(ctx context.Context) (*dataset.Set, *dataset.Set, error) {
 			beat.set(map[string]any{"phase": "loading data"})
 			return a.dataset(ctx, in.Spec.Dataset)

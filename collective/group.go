@@ -83,6 +83,9 @@ type Options struct {
 	// Transport is TransportAuto (shared memory with neighbours on the same
 	// host, TCP otherwise), TransportTCP or TransportSameIP.
 	Transport string
+	// Progress says who moves an operation started by StartAllReduce:
+	// ProgressAuto (default), ProgressCaller or ProgressNever (driven.go).
+	Progress string
 	// Logger receives one line per connection refused and per group failure. Default: none.
 	Logger *zap.Logger
 
@@ -192,6 +195,8 @@ type Group struct {
 
 	opMu    sync.Mutex
 	seq     uint32
+	driven  bool        // StartAllReduce leaves its operations to the caller (driven.go)
+	started []*drivenOp // operations started and not yet complete, oldest first
 	jobs    chan *recvJob
 	scratch []float32
 	// gathered holds the other ranks' buffers of a small all-reduce and the
@@ -226,6 +231,8 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		return nil, errors.New("collective: a Listener is required for more than one rank")
 	case opts.Transport != TransportAuto && opts.Transport != TransportTCP && opts.Transport != TransportSameIP:
 		return nil, fmt.Errorf("collective: options.Transport %q; want %q (automatic), %q or %q", opts.Transport, TransportAuto, TransportTCP, TransportSameIP)
+	case opts.Progress != ProgressAuto && opts.Progress != ProgressCaller && opts.Progress != ProgressNever:
+		return nil, fmt.Errorf("collective: options.Progress %q; want %q (automatic), %q or %q", opts.Progress, ProgressAuto, ProgressCaller, ProgressNever)
 	}
 	g := &Group{
 		gang: gang, rank: rank, world: world,
@@ -304,6 +311,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		g.yield = new(coreYielder)
 	}
 	g.spin = opts.SpinWindow
+	g.driven = callerDriven(opts.Progress, g.sendRing != nil && g.recvRing != nil, ranksOnHost(gang.Peers, rank), cores)
 	var left io.Reader = newSpinReader(g.leftConn, spin, &g.inOp)
 	if g.recvRing == nil && g.yield != nil {
 		// Data comes over TCP to a host with more ranks than cores: read it
@@ -417,6 +425,7 @@ func (g *Group) Close() error {
 	// still be reading a ring until it does.
 	g.opMu.Lock()
 	defer g.opMu.Unlock()
+	g.dropStarted()
 	g.closeRings.Do(func() {
 		if g.waker != nil {
 			g.waker.close()
@@ -1093,6 +1102,14 @@ func (g *Group) forwardsInline(sends []sendItem, receipts int) (int, bool) {
 func (g *Group) AllReduce(ctx context.Context, buf []float32) error {
 	g.opMu.Lock()
 	defer g.opMu.Unlock()
+	if err := g.finishStarted(); err != nil {
+		return err
+	}
+	return g.allReduceLocked(ctx, buf)
+}
+
+// allReduceLocked is AllReduce, under opMu, with no operation started.
+func (g *Group) allReduceLocked(ctx context.Context, buf []float32) error {
 	if g.world == 1 {
 		return g.Err()
 	}
@@ -1263,6 +1280,9 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 	}
 	g.opMu.Lock()
 	defer g.opMu.Unlock()
+	if err := g.finishStarted(); err != nil {
+		return err
+	}
 	if g.world == 1 {
 		return g.Err()
 	}

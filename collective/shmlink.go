@@ -120,7 +120,7 @@ func (r *shmReceiver) await(n int) error {
 func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) error {
 	ring := g.sendRing
 	wait := spinWait{window: g.spin}
-	for uint32(g.shmSent)-ring.consumed().Load() >= uint32(ring.slots) {
+	for !g.trySendShm(op, seq, src) {
 		if recv != nil {
 			if took, err := recv.take(); err != nil {
 				return err
@@ -145,6 +145,17 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 		}
 		ring.sendWaiting().Store(0)
 	}
+	return nil
+}
+
+// trySendShm puts one chunk of operation seq in the next free slot of the
+// right neighbour's ring and publishes it; false, and nothing done, while
+// the ring is full.
+func (g *Group) trySendShm(op byte, seq uint32, src []float32) bool {
+	ring := g.sendRing
+	if uint32(g.shmSent)-ring.consumed().Load() >= uint32(ring.slots) {
+		return false
+	}
 	ring.acquire()
 	slot := int(g.shmSent % uint64(ring.slots))
 	payload := asBytes(src)
@@ -159,7 +170,7 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 	if ring.recvWaiting().Load() != 0 {
 		futexWake(ring.published())
 	}
-	return nil
+	return true
 }
 
 // spinWait polls a ring for a window before its loop sleeps on the futex.

@@ -114,6 +114,26 @@ type Reducer interface {
 	World() int
 }
 
+// CallerDrivenReducer is a Reducer whose all-reduces a trainer can start
+// and then move along from its own goroutine, between pieces of its
+// computation, where CallerDriven says that pays (a host whose ranks fill
+// its cores: no core is left for a thread that communicates beside the
+// one that computes). *collective.Group implements it.
+type CallerDrivenReducer interface {
+	Reducer
+	// CallerDriven reports whether StartAllReduce returns before the
+	// operation completes; if not, it completes it first.
+	CallerDriven() bool
+	// StartAllReduce begins an all-reduce of buf, which stays the
+	// reducer's until Wait returns; operations complete in the order
+	// started, and any other operation waits for them.
+	StartAllReduce(ctx context.Context, buf []float32) error
+	// Progress moves the started operations along without waiting.
+	Progress() error
+	// Wait returns once every started operation is complete.
+	Wait() error
+}
+
 // StateWriter creates the named objects a trainer saves its state into.
 type StateWriter interface {
 	Create(ctx context.Context, name string) (io.WriteCloser, error)

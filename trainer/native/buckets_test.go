@@ -34,20 +34,45 @@ type countingReducer struct {
 }
 
 func (c *countingReducer) AllReduce(ctx context.Context, buf []float32) error {
+	c.count()
+	return c.Group.AllReduce(ctx, buf)
+}
+
+func (c *countingReducer) StartAllReduce(ctx context.Context, buf []float32) error {
+	c.count()
+	return c.Group.StartAllReduce(ctx, buf)
+}
+
+func (c *countingReducer) count() {
 	if n := c.calls.Add(1); c.failAt.Load() > 0 && n >= c.failAt.Load() {
 		c.Group.Close()
 	}
-	return c.Group.AllReduce(ctx, buf)
+}
+
+// progressModes are the two ways a step's buckets are all-reduced: started
+// and moved along by backward's own thread, or by a goroutine beside it.
+var progressModes = []struct{ name, progress string }{
+	{"driven by backward", collective.ProgressCaller},
+	{"on a goroutine", collective.ProgressNever},
 }
 
 // A step whose all-reduce fails after some of its buckets went through must
 // leave the weights and the optimizer at the last completed step on every
 // rank: that is the replica a survivor hands to the next gang.
 func TestAStepWhoseBucketFailsIsNotApplied(t *testing.T) {
+	for _, mode := range progressModes {
+		t.Run(mode.name, func(t *testing.T) { testAStepWhoseBucketFailsIsNotApplied(t, mode.progress) })
+	}
+}
+
+func testAStepWhoseBucketFailsIsNotApplied(t *testing.T, progress string) {
 	tr, te := subset(t)
 	small := tr.Head(512)
 	const world = 2
-	groups := trainertest.Gang(t, world)
+	groups := trainertest.GangWith(t, world, collective.Options{Progress: progress})
+	if groups[0].CallerDriven() != (progress == collective.ProgressCaller) {
+		t.Fatalf("Progress %q: CallerDriven() = %v", progress, groups[0].CallerDriven())
+	}
 	comms := make([]*countingReducer, world)
 	trainers := make([]*Trainer, world)
 	cfg := Config{Hidden: []int{32}, BatchSize: 64, Seed: 3, BucketBytes: MinBucketBytes}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -144,7 +145,12 @@ func TestSameSeedGivesBitIdenticalWeights(t *testing.T) {
 // trainRanks trains an epoch on world in-process ranks and calls check after
 // every step with each rank's weights at that step.
 func trainRanks(t *testing.T, world int, cfg Config, tr, te *dataset.Set, check func(step int, weights [][]float32)) [][]float32 {
-	groups := trainertest.Gang(t, world)
+	return trainRanksWith(t, world, collective.Options{}, cfg, tr, te, check)
+}
+
+// trainRanksWith is trainRanks on groups joined with opts.
+func trainRanksWith(t *testing.T, world int, opts collective.Options, cfg Config, tr, te *dataset.Set, check func(step int, weights [][]float32)) [][]float32 {
+	groups := trainertest.GangWith(t, world, opts)
 	trainers := make([]*Trainer, world)
 	for r := range world {
 		trainers[r] = newTrainer(t, cfg, tr, te, groups[r])
@@ -200,6 +206,32 @@ func TestRanksHoldBitIdenticalWeightsAfterEveryStep(t *testing.T) {
 			})
 			if steps == 0 {
 				t.Fatal("no steps were checked")
+			}
+		})
+	}
+}
+
+// Buckets all-reduced by backward's own thread and by a goroutine beside
+// it give the same weights, bit for bit, on every rank after every step:
+// with 4 KiB buckets, a step starts 25 all-reduces while backward runs.
+func TestBucketsDrivenByBackwardMatchAGoroutineBitForBit(t *testing.T) {
+	tr, te := subset(t)
+	cfg := Config{Hidden: []int{32}, BatchSize: 16, Seed: 5, BucketBytes: MinBucketBytes}
+	for _, world := range []int{2, 3} {
+		t.Run(fmt.Sprintf("ranks=%d", world), func(t *testing.T) {
+			final := map[string][]float32{}
+			for _, mode := range progressModes {
+				final[mode.name] = trainRanksWith(t, world, collective.Options{Progress: mode.progress}, cfg, tr.Head(600), te, func(step int, ws [][]float32) {
+					for r := 1; r < len(ws); r++ {
+						if !slices.Equal(ws[0], ws[r]) {
+							t.Fatalf("%s: after step %d rank %d's weights differ from rank 0's", mode.name, step+1, r)
+						}
+					}
+				})[0]
+			}
+			a, b := final[progressModes[0].name], final[progressModes[1].name]
+			if !slices.Equal(a, b) {
+				t.Fatalf("the weights differ between buckets %s and %s", progressModes[0].name, progressModes[1].name)
 			}
 		})
 	}

@@ -421,6 +421,13 @@ func testLeave(t *testing.T, newTrainer Factory) {
 // Gang joins world in-process ranks over loopback with a real collective.
 func Gang(t testing.TB, world int) []*collective.Group {
 	t.Helper()
+	return GangWith(t, world, collective.Options{})
+}
+
+// GangWith is Gang with the groups' options (the secret is the suite's).
+func GangWith(t testing.TB, world int, opts collective.Options) []*collective.Group {
+	t.Helper()
+	opts.Secret = []byte("trainertest-secret-0123456789")
 	peers := make([]string, world)
 	lns := make([]*collective.Listener, world)
 	for r := range world {
@@ -438,8 +445,7 @@ func Gang(t testing.TB, world int) []*collective.Group {
 	var wg sync.WaitGroup
 	for r := range world {
 		wg.Go(func() {
-			groups[r], errs[r] = collective.Join(ctx, lns[r], collective.Gang{Run: "trainertest", Generation: 1, Peers: peers}, r,
-				collective.Options{Secret: []byte("trainertest-secret-0123456789")})
+			groups[r], errs[r] = collective.Join(ctx, lns[r], collective.Gang{Run: "trainertest", Generation: 1, Peers: peers}, r, opts)
 		})
 	}
 	wg.Wait()
