@@ -27,6 +27,7 @@ type trainFlags struct {
 	bucketBytes                            int // scaling.bucket_bytes of our ranks; 0: the default
 	gomaxprocs                             int // GOMAXPROCS of our rank processes; 0: the runtime's default
 	spinWindow                             time.Duration
+	progress                               string // collective.Options.Progress of our ranks
 	scalingRepeats, scalingEpochs          int
 }
 
@@ -44,6 +45,7 @@ func benchTrain(args []string) error {
 	fs.IntVar(&f.bucketBytes, "bucket-bytes", 0, "gradient per all-reduce bucket, overlapped with backward (scaling.bucket_bytes); 0: the default")
 	fs.IntVar(&f.gomaxprocs, "gomaxprocs", 2, "GOMAXPROCS of each rank process: the training thread and the one that all-reduces beside it (PyTorch DDP also all-reduces on a thread of its own); 0: the runtime's default")
 	fs.DurationVar(&f.spinWindow, "spin-window", 0, "collective.Options.SpinWindow of our ranks: how long a small all-reduce polls before it sleeps; 0: the default, negative: never")
+	fs.StringVar(&f.progress, "progress", collective.ProgressAuto, "collective.Options.Progress of our ranks: who moves a step's bucket all-reduces; empty: automatic (backward's own thread where the ranks fill the cores), \"caller\" or \"never\" (a goroutine beside backward)")
 	fs.IntVar(&f.scalingRepeats, "scaling-repeats", 3, "rounds of the scaling table (1 rank, 2 ranks overlapped, 2 ranks all-reducing after backward), interleaved; 0: no table")
 	fs.IntVar(&f.scalingEpochs, "scaling-epochs", 3, "epochs of each scaling run; the first is a warm-up and not counted")
 	fs.Parse(args)
@@ -109,7 +111,7 @@ func runOurTraining(ctx context.Context, f trainFlags, ranks, epochs int, show b
 	cmds, err := selfRanks(ctx, ranks, func(rank int, peers string) []string {
 		return []string{"train-rank", "-rank", strconv.Itoa(rank), "-peers", peers, "-bucket-bytes", strconv.Itoa(f.bucketBytes),
 			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data,
-			"-spin-window", f.spinWindow.String()}
+			"-spin-window", f.spinWindow.String(), "-progress", f.progress}
 	})
 	if err != nil {
 		return nil, err
@@ -167,6 +169,7 @@ func trainRank(args []string) error {
 	data := fs.String("data", dataset.DefaultURL, "")
 	bucketBytes := fs.Int("bucket-bytes", 0, "")
 	spinWindow := fs.Duration("spin-window", 0, "")
+	progress := fs.String("progress", collective.ProgressAuto, "")
 	fs.Parse(args)
 	ctx := context.Background()
 	train, err := dataset.Load(ctx, *data, dataset.Train)
@@ -187,7 +190,7 @@ func trainRank(args []string) error {
 		defer ln.Close()
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench-train", Generation: 1, Peers: addrs}, *rank, collective.Options{Secret: benchSecret, SpinWindow: *spinWindow})
+		g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench-train", Generation: 1, Peers: addrs}, *rank, collective.Options{Secret: benchSecret, SpinWindow: *spinWindow, Progress: *progress})
 		if err != nil {
 			return err
 		}

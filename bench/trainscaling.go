@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/trainer/native"
 )
 
@@ -24,25 +25,28 @@ func trainScaling(ctx context.Context, f trainFlags) error {
 	if bucket == 0 {
 		bucket = native.DefaultBucketBytes
 	}
-	fmt.Printf("\n# scaling: %d rounds of 1 rank, 2 ranks with %d-byte buckets overlapped with backward, and 2 ranks\n", f.scalingRepeats, bucket)
-	fmt.Printf("# all-reducing after backward; %d epochs a run, the first not counted; GOMAXPROCS %d per rank\n\n", f.scalingEpochs, f.gomaxprocs)
+	fmt.Printf("\n# scaling: %d rounds of 1 rank, 2 ranks with %d-byte buckets overlapped with backward (moved by backward's\n", f.scalingRepeats, bucket)
+	fmt.Printf("# own thread where the ranks fill the cores, and by a goroutine beside it), 2 ranks all-reducing after\n")
+	fmt.Printf("# backward, and two 1-rank runs at once; %d epochs a run, the first not counted; GOMAXPROCS %d per rank\n\n", f.scalingEpochs, f.gomaxprocs)
 	type config struct {
 		name        string
 		ranks       int
 		bucketBytes int
-		alone       bool // two 1-rank runs at once, no communication: what the machine allows two ranks
+		progress    string // collective.Options.Progress
+		alone       bool   // two 1-rank runs at once, no communication: what the machine allows two ranks
 	}
 	configs := []config{
-		{"1 rank", 1, bucket, false},
-		{"2 ranks, buckets overlapped", 2, bucket, false},
-		{"2 ranks, one all-reduce after backward", 2, native.MaxBucketBytes, false},
-		{"two 1-rank runs at once, no all-reduce", 2, bucket, true},
+		{"1 rank", 1, bucket, f.progress, false},
+		{"2 ranks, buckets overlapped", 2, bucket, f.progress, false},
+		{"2 ranks, buckets on a goroutine", 2, bucket, collective.ProgressNever, false},
+		{"2 ranks, one all-reduce after backward", 2, native.MaxBucketBytes, f.progress, false},
+		{"two 1-rank runs at once, no all-reduce", 2, bucket, f.progress, true},
 	}
 	rates := make([][]float64, len(configs))
 	for round := range f.scalingRepeats {
 		for i, c := range configs {
 			g := f
-			g.bucketBytes = c.bucketBytes
+			g.bucketBytes, g.progress = c.bucketBytes, c.progress
 			rate, err := scalingRun(ctx, g, c.ranks, c.alone)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
