@@ -11,7 +11,11 @@
 // sleeps in poll(2) on both when neither moves (progress.go), as MPI's
 // progress engine does. A readLeft goroutine reads between operations
 // (keepalives, aborts, silence), and for a larger operation where the
-// platform has no progress loop.
+// platform has no progress loop. Where a host's ranks fill its cores and
+// both links are shared memory, an all-reduce can also be started
+// (StartAllReduce) and moved along by the caller between pieces of its
+// own computation (Progress, Wait): no thread beside the caller's
+// (driven.go).
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join
