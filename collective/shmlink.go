@@ -76,7 +76,7 @@ func (r *shmReceiver) take() (bool, error) {
 
 // await returns once n items of the operation have been taken.
 func (r *shmReceiver) await(n int) error {
-	g, ring := r.g, r.g.recvRing
+	g := r.g
 	wait := spinWait{window: r.spin}
 	for r.received < n {
 		if took, err := r.take(); err != nil {
@@ -103,14 +103,21 @@ func (r *shmReceiver) await(n int) error {
 		if wait.poll(g) {
 			continue
 		}
-		seen := uint32(g.shmDrained)
-		ring.recvWaiting().Store(1)
-		if ring.published().Load() == seen && g.Err() == nil && !g.leftClosed.Load() {
-			futexWait(ring.published(), seen, shmSleep)
-		}
-		ring.recvWaiting().Store(0)
+		g.sleepOnLeft()
 	}
 	return nil
+}
+
+// sleepOnLeft sleeps until the left neighbour publishes a chunk past those
+// this rank has drained, the group fails, or shmSleep passes.
+func (g *Group) sleepOnLeft() {
+	ring := g.recvRing
+	seen := uint32(g.shmDrained)
+	ring.recvWaiting().Store(1)
+	if ring.published().Load() == seen && g.Err() == nil && !g.leftClosed.Load() {
+		futexWait(ring.published(), seen, shmSleep)
+	}
+	ring.recvWaiting().Store(0)
 }
 
 // sendShm puts one chunk of operation seq in the next free slot of the
@@ -118,7 +125,6 @@ func (r *shmReceiver) await(n int) error {
 // what the left neighbour has published for this operation (recv, if the
 // left link is shared memory too).
 func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) error {
-	ring := g.sendRing
 	wait := spinWait{window: g.spin}
 	for !g.trySendShm(op, seq, src) {
 		if recv != nil {
@@ -138,14 +144,21 @@ func (g *Group) sendShm(op byte, seq uint32, src []float32, recv *shmReceiver) e
 		if recv != nil {
 			sleep = time.Millisecond // our left neighbour may publish meanwhile: look again soon
 		}
-		consumed := ring.consumed().Load()
-		ring.sendWaiting().Store(1)
-		if uint32(g.shmSent)-ring.consumed().Load() >= uint32(ring.slots) && g.Err() == nil {
-			futexWait(ring.consumed(), consumed, sleep)
-		}
-		ring.sendWaiting().Store(0)
+		g.sleepOnRight(sleep)
 	}
 	return nil
+}
+
+// sleepOnRight sleeps while the right neighbour's ring is full, until it
+// consumes a chunk, the group fails, or d passes.
+func (g *Group) sleepOnRight(d time.Duration) {
+	ring := g.sendRing
+	consumed := ring.consumed().Load()
+	ring.sendWaiting().Store(1)
+	if uint32(g.shmSent)-ring.consumed().Load() >= uint32(ring.slots) && g.Err() == nil {
+		futexWait(ring.consumed(), consumed, d)
+	}
+	ring.sendWaiting().Store(0)
 }
 
 // trySendShm puts one chunk of operation seq in the next free slot of the
