@@ -79,30 +79,50 @@ func (m *rankMetrics) checkpoint(op string, bytes int64, took time.Duration) {
 func metered(r trainer.Reducer, m *rankMetrics) trainer.Reducer {
 	mr := meteredReducer{Reducer: r, m: m}
 	if d, ok := r.(trainer.CallerDrivenReducer); ok {
-		return meteredDriven{meteredReducer: mr, driven: d}
+		return &meteredDriven{meteredReducer: mr, driven: d}
 	}
 	return mr
 }
 
 // meteredDriven passes a caller-driven collective's started all-reduces
-// through and counts their bytes. Their latency and bus bandwidth are not
-// recorded: a started all-reduce runs between pieces of backward, so the
-// time from its start to Wait is mostly computation.
+// through. Between one Wait and the next (a step's buckets), it adds up
+// the bytes started and the time the caller spent inside the collective
+// (Start, Progress, Wait): that is the step's all-reduce, recorded at Wait
+// as one latency and one bus bandwidth. The time from a Start to its Wait
+// would be mostly backward's computation, not the all-reduce's.
 type meteredDriven struct {
 	meteredReducer
 	driven trainer.CallerDrivenReducer
+	bytes  int64
+	inside time.Duration
 }
 
-func (r meteredDriven) CallerDriven() bool { return r.driven.CallerDriven() }
-func (r meteredDriven) Progress() error    { return r.driven.Progress() }
-func (r meteredDriven) Wait() error        { return r.driven.Wait() }
+func (r *meteredDriven) CallerDriven() bool { return r.driven.CallerDriven() }
 
-func (r meteredDriven) StartAllReduce(ctx context.Context, buf []float32) error {
-	if err := r.driven.StartAllReduce(ctx, buf); err != nil {
-		return err
+func (r *meteredDriven) StartAllReduce(ctx context.Context, buf []float32) error {
+	start := time.Now()
+	err := r.driven.StartAllReduce(ctx, buf)
+	r.inside += time.Since(start)
+	r.bytes += int64(len(buf)) * 4
+	return err
+}
+
+func (r *meteredDriven) Progress() error {
+	start := time.Now()
+	err := r.driven.Progress()
+	r.inside += time.Since(start)
+	return err
+}
+
+func (r *meteredDriven) Wait() error {
+	start := time.Now()
+	err := r.driven.Wait()
+	took, bytes := r.inside+time.Since(start), r.bytes
+	r.inside, r.bytes = 0, 0
+	if err == nil && bytes > 0 {
+		r.record(bytes, took)
 	}
-	r.m.reducedBytes.Inc(int64(len(buf)) * 4)
-	return nil
+	return err
 }
 
 // meteredReducer times the collective a trainer uses.
@@ -117,15 +137,21 @@ func (r meteredReducer) AllReduce(ctx context.Context, buf []float32) error {
 	if err != nil || r.Reducer.World() < 2 {
 		return err
 	}
-	took := time.Since(start)
-	bytes := int64(len(buf)) * 4
+	r.record(int64(len(buf))*4, time.Since(start))
+	return nil
+}
+
+// record counts one all-reduce of bytes that took took.
+func (r meteredReducer) record(bytes int64, took time.Duration) {
+	if r.Reducer.World() < 2 {
+		return
+	}
 	r.m.allReduceLatency.Record(took)
 	r.m.reducedBytes.Inc(bytes)
 	if bytes >= metricname.BusBandwidthFloor && took > 0 {
 		n := float64(r.Reducer.World())
 		r.m.busBW.Update(2 * (n - 1) / n * float64(bytes) / took.Seconds())
 	}
-	return nil
 }
 
 // tracer makes the agent's spans (gang.join, epoch.train, epoch.evaluate,
