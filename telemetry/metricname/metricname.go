@@ -18,7 +18,10 @@ const (
 	// test_loss, test_accuracy, loss for the latest step, and any other).
 	ReportedMetric = "durabletrain_metric"
 
-	// The collective (tags: run, rank).
+	// The collective (tags: run, rank). Where backward's own thread drives
+	// a step's bucket all-reduces (a host whose ranks fill its cores), one
+	// latency is recorded per step: the time the rank spent inside the
+	// collective for all of them, not the time from a bucket's start.
 	AllReduceLatency = "durabletrain_allreduce_latency" // timer
 	AllReduceBytes   = "durabletrain_allreduce_bytes"   // counter: bytes of the buffers reduced
 	// AllReduceBusBandwidth is NCCL's bus bandwidth of the latest all-reduce
