@@ -6,7 +6,7 @@
 // reads its left TCP link outside the Go runtime's network poller
 // (fdconn_linux.go), so that each arrival wakes one thread, not two. An
 // operation over TCP runs in the caller's goroutine: a small one reads its
-// frames and forwards them as they arrive (group.go, serveLeft); a larger one
+// frames and forwards them as they arrive (leftlink.go, serveLeft); a larger one
 // runs a progress loop that reads and writes both links without blocking and
 // sleeps in poll(2) on both when neither moves (progress.go), as MPI's
 // progress engine does. A readLeft goroutine reads between operations
@@ -36,4 +36,12 @@
 //
 // Every blocking call takes a context; cancelling it aborts the operation and
 // the group. The package knows nothing of Temporal.
+//
+// The files: group.go (Join, Close, the Group), frames.go (the wire frames,
+// keepalives, the reverse direction), failure.go (PeerError and how a group
+// fails), leftlink.go (the turns at reading the left link), ops.go (the
+// operations and their plans), progress.go (the progress loop), driven.go
+// (operations the caller drives), shmlink.go and shm_linux.go (shared
+// memory), transport.go (choosing it), listener.go and handshake.go
+// (accepting and authenticating neighbours).
 package collective
