@@ -74,6 +74,65 @@ func readObject(t *testing.T, c *Checkpoint, name string) []byte {
 	return b
 }
 
+// readByWriteTo reads an object with io.Copy, which takes the reader's
+// WriteTo: the blocks are written to the buffer from where they were read.
+func readByWriteTo(c *Checkpoint, name string) ([]byte, int64, error) {
+	r, err := c.Open(context.Background(), name)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer r.Close()
+	if _, ok := r.(io.WriterTo); !ok {
+		return nil, 0, fmt.Errorf("the reader of %s is a %T, which has no WriteTo", name, r)
+	}
+	var b bytes.Buffer
+	n, err := io.Copy(&b, r)
+	return b.Bytes(), n, err
+}
+
+// A writer that fails stops the copy with its own error, and a writer that
+// takes less than it is given, without an error, stops it with io.ErrShortWrite.
+func TestWriteToStopsWhereTheWriterFails(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	defer s.Close()
+	put(t, s, "r", 1, map[string][]byte{"o": bytes.Repeat([]byte{5}, 2*BlockSize+3)}, nil)
+	c, err := s.LatestVerified(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := errors.New("disk full")
+	for _, tc := range []struct {
+		w    io.Writer
+		want error
+	}{
+		{&limitedWriter{left: BlockSize + 10, err: full}, full},
+		{&limitedWriter{left: BlockSize + 10}, io.ErrShortWrite},
+	} {
+		r, _ := c.Open(ctx, "o")
+		n, err := r.(io.WriterTo).WriteTo(tc.w)
+		r.Close()
+		if !errors.Is(err, tc.want) || n != BlockSize+10 {
+			t.Errorf("WriteTo into a writer that takes %d bytes: %d written, %v; want %d and %v", BlockSize+10, n, err, BlockSize+10, tc.want)
+		}
+	}
+}
+
+// limitedWriter takes left bytes, then fails with err (or takes nothing more, when err is nil).
+type limitedWriter struct {
+	left int
+	err  error
+}
+
+func (w *limitedWriter) Write(p []byte) (int, error) {
+	n := min(len(p), w.left)
+	w.left -= n
+	if n < len(p) {
+		return n, w.err
+	}
+	return n, nil
+}
+
 func TestRoundTrip(t *testing.T) {
 	stores(t, func(t *testing.T, s *Store, url string) {
 		ctx := context.Background()
@@ -393,6 +452,9 @@ func everyBlockShape(t *testing.T, streams int) {
 		if got := readObject(t, c, "o"); !bytes.Equal(got, data) {
 			t.Fatalf("size %d: read back %d different bytes", size, len(got))
 		}
+		if got, n, err := readByWriteTo(c, "o"); err != nil || n != int64(size) || !bytes.Equal(got, data) {
+			t.Fatalf("size %d: io.Copy (WriteTo) gave %d bytes (%d counted), equal %v, error %v", size, len(got), n, bytes.Equal(got, data), err)
+		}
 		if size == 0 {
 			s.Close()
 			continue
@@ -405,6 +467,9 @@ func everyBlockShape(t *testing.T, streams int) {
 			var corrupt *CorruptError
 			if !errors.As(err, &corrupt) {
 				t.Fatalf("size %d, byte %d flipped: read returned %v, want a CorruptError", size, at, err)
+			}
+			if _, _, err := readByWriteTo(c, "o"); !errors.As(err, &corrupt) {
+				t.Fatalf("size %d, byte %d flipped: io.Copy (WriteTo) returned %v, want a CorruptError", size, at, err)
 			}
 			flip(t, filepath.Join(root, "r", ID(1, 0), "o"), at) // restore
 		}

@@ -457,6 +457,50 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 	if v.closed {
 		return 0, fmt.Errorf("reading object %s: %w", v.obj.Name, os.ErrClosed)
 	}
+	if err := v.advance(); err != nil {
+		return 0, err
+	}
+	n := copy(p, v.cur.buf[v.off:])
+	v.off += n
+	v.n += int64(n)
+	return n, nil
+}
+
+// WriteTo writes the object to w block by block, straight from the buffer
+// each block was read into, so that io.Copy pays no copy into a buffer of
+// its own (dd's reads to /dev/null pay none either). At the end it returns
+// nil, or a *CorruptError if the size or the hash list root differs from
+// the manifest: as with Read, w has been given the bytes by then, and a
+// caller must keep what it wrote until WriteTo has returned nil.
+func (v *verifyingReader) WriteTo(w io.Writer) (int64, error) {
+	if v.closed {
+		return 0, fmt.Errorf("reading object %s: %w", v.obj.Name, os.ErrClosed)
+	}
+	var written int64
+	for {
+		if err := v.advance(); err == io.EOF {
+			return written, nil
+		} else if err != nil {
+			return written, err
+		}
+		n, err := w.Write(v.cur.buf[v.off:])
+		v.off += n
+		v.n += int64(n)
+		written += int64(n)
+		if err == nil && v.off < len(v.cur.buf) {
+			err = io.ErrShortWrite
+		}
+		if err != nil {
+			return written, err
+		}
+	}
+}
+
+// advance makes the current block one with bytes left to hand out: it hands
+// a block that has been read out to a hasher (which frees its buffer) and
+// takes the next from its stream. At the object's end it returns io.EOF, or
+// the *CorruptError that the size or the hash list root calls for.
+func (v *verifyingReader) advance() error {
 	for v.err == nil && v.off == len(v.cur.buf) {
 		if v.cur.buf != nil {
 			if len(v.cur.buf) > 0 || v.obj.Size == 0 {
@@ -475,13 +519,7 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 			v.cur.buf = []byte{} // handed out (and hashed) even when empty
 		}
 	}
-	if v.err != nil {
-		return 0, v.err
-	}
-	n := copy(p, v.cur.buf[v.off:])
-	v.off += n
-	v.n += int64(n)
-	return n, nil
+	return v.err
 }
 
 // finish checks the whole object once storage has reported its end (or an error).
