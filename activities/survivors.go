@@ -11,9 +11,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zeebo/blake3"
 	"go.temporal.io/sdk/activity"
 	"go.uber.org/zap"
-	"lukechampine.com/blake3"
 
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"

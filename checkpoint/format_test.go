@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -133,5 +134,71 @@ func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
 				t.Fatalf("restored epoch %d, skipped %+v; want epoch 1, the altered one skipped for its hash", c.Manifest.Epoch, c.Skipped)
 			}
 		})
+	}
+}
+
+// A format 2 checkpoint written by the release that hashed with
+// lukechampine.com/blake3 (testdata/format2) verifies and loads with today's
+// BLAKE3, and a damaged byte in it is caught.
+func TestFormatTwoCheckpointsOfTheEarlierLibraryStillLoad(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	copyTree(t, "testdata/format2", root)
+	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := s.LatestVerified(ctx, "format2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Manifest.Format != 2 || c.Manifest.Epoch != 4 || c.Manifest.Step != 9 {
+		t.Fatalf("manifest %+v", c.Manifest)
+	}
+	if got := string(readObject(t, c, "state.bin")); got != "weights written by format 2\n" {
+		t.Fatalf("state.bin reads %q", got)
+	}
+	flip(t, filepath.Join(root, "format2", ID(4, 9), "state.bin"), 5)
+	r, _ := c.Open(ctx, "state.bin")
+	_, err = io.ReadAll(r)
+	r.Close()
+	var corrupt *CorruptError
+	if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "BLAKE3") {
+		t.Fatalf("a flipped byte in a format 2 object read as %v; want a CorruptError naming BLAKE3", err)
+	}
+}
+
+// The BLAKE3 hash lists of objects of every block shape are the ones the
+// earlier library (lukechampine.com/blake3 v1.4.1) computed for the same
+// bytes, recorded here, so checkpoints it wrote verify; and BLAKE3 itself
+// gives the specification's test vector for the empty input.
+func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
+	if got := hex.EncodeToString(func() []byte { s := hashBLAKE3.sum(nil); return s[:] }()); got != "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262" {
+		t.Fatalf("BLAKE3 of the empty input is %s; the specification's test vector is af1349b9…3262", got)
+	}
+	for _, tc := range []struct {
+		size int
+		root string
+	}{
+		{0, "82878ed8a480ee41775636820e05a934ca5c747223ca64306658ee5982e6c227"},
+		{1, "2bf4d007e0cefcaf167e4641bb0f343b402775122dbff17b11514e9cbd21eefa"},
+		{BlockSize - 1, "049c2a31220595d13f6023b600f0c3e3e1cc55416dae3e1657e8c90104a43027"},
+		{BlockSize + 1, "071b70864b78b91db6553f2b60ed3d6c6251baca4fb905aad946193fbef55faa"},
+		{2*BlockSize + 5, "dbd1df989731384db32d793708f02ac5c99a1661d9a439190d4fc664f29f8618"},
+	} {
+		data := make([]byte, tc.size)
+		for i := range data {
+			data[i] = byte(i*31 + i/BlockSize)
+		}
+		h := newHashList(hashBLAKE3)
+		n := 0
+		for off := 0; off < len(data) || n == 0; off += BlockSize {
+			h.hash(n, data[off:min(off+BlockSize, len(data))], nil, nil)
+			n++
+		}
+		if got := h.root(n); got != tc.root {
+			t.Errorf("%d bytes: hash list root %s; the earlier library's was %s", tc.size, got, tc.root)
+		}
 	}
 }
