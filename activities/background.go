@@ -97,10 +97,14 @@ func (a *Agent) checkpointInBackground(ctx context.Context, rep *replica, in spe
 func (a *Agent) startBackgroundSave(ctx context.Context, rep *replica, in spec.EpochInput, c trainer.Cursor, snap trainer.MemState) *backgroundSave {
 	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	b := &backgroundSave{done: make(chan struct{}), cancel: cancel}
+	recycler, _ := rep.tr.(trainer.SnapshotRecycler)
 	go func() {
 		defer close(b.done)
 		defer cancel()
 		b.ref, b.err = a.commit(bctx, rep, in.Run, in.Spec, len(in.Peers), nil, c, snap.WriteTo)
+		if recycler != nil {
+			recycler.Recycle(snap) // written (or failed): the next snapshot may copy into its memory
+		}
 		if b.err != nil {
 			a.Log.Warn("a checkpoint written in the background failed", zap.String("run", in.Run), zap.Int("epoch", c.Epoch), zap.Int("step", c.Step), zap.Error(b.err))
 			return

@@ -21,8 +21,11 @@ import (
 // every interval steps saved in the foreground (training waits for the
 // write, hash, fsync and manifest); and in the background as the
 // activities save them with checkpoint.async (a snapshot in memory, then
-// the same commit on another goroutine, one in flight at most). The peer
-// of the stall is the time to copy the state's bytes in memory.
+// the same commit on another goroutine, one in flight at most), once with
+// each snapshot handed back after its save (trainer.SnapshotRecycler: the
+// next copies into its memory) and once without. The peer of the stall is
+// the time to copy the state's bytes into memory touched before, as a
+// recycled snapshot's is; a copy into fresh memory is shown beside it.
 func benchStall(ctx context.Context, dir string, size, repeat int, data, directIO string) error {
 	train, err := dataset.Load(ctx, data, dataset.Train)
 	if err != nil {
@@ -97,22 +100,86 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 	interval := max(2, int(math.Ceil(3*slowest.Seconds()/stepTime.Seconds())))
 	const checkpoints = 3
 
-	var copyT, snapT, none, fg, bg, fgStall, bgStall, bgWait, bgSave []float64
+	// background trains with a checkpoint every interval steps, each a
+	// snapshot committed on another goroutine, one in flight at most; with
+	// recycle, each snapshot is handed back once its save is done
+	// (trainer.SnapshotRecycler), as the activities do.
+	type backgroundRun struct {
+		loop, stalled, waited time.Duration
+		snaps, saves          []float64
+	}
+	background := func(recycle bool) (backgroundRun, error) {
+		var r backgroundRun
+		if !recycle {
+			tr.Snapshot(ctx) // untimed: takes the memory the last one handed back, if any
+		}
+		var pending chan error
+		saved := make(chan float64, checkpoints)
+		for range checkpoints {
+			d, err := trainTo(interval)
+			if err != nil {
+				return r, err
+			}
+			t := time.Now()
+			if pending != nil {
+				if err := <-pending; err != nil {
+					return r, err
+				}
+			}
+			r.waited += time.Since(t)
+			ts := time.Now()
+			snap, err := tr.Snapshot(ctx)
+			if err != nil {
+				return r, err
+			}
+			r.snaps = append(r.snaps, time.Since(ts).Seconds())
+			pending = make(chan error, 1)
+			go func(c trainer.Cursor) {
+				t := time.Now()
+				err := save(ctx, c, snap.WriteTo)
+				saved <- time.Since(t).Seconds()
+				if recycle {
+					tr.Recycle(snap)
+				}
+				pending <- err
+			}(tr.Cursor())
+			r.stalled += time.Since(t)
+			r.loop += d + time.Since(t)
+		}
+		if err := <-pending; err != nil { // the last one, outside the loop: the next interval would hide it
+			return r, err
+		}
+		for range checkpoints {
+			r.saves = append(r.saves, <-saved)
+		}
+		return r, nil
+	}
+
+	var copyT, copyWarmT, none, fg, fgStall []float64
+	var snapT, bg, bgStall, bgWait, bgSave []float64         // snapshots handed back (the default)
+	var snapOnceT, bgOnce, bgOnceStall, bgOnceSave []float64 // snapshots never handed back: fresh memory for each
+	// The peers' memory: the state's bytes, and a copy's destination touched once.
+	src := make([]byte, stateBytes)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	warm := bytes.Clone(src)
 	// One round more than asked, the first not counted: on a virtual
 	// machine the first touch of fresh memory can cost many times a copy.
 	for round := range repeat + 1 {
 		if round == 1 {
-			copyT, snapT, none, fg, bg, fgStall, bgStall, bgWait, bgSave = nil, nil, nil, nil, nil, nil, nil, nil, nil
+			copyT, copyWarmT, none, fg, fgStall = nil, nil, nil, nil, nil
+			snapT, bg, bgStall, bgWait, bgSave = nil, nil, nil, nil, nil
+			snapOnceT, bgOnce, bgOnceStall, bgOnceSave = nil, nil, nil, nil
 		}
-		// The peer: copy the state's bytes into fresh memory, as the snapshot does.
-		src := make([]byte, stateBytes)
-		for i := range src {
-			src[i] = byte(i)
-		}
+		// The peers: copy the state's bytes into fresh memory, and into memory touched before.
 		t := time.Now()
 		dst := bytes.Clone(src)
 		copyT = append(copyT, time.Since(t).Seconds())
-		_, src, dst = dst[0], nil, nil
+		_, dst = dst[0], nil
+		t = time.Now()
+		copy(warm, src)
+		copyWarmT = append(copyWarmT, time.Since(t).Seconds())
 
 		// No checkpoints.
 		var loop time.Duration
@@ -143,48 +210,21 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 		fg = append(fg, loop.Seconds())
 		fgStall = append(fgStall, stalled.Seconds()/checkpoints)
 
-		// Background: snapshot, then commit on another goroutine.
-		loop, stalled = 0, 0
-		var waited time.Duration
-		var pending chan error
-		saved := make(chan float64, checkpoints)
-		for range checkpoints {
-			d, err := trainTo(interval)
+		// Background, with snapshots handed back and without, in an order that alternates by round.
+		for k := range 2 {
+			recycle := (round+k)%2 == 0
+			r, err := background(recycle)
 			if err != nil {
 				return err
 			}
-			t := time.Now()
-			if pending != nil {
-				if err := <-pending; err != nil {
-					return err
-				}
+			if recycle {
+				snapT, bgSave = append(snapT, r.snaps...), append(bgSave, r.saves...)
+				bg, bgStall = append(bg, r.loop.Seconds()), append(bgStall, r.stalled.Seconds()/checkpoints)
+				bgWait = append(bgWait, r.waited.Seconds()/checkpoints)
+			} else {
+				snapOnceT, bgOnceSave = append(snapOnceT, r.snaps...), append(bgOnceSave, r.saves...)
+				bgOnce, bgOnceStall = append(bgOnce, r.loop.Seconds()), append(bgOnceStall, r.stalled.Seconds()/checkpoints)
 			}
-			waited += time.Since(t)
-			ts := time.Now()
-			snap, err := tr.Snapshot(ctx)
-			if err != nil {
-				return err
-			}
-			snapT = append(snapT, time.Since(ts).Seconds())
-			pending = make(chan error, 1)
-			go func(c trainer.Cursor) {
-				t := time.Now()
-				err := save(ctx, c, snap.WriteTo)
-				saved <- time.Since(t).Seconds()
-				pending <- err
-			}(tr.Cursor())
-			stalled += time.Since(t)
-			loop += d + time.Since(t)
-		}
-		t = time.Now()
-		if err := <-pending; err != nil { // the last one, outside the loop: the next interval would hide it
-			return err
-		}
-		bg = append(bg, loop.Seconds())
-		bgStall = append(bgStall, stalled.Seconds()/checkpoints)
-		bgWait = append(bgWait, waited.Seconds()/checkpoints)
-		for range checkpoints {
-			bgSave = append(bgSave, <-saved)
 		}
 	}
 	ms := func(xs []float64) string { return fmt.Sprintf("%.0f", 1000*median(xs)) }
@@ -204,14 +244,20 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 	}
 	fmt.Printf("\n# what a checkpoint costs training: native trainer, two hidden layers of %d (a %s state), batch 8, %d checkpoints every %d steps (%.0f ms a step), direct_io=%s, median of %d interleaved runs after one not counted\n\n",
 		hidden, humanBytes(int(stateBytes)), checkpoints, interval, 1000*stepTime.Seconds(), directIO, repeat)
-	table([]string{"measure", "ms", "spread", "/ copy in memory", "target"}, [][]string{
-		{"copy the state's bytes in memory (the peer)", ms(copyT), spread(copyT), "1.00x", ""},
-		{"snapshot (trainer.Snapshotter)", ms(snapT), spread(snapT), fmt.Sprintf("%.2fx", median(snapT)/median(copyT)), ""},
-		{"stall per checkpoint, background (checkpoint.async)", ms(bgStall), spread(bgStall), fmt.Sprintf("%.2fx", median(bgStall)/median(copyT)), "<= 1.5x"},
-		{"  of which waiting for the previous save to commit", ms(bgWait), spread(bgWait), fmt.Sprintf("%.2fx", median(bgWait)/median(copyT)), ""},
-		{"training slowed per checkpoint, background (loop time vs none)", ms(perCkpt(bg, none)), spread(perCkpt(bg, none)), fmt.Sprintf("%.2fx", median(perCkpt(bg, none))/median(copyT)), ""},
-		{"a background save, snapshot to commit, while training runs", ms(bgSave), spread(bgSave), fmt.Sprintf("%.2fx", median(bgSave)/median(copyT)), ""},
-		{"stall per checkpoint, foreground", ms(fgStall), spread(fgStall), fmt.Sprintf("%.2fx", median(fgStall)/median(copyT)), ""},
+	ratio := func(xs []float64) string { return fmt.Sprintf("%.2fx", median(xs)/median(copyWarmT)) }
+	table([]string{"measure", "ms", "spread", "/ copy into touched memory", "target"}, [][]string{
+		{"copy the state's bytes into memory touched before (the peer)", ms(copyWarmT), spread(copyWarmT), ratio(copyWarmT), ""},
+		{"copy the state's bytes into fresh memory", ms(copyT), spread(copyT), ratio(copyT), ""},
+		{"snapshot, into the memory of the one handed back (trainer.SnapshotRecycler)", ms(snapT), spread(snapT), ratio(snapT), ""},
+		{"stall per checkpoint, background (checkpoint.async)", ms(bgStall), spread(bgStall), ratio(bgStall), "<= 1.5x"},
+		{"  of which waiting for the previous save to commit", ms(bgWait), spread(bgWait), ratio(bgWait), ""},
+		{"training slowed per checkpoint, background (loop time vs none)", ms(perCkpt(bg, none)), spread(perCkpt(bg, none)), ratio(perCkpt(bg, none)), ""},
+		{"a background save, snapshot to commit, while training runs", ms(bgSave), spread(bgSave), ratio(bgSave), ""},
+		{"snapshot into fresh memory (none handed back)", ms(snapOnceT), spread(snapOnceT), ratio(snapOnceT), ""},
+		{"stall per checkpoint, background, none handed back", ms(bgOnceStall), spread(bgOnceStall), ratio(bgOnceStall), ""},
+		{"training slowed per checkpoint, background, none handed back", ms(perCkpt(bgOnce, none)), spread(perCkpt(bgOnce, none)), ratio(perCkpt(bgOnce, none)), ""},
+		{"a background save, none handed back", ms(bgOnceSave), spread(bgOnceSave), ratio(bgOnceSave), ""},
+		{"stall per checkpoint, foreground", ms(fgStall), spread(fgStall), ratio(fgStall), ""},
 	})
 	return nil
 }

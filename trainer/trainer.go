@@ -53,6 +53,20 @@ type Snapshotter interface {
 	Snapshot(ctx context.Context) (MemState, error)
 }
 
+// SnapshotRecycler is a Snapshotter that can copy its next snapshot into
+// the memory of one its caller has finished with. A state of gigabytes is
+// then copied into pages already mapped, not into fresh ones at every
+// checkpoint: a fresh page costs a fault, and on a virtual machine whose
+// host takes freed memory back, much more than the copy (BENCHMARKS.md).
+type SnapshotRecycler interface {
+	Snapshotter
+	// Recycle hands back a snapshot this trainer made. The caller must not
+	// read it, or anything taken from it, again: a later Snapshot may
+	// overwrite it. A snapshot handed back twice, or one the trainer did not
+	// make, is ignored. Safe to call from any goroutine.
+	Recycle(MemState)
+}
+
 // Cursor is a position in training: Step steps of Epoch are done.
 type Cursor struct {
 	Epoch int `json:"epoch"`

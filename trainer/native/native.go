@@ -22,9 +22,13 @@ type Trainer struct {
 	cursor      trainer.Cursor
 	x           []float32
 	y           []uint8
+	snapshots   snapshotMemory
 }
 
-var _ trainer.Trainer = (*Trainer)(nil)
+var (
+	_ trainer.Trainer          = (*Trainer)(nil)
+	_ trainer.SnapshotRecycler = (*Trainer)(nil)
+)
 
 // evalBatch is the number of test examples scored per forward pass.
 const evalBatch = 1000

@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"slices"
+	"sync"
 	"unsafe"
+	"weak"
 
 	"github.com/durabletrain/durabletrain/trainer"
 )
@@ -46,14 +49,91 @@ func (t *Trainer) Snapshot(context.Context) (trainer.MemState, error) {
 	for _, v := range vectors {
 		size += 8 + 4*len(v)
 	}
-	b := make([]byte, 0, size)
+	b := t.snapshots.take(size)
 	b = append(b, head...)
 	for _, v := range vectors {
 		b = binary.LittleEndian.AppendUint64(b, uint64(len(v)))
 		b = append(b, floatBytes(v)...)
 	}
-	return trainer.MemState{StateObject: b}, nil
+	m := trainer.MemState{StateObject: b}
+	t.snapshots.lent(m, b)
+	return m, nil
 }
+
+// Recycle takes back a snapshot's memory for the next Snapshot to copy into.
+func (t *Trainer) Recycle(m trainer.MemState) { t.snapshots.give(m, m[StateObject]) }
+
+// snapshotMemory is the memory of the snapshots a trainer has lent out
+// and of the one handed back: the next snapshot copies into that one when
+// it is large enough. It keeps one spare: a background checkpoint hands
+// its snapshot back before the next is taken (checkpoint.async waits for
+// the previous save first).
+type snapshotMemory struct {
+	mu    sync.Mutex
+	spare []byte
+	// out is the latest snapshots lent out and not handed back. A snapshot
+	// is its map and its memory: a later snapshot may reuse the memory,
+	// never the map, so a snapshot handed back twice is told from the one
+	// that reuses its memory. Both weakly: a snapshot its caller keeps, or
+	// drops without handing it back, is the caller's to keep or the
+	// collector's to free.
+	out  [lentKept]lentSnapshot
+	next int
+}
+
+type lentSnapshot struct {
+	state uintptr // the MemState map's address; with data, not alone: it may be reused once the map is freed
+	data  weak.Pointer[byte]
+}
+
+// lentKept is how many of the latest snapshots lent out can be handed back.
+const lentKept = 4
+
+// take is an empty buffer of at least size bytes' capacity: the spare, or a new one.
+func (s *snapshotMemory) take(size int) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.spare; cap(b) >= size {
+		s.spare = nil
+		return b[:0]
+	}
+	return make([]byte, 0, size)
+}
+
+// lent records m, whose memory is b, as out with the caller.
+func (s *snapshotMemory) lent(m trainer.MemState, b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.out[s.next] = lentSnapshot{stateAddr(m), weak.Make(unsafe.SliceData(b[:1]))}
+	s.next = (s.next + 1) % lentKept
+}
+
+// give takes b, the memory of m, back as the spare (the larger of the two,
+// if there is one already), if m is one of the latest snapshots lent out.
+func (s *snapshotMemory) give(m trainer.MemState, b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	key := lentSnapshot{stateAddr(m), weak.Make(unsafe.SliceData(b[:1]))}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, l := range s.out {
+		if l == key {
+			s.out[i] = lentSnapshot{}
+			if cap(b) > cap(s.spare) {
+				s.spare = b
+			}
+			return
+		}
+	}
+	// Not ours, not among the latest, or handed back already.
+}
+
+// stateAddr is the address of m's map, which stays where it is while m lives.
+func stateAddr(m trainer.MemState) uintptr { return uintptr(reflect.ValueOf(m).UnsafePointer()) }
 
 // stateLayout is the state's header (through the vector count) and its vectors.
 func (t *Trainer) stateLayout() ([]byte, [][]float32) {

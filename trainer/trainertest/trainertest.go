@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -36,6 +37,107 @@ func Run(t *testing.T, newTrainer Factory) {
 	t.Run("MidEpochResumeIsBitIdentical", func(t *testing.T) { testMidEpochResume(t, newTrainer) })
 	t.Run("LeaveStopsTheGangAtOneStep", func(t *testing.T) { testLeave(t, newTrainer) })
 	t.Run("SnapshotIsTheSavedState", func(t *testing.T) { testSnapshot(t, newTrainer) })
+	t.Run("RecycledSnapshotsAreReusedAndNoOthers", func(t *testing.T) { testRecycle(t, newTrainer) })
+}
+
+// testRecycle: a SnapshotRecycler copies the next snapshot into the memory
+// of one handed back, and is still Save's bytes there; it never writes into
+// a snapshot that was not handed back, one handed back twice (into two
+// snapshots at once), or one it did not make.
+func testRecycle(t *testing.T, newTrainer Factory) {
+	ctx := context.Background()
+	a := newTrainer(t, trainer.Local{})
+	defer a.Close()
+	r, ok := a.(trainer.SnapshotRecycler)
+	if !ok {
+		t.Skip("the backend does not reuse snapshots' memory")
+	}
+	mustInit(t, a)
+	step := 0
+	trainOn := func() {
+		t.Helper()
+		step++
+		if _, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{UntilStep: step}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshot := func() trainer.MemState {
+		t.Helper()
+		m, err := r.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sameState(m, save(t, a)); err != nil {
+			t.Fatalf("a snapshot at step %d is not the saved state: %v", step, err)
+		}
+		return m
+	}
+	// kept is a snapshot with a copy of its bytes, to check that it never changes.
+	type kept struct{ snap, bytes trainer.MemState }
+	keep := func(m trainer.MemState) kept {
+		c := trainer.MemState{}
+		for k, v := range m {
+			c[k] = bytes.Clone(v)
+		}
+		return kept{m, c}
+	}
+	unchanged := func(what string, k kept) {
+		t.Helper()
+		if err := sameState(k.snap, k.bytes); err != nil {
+			t.Fatalf("%s changed: %v", what, err)
+		}
+	}
+
+	trainOn()
+	first := snapshot()
+	trainOn()
+	r.Recycle(first)
+	second := snapshot()
+	if !sharesMemory(first, second) {
+		t.Fatal("the snapshot after one was handed back did not reuse its memory")
+	}
+	// Not handed back: never written into.
+	notBack := keep(second)
+	trainOn()
+	third := keep(snapshot())
+	unchanged("a snapshot that was not handed back", notBack)
+	// Handed back twice, the second time after a snapshot reused its
+	// memory: reused once only.
+	r.Recycle(third.snap)
+	trainOn()
+	fourth := keep(snapshot())
+	if !sharesMemory(third.snap, fourth.snap) {
+		t.Fatal("the snapshot after one was handed back did not reuse its memory")
+	}
+	r.Recycle(third.snap)
+	r.Recycle(third.snap)
+	fifth := keep(snapshot())
+	if sharesMemory(fourth.snap, fifth.snap) {
+		t.Fatal("a snapshot handed back twice was reused by two snapshots")
+	}
+	unchanged("the snapshot reused once", fourth)
+	// Not the trainer's own: ignored.
+	foreign := keep(keep(fifth.snap).bytes)
+	r.Recycle(foreign.snap)
+	trainOn()
+	sixth := snapshot()
+	if sharesMemory(foreign.snap, sixth) {
+		t.Fatal("a snapshot the trainer did not make was reused")
+	}
+	unchanged("a copy handed back", foreign)
+	unchanged("the last snapshot before it", fifth)
+}
+
+// sharesMemory reports whether an object of a starts where one of b does.
+func sharesMemory(a, b trainer.MemState) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if cap(x) > 0 && cap(y) > 0 && unsafe.SliceData(x[:1]) == unsafe.SliceData(y[:1]) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // testSnapshot: a Snapshotter's snapshot is Save's bytes, it restores, and
