@@ -35,22 +35,43 @@ func copyTree(t *testing.T, src, dst string) {
 	}
 }
 
+// openFixture copies the checkpoints of testdata/<dir> into a store and
+// returns it, its root and the latest verified checkpoint of run dir.
+func openFixture(t *testing.T, dir string) (*Store, string, *Checkpoint) {
+	t.Helper()
+	root := t.TempDir()
+	copyTree(t, filepath.Join("testdata", dir), root)
+	s, err := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c, err := s.LatestVerified(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, root, c
+}
+
+// flippedByteIsCaught flips a byte of c's object name and reads it: the
+// read must end in a CorruptError naming algo.
+func flippedByteIsCaught(t *testing.T, c *Checkpoint, root, name, algo string) {
+	t.Helper()
+	flip(t, filepath.Join(root, c.Manifest.Run, c.Manifest.ID, name), 5)
+	r, _ := c.Open(context.Background(), name)
+	_, err := io.ReadAll(r)
+	r.Close()
+	var corrupt *CorruptError
+	if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), algo) {
+		t.Fatalf("a flipped byte in a format %d object read as %v; want a CorruptError naming %s", c.Manifest.Format, err, algo)
+	}
+}
+
 // A checkpoint written by the release before format 2 (testdata/format1,
 // SHA-256 hash lists) still verifies and loads, and a damaged byte in it is
 // still caught.
 func TestFormatOneCheckpointsStillLoad(t *testing.T) {
-	ctx := context.Background()
-	root := t.TempDir()
-	copyTree(t, "testdata/format1", root)
-	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	c, err := s.LatestVerified(ctx, "format1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, root, c := openFixture(t, "format1")
 	if c.Manifest.Format != 1 || c.Manifest.Epoch != 3 || c.Manifest.Step != 7 {
 		t.Fatalf("manifest %+v", c.Manifest)
 	}
@@ -58,21 +79,14 @@ func TestFormatOneCheckpointsStillLoad(t *testing.T) {
 		t.Fatalf("state.bin reads %q", got)
 	}
 	// A clone of it keeps its format: its hashes are checked against the source's.
-	m, err := s.Clone(ctx, c, "format1-clone")
+	m, err := s.Clone(context.Background(), c, "format1-clone")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.Format != 1 || m.Objects[1].SHA256 != c.Manifest.Objects[1].SHA256 {
 		t.Fatalf("clone %+v", m)
 	}
-	flip(t, filepath.Join(root, "format1", ID(3, 7), "state.bin"), 5)
-	r, _ := c.Open(ctx, "state.bin")
-	_, err = io.ReadAll(r)
-	r.Close()
-	var corrupt *CorruptError
-	if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "SHA-256") {
-		t.Fatalf("a flipped byte in a format 1 object read as %v; want a CorruptError naming SHA-256", err)
-	}
+	flippedByteIsCaught(t, c, root, "state.bin", "SHA-256")
 }
 
 // New checkpoints are format 2, BLAKE3, for objects of every block shape;
@@ -141,32 +155,14 @@ func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
 // lukechampine.com/blake3 (testdata/format2) verifies and loads with today's
 // BLAKE3, and a damaged byte in it is caught.
 func TestFormatTwoCheckpointsOfTheEarlierLibraryStillLoad(t *testing.T) {
-	ctx := context.Background()
-	root := t.TempDir()
-	copyTree(t, "testdata/format2", root)
-	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	c, err := s.LatestVerified(ctx, "format2")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, root, c := openFixture(t, "format2")
 	if c.Manifest.Format != 2 || c.Manifest.Epoch != 4 || c.Manifest.Step != 9 {
 		t.Fatalf("manifest %+v", c.Manifest)
 	}
 	if got := string(readObject(t, c, "state.bin")); got != "weights written by format 2\n" {
 		t.Fatalf("state.bin reads %q", got)
 	}
-	flip(t, filepath.Join(root, "format2", ID(4, 9), "state.bin"), 5)
-	r, _ := c.Open(ctx, "state.bin")
-	_, err = io.ReadAll(r)
-	r.Close()
-	var corrupt *CorruptError
-	if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "BLAKE3") {
-		t.Fatalf("a flipped byte in a format 2 object read as %v; want a CorruptError naming BLAKE3", err)
-	}
+	flippedByteIsCaught(t, c, root, "state.bin", "BLAKE3")
 }
 
 // The BLAKE3 hash lists of objects of every block shape are the ones the
