@@ -158,6 +158,17 @@ func stallTimeout(s spec.Training) time.Duration {
 	return max(time.Second, time.Duration(s.Failure.HeartbeatTimeout)/2)
 }
 
+// Close removes the agent's scratch root, with whatever its ranks left in
+// it. Call it once the workers that serve the agent have stopped. (A worker
+// killed before it could is cleaned up by the next one on the host:
+// newScratchRoot.)
+func (a *Agent) Close() error {
+	if a.scratch == "" || a.scratch == os.TempDir() {
+		return nil
+	}
+	return os.RemoveAll(a.scratch)
+}
+
 // scratchPrefix names a worker process's scratch root in the temporary
 // directory: durabletrain-worker-<pid>-<random>.
 const scratchPrefix = "durabletrain-worker-"

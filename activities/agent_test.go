@@ -32,9 +32,45 @@ func newAgents(t *testing.T, n int) ([]*Agent, []string) {
 		t.Cleanup(func() { ln.Close() })
 		agents[i] = &Agent{Identity: fmt.Sprintf("worker-%d", i), HostQueue: fmt.Sprintf("q-%d", i), Listener: ln, Slots: []Slot{{Index: 0}},
 			Policy: testPolicy(), signalled: func(string, any) error { return nil }}
+		a := agents[i]
+		t.Cleanup(func() { a.Close() })
 		peers[i] = ln.Addr()
 	}
 	return agents, peers
+}
+
+// Close removes the agent's scratch root and what its ranks left there,
+// and nothing else; again, it does nothing.
+func TestCloseRemovesTheScratchRoot(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	a := &Agent{Identity: "w", Slots: []Slot{{Index: 0}}}
+	a.init()
+	if filepath.Dir(a.scratch) != os.TempDir() || !strings.HasPrefix(filepath.Base(a.scratch), scratchPrefix) {
+		t.Fatalf("scratch root %q; want %s<pid>-… in %s", a.scratch, scratchPrefix, os.TempDir())
+	}
+	left := filepath.Join(a.scratch, "run-g1-r0-1", "restored")
+	if err := os.MkdirAll(left, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	beside := filepath.Join(os.TempDir(), "not-the-agents")
+	if err := os.Mkdir(beside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(a.scratch); !os.IsNotExist(err) {
+		t.Fatalf("the scratch root is still there after Close: %v", err)
+	}
+	if _, err := os.Stat(beside); err != nil {
+		t.Fatalf("Close removed more than its scratch root: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("a second Close: %v", err)
+	}
+	if err := (&Agent{}).Close(); err != nil {
+		t.Fatalf("Close of an agent never used: %v", err)
+	}
 }
 
 // runEpochOnAll runs RunEpoch for every rank at once, each in its own activity environment.

@@ -226,6 +226,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		slots := worker.New(c, cfg.TaskQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, Tuner: tuner, DisableWorkflowWorker: true})
 		ranks := worker.New(c, agent.HostQueue, worker.Options{Identity: cfg.Identity, WorkerStopTimeout: cfg.Grace, DisableWorkflowWorker: true})
 		RegisterAgent(slots, ranks, agent)
+		defer agent.Close() // after the workers stop (below): the ranks' scratch is theirs until then
 		workers = append(workers, slots, ranks)
 		log.Info("serving as a GPU agent", zap.String("task_queue", cfg.TaskQueue), zap.String("host_queue", agent.HostQueue),
 			zap.String("collective", agent.Advertise), zap.Int("slots", len(agent.Slots)), zap.Strings("trainers", backends.Names()))

@@ -168,6 +168,9 @@ func (f *Fleet) Stop() {
 	for _, w := range f.workers {
 		w.Stop()
 	}
+	for _, a := range f.agents {
+		a.Close()
+	}
 	for _, ln := range f.listeners {
 		ln.Close()
 	}

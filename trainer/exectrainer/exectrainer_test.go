@@ -576,10 +576,12 @@ func TestDeepScratchDirectoryStillConnects(t *testing.T) {
 // itself as the worker: a child process that starts a program and is
 // killed.
 func TestProgramsDieWithTheWorker(t *testing.T) {
-	if os.Getenv("EXECTRAINER_TEST_WORKER") != "" {
+	if scratch := os.Getenv("EXECTRAINER_TEST_WORKER"); scratch != "" {
 		// Connected, then deaf to its socket: as a program blocked in a collective.
+		// Its scratch is the parent's: this process is killed, and its own
+		// t.TempDir would stay behind.
 		prog := "import os, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['DURABLETRAIN_CONTROL'])\ntime.sleep(600)\n"
-		tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir()})
+		tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: scratch})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -591,7 +593,7 @@ func TestProgramsDieWithTheWorker(t *testing.T) {
 		return
 	}
 	worker := exec.Command(os.Args[0], "-test.run", "^TestProgramsDieWithTheWorker$", "-test.v")
-	worker.Env = append(os.Environ(), "EXECTRAINER_TEST_WORKER=1")
+	worker.Env = append(os.Environ(), "EXECTRAINER_TEST_WORKER="+t.TempDir())
 	out, _ := worker.StdoutPipe()
 	if err := worker.Start(); err != nil {
 		t.Fatal(err)
