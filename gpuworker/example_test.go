@@ -45,4 +45,5 @@ func Example_embedding() {
 	ranks := worker.New(c, agent.HostQueue, worker.Options{})
 	gpuworker.RegisterAgent(slots, ranks, agent)
 	// Then w.Start(), slots.Start(), ranks.Start() — or let gpuworker.Run do all of this.
+	// Once slots and ranks have stopped, agent.Close() removes the ranks' scratch.
 }
