@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -36,8 +37,10 @@ func copyTree(t *testing.T, src, dst string) {
 }
 
 // openFixture copies the checkpoints of testdata/<dir> into a store and
-// returns it, its root and the latest verified checkpoint of run dir.
-func openFixture(t *testing.T, dir string) (*Store, string, *Checkpoint) {
+// returns it, its root and the latest verified checkpoint of run dir, which
+// must be of the given format and cursor and hold state.bin reading
+// "weights written by format <format>".
+func openFixture(t *testing.T, dir string, format, epoch, step int) (*Store, string, *Checkpoint) {
 	t.Helper()
 	root := t.TempDir()
 	copyTree(t, filepath.Join("testdata", dir), root)
@@ -49,6 +52,12 @@ func openFixture(t *testing.T, dir string) (*Store, string, *Checkpoint) {
 	c, err := s.LatestVerified(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.Manifest.Format != format || c.Manifest.Epoch != epoch || c.Manifest.Step != step {
+		t.Fatalf("manifest %+v; want format %d at epoch %d step %d", c.Manifest, format, epoch, step)
+	}
+	if got, want := string(readObject(t, c, "state.bin")), fmt.Sprintf("weights written by format %d\n", format); got != want {
+		t.Fatalf("state.bin reads %q; want %q", got, want)
 	}
 	return s, root, c
 }
@@ -71,13 +80,7 @@ func flippedByteIsCaught(t *testing.T, c *Checkpoint, root, name, algo string) {
 // SHA-256 hash lists) still verifies and loads, and a damaged byte in it is
 // still caught.
 func TestFormatOneCheckpointsStillLoad(t *testing.T) {
-	s, root, c := openFixture(t, "format1")
-	if c.Manifest.Format != 1 || c.Manifest.Epoch != 3 || c.Manifest.Step != 7 {
-		t.Fatalf("manifest %+v", c.Manifest)
-	}
-	if got := string(readObject(t, c, "state.bin")); got != "weights written by format 1\n" {
-		t.Fatalf("state.bin reads %q", got)
-	}
+	s, root, c := openFixture(t, "format1", 1, 3, 7)
 	// A clone of it keeps its format: its hashes are checked against the source's.
 	m, err := s.Clone(context.Background(), c, "format1-clone")
 	if err != nil {
@@ -155,13 +158,7 @@ func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
 // lukechampine.com/blake3 (testdata/format2) verifies and loads with today's
 // BLAKE3, and a damaged byte in it is caught.
 func TestFormatTwoCheckpointsOfTheEarlierLibraryStillLoad(t *testing.T) {
-	_, root, c := openFixture(t, "format2")
-	if c.Manifest.Format != 2 || c.Manifest.Epoch != 4 || c.Manifest.Step != 9 {
-		t.Fatalf("manifest %+v", c.Manifest)
-	}
-	if got := string(readObject(t, c, "state.bin")); got != "weights written by format 2\n" {
-		t.Fatalf("state.bin reads %q", got)
-	}
+	_, root, c := openFixture(t, "format2", 2, 4, 9)
 	flippedByteIsCaught(t, c, root, "state.bin", "BLAKE3")
 }
 
