@@ -94,6 +94,9 @@ func benchAllReduce(args []string) error {
 		if out, err := exec.Command("mpicc", "-O2", "-o", mpiBin, filepath.Join(dir, "mpi_allreduce.c")).CombinedOutput(); err != nil {
 			return fmt.Errorf("building the OpenMPI peer (make deps-bench installs libopenmpi-dev): %v\n%s", err, out)
 		}
+		if out, err := exec.Command("cc", "-O2", "-o", filepath.Join(dir, "tcp_stream"), filepath.Join(dir, "tcp_stream.c")).CombinedOutput(); err != nil {
+			return fmt.Errorf("building the TCP ceiling (tcp_stream.c): %v\n%s", err, out)
+		}
 	}
 	ctx := context.Background()
 	if *perHost > 1 {
@@ -123,6 +126,12 @@ func benchAllReduce(args []string) error {
 	fmt.Printf("# median of %d interleaved runs per implementation; ±: (max-min)/median over the runs\n", *repeat)
 	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); like with like: ours over TCP against gloo (torch %s)\n", torchVersion())
 	fmt.Printf("# and OpenMPI over TCP (--mca btl tcp,self); ours over shared memory against OpenMPI's (--mca btl vader,self)\n")
+	if *peers {
+		fmt.Printf("# TCP ceiling: every rank streams the ring's 2(n-1)/n*size bytes per operation to its right neighbour and reads\n")
+		fmt.Printf("# as much from its left, no sums, no framing, no waits (bench/peers/tcp_stream.c): no all-reduce over TCP moves\n")
+		fmt.Printf("# fewer bytes, so ceiling/best peer bounds how far any implementation can beat the best peer here\n")
+		fmt.Printf("# (a bound on bandwidth, for 1 MiB and up: below that the stream overlaps operations, which no all-reduce can)\n")
+	}
 	fmt.Printf("# loaded: one CPU-bound process per core (%d) runs beside every implementation alike\n", runtime.NumCPU())
 	for _, load := range loads {
 		var tcpRows, shmRows [][]string
@@ -132,7 +141,7 @@ func benchAllReduce(args []string) error {
 				impls = append(impls, "ours-tcp-gather", "ours-shm-gather")
 			}
 			if *peers {
-				impls = append(impls, "gloo", "mpi-tcp", "mpi-shm")
+				impls = append(impls, "gloo", "mpi-tcp", "mpi-shm", "tcp-ceiling")
 			}
 			runs := map[string][]map[int]float64{}
 			for range max(1, *repeat) {
@@ -177,8 +186,11 @@ func benchAllReduce(args []string) error {
 				}
 				if *peers {
 					best := max(bus("gloo", size), bus("mpi-tcp", size))
+					ceiling := bus("tcp-ceiling", size)
 					tcp = append(tcp, us("gloo", size), us("mpi-tcp", size), fmt.Sprintf("%.2f", best),
-						fmt.Sprintf("%.2fx", bus("ours-tcp", size)/best), fmt.Sprintf("%.2fx", med["ours-tcp"][size]/med["mpi-tcp"][size]))
+						fmt.Sprintf("%.2fx", bus("ours-tcp", size)/best), fmt.Sprintf("%.2fx", med["ours-tcp"][size]/med["mpi-tcp"][size]),
+						fmt.Sprintf("%.2f", ceiling), fmt.Sprintf("%.0f%%", 100*bus("ours-tcp", size)/ceiling),
+						fmt.Sprintf("%.0f%%", 100*best/ceiling), fmt.Sprintf("%.2fx", ceiling/best))
 					shm = append(shm, us("mpi-shm", size), fmt.Sprintf("%.2f", bus("mpi-shm", size)),
 						fmt.Sprintf("%.2fx", bus("ours-shm", size)/bus("mpi-shm", size)), fmt.Sprintf("%.2fx", med["ours-shm"][size]/med["mpi-shm"][size]))
 				}
@@ -192,7 +204,8 @@ func benchAllReduce(args []string) error {
 			header = append(header, gathered...)
 		}
 		if *peers {
-			header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi")
+			header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi",
+				"TCP ceiling busbw", "ours / ceiling", "best peer / ceiling", "most any can beat the best peer by")
 		}
 		table(header, tcpRows)
 		fmt.Printf("\n## %s, shared memory\n\n", load)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,6 +109,8 @@ func runPeerAllReduce(ctx context.Context, impl, dir, mpiBin string, world int, 
 		return runMPIAllReduceOver(ctx, mpiBin, world, sizes, "tcp,self")
 	case "mpi-shm":
 		return runMPIAllReduceOver(ctx, mpiBin, world, sizes, "vader,self")
+	case "tcp-ceiling":
+		return runTCPCeiling(ctx, filepath.Join(dir, "tcp_stream"), world, sizes)
 	}
 	return nil, fmt.Errorf("no all-reduce peer %q", impl)
 }
@@ -118,6 +121,21 @@ func runMPIAllReduceOver(ctx context.Context, bin string, world int, sizes []int
 	cmd := exec.CommandContext(ctx, "mpirun", append(args, sizeSpecs(sizes)...)...)
 	cmd.Env = append(os.Environ(), "OMPI_MCA_plm_rsh_agent=")
 	lines, err := runRanks(ctx, []*exec.Cmd{cmd}, nil)
+	return perOp(lines), err
+}
+
+// runTCPCeiling runs bench/peers/tcp_stream.c, one process per rank: the
+// ring's traffic with no all-reduce around it.
+func runTCPCeiling(ctx context.Context, bin string, world int, sizes []int) (map[int]float64, error) {
+	addrs, err := freeAddrs(world)
+	if err != nil {
+		return nil, err
+	}
+	cmds := make([]*exec.Cmd, world)
+	for r := range world {
+		cmds[r] = exec.CommandContext(ctx, bin, append([]string{strconv.Itoa(r), strconv.Itoa(world), strings.Join(addrs, ",")}, sizeSpecs(sizes)...)...)
+	}
+	lines, err := runRanks(ctx, cmds, nil)
 	return perOp(lines), err
 }
 
