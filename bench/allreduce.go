@@ -127,10 +127,11 @@ func benchAllReduce(args []string) error {
 	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); like with like: ours over TCP against gloo (torch %s)\n", torchVersion())
 	fmt.Printf("# and OpenMPI over TCP (--mca btl tcp,self); ours over shared memory against OpenMPI's (--mca btl vader,self)\n")
 	if *peers {
-		fmt.Printf("# TCP ceiling: every rank streams the ring's 2(n-1)/n*size bytes per operation to its right neighbour and reads\n")
-		fmt.Printf("# as much from its left, no sums, no framing, no waits (bench/peers/tcp_stream.c): no all-reduce over TCP moves\n")
-		fmt.Printf("# fewer bytes, so ceiling/best peer bounds how far any implementation can beat the best peer here\n")
-		fmt.Printf("# (a bound on bandwidth, for 1 MiB and up: below that the stream overlaps operations, which no all-reduce can)\n")
+		fmt.Printf("# ring ceiling over TCP: every rank streams a ring all-reduce's 2(n-1)/n*size bytes per operation to its\n")
+		fmt.Printf("# right neighbour and reads as much from its left, no sums, no framing, no waits (bench/peers/tcp_stream.c);\n")
+		fmt.Printf("# a bound on bandwidth for 1 MiB and up (below that the stream overlaps operations). With 2 ranks no all-reduce\n")
+		fmt.Printf("# moves fewer bytes or has another pattern, so ceiling/best peer bounds how far any can beat the best peer; with\n")
+		fmt.Printf("# more ranks than cores an algorithm of fewer steps (OpenMPI's recursive halving at 4 ranks) can pass it\n")
 	}
 	fmt.Printf("# loaded: one CPU-bound process per core (%d) runs beside every implementation alike\n", runtime.NumCPU())
 	for _, load := range loads {
@@ -205,7 +206,7 @@ func benchAllReduce(args []string) error {
 		}
 		if *peers {
 			header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi",
-				"TCP ceiling busbw", "ours / ceiling", "best peer / ceiling", "most any can beat the best peer by")
+				"ring ceiling busbw", "ours / ceiling", "best peer / ceiling", "ceiling / best peer")
 		}
 		table(header, tcpRows)
 		fmt.Printf("\n## %s, shared memory\n\n", load)

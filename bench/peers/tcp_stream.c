@@ -1,13 +1,16 @@
-/* The TCP ceiling for `bench allreduce`: what any all-reduce over this
+/* The ring ceiling for `bench allreduce`: what a ring all-reduce over this
  * machine's TCP could reach at best. An all-reduce of S bytes over n ranks
  * must send and receive at least 2(n-1)/n * S bytes per rank (Patarasuk and
  * Yuan's bandwidth bound, which the ring meets). Here every rank streams
  * exactly that much per operation to its right neighbour and reads as much
  * from its left one, both at once, with no sums, no framing and nothing to
  * wait for between operations: a ring all-reduce's traffic with everything
- * else taken out. Its busbw (bytes / time * 2(n-1)/n) bounds what ours,
- * gloo and OpenMPI can reach over TCP, so the ratio of the ceiling to the best
- * peer bounds how far any implementation can beat that peer.
+ * else taken out. Its busbw (bytes / time * 2(n-1)/n) bounds what a ring
+ * (ours, gloo's, OpenMPI's) can reach over TCP. With 2 ranks every
+ * all-reduce is this one exchange, so there it bounds any implementation.
+ * With more ranks than cores, an algorithm of fewer steps can pass it:
+ * OpenMPI's recursive halving and doubling (Rabenseifner) at 4 ranks on 2
+ * cores, 1 MiB (BENCHMARKS.md).
  *
  * Args: RANK WORLD ADDR0,ADDR1,... SIZE:ITERS...  (ADDR is 127.0.0.1:PORT)
  * Prints one JSON line per size, as the other peers do.
