@@ -38,7 +38,6 @@ type drivenOp struct {
 	sends []sendItem
 	recv  shmReceiver // its job: the operation's seq and the chunks to receive
 	sent  int         // sends made
-	after int         // of them, the ones that waited for a receipt
 	stop  func() bool // stops the context's watch
 }
 
@@ -157,14 +156,11 @@ func (g *Group) advance(op *drivenOp) (moved, done bool, err error) {
 		sent := false
 		for op.sent < len(op.sends) {
 			s := op.sends[op.sent]
-			if s.afterToken && op.recv.received < op.after+1 {
+			if s.after > op.recv.received {
 				break // its receipt is not in yet
 			}
 			if !g.trySendShm(opAllReduce, op.recv.job.seq, s.src) {
 				break // the right neighbour's ring is full
-			}
-			if s.afterToken {
-				op.after++
 			}
 			op.sent++
 			sent = true
@@ -218,7 +214,7 @@ func (g *Group) finishStarted() error {
 			continue
 		}
 		op := g.started[0]
-		if op.sent < len(op.sends) && !(op.sends[op.sent].afterToken && op.recv.received < op.after+1) {
+		if op.sent < len(op.sends) && op.sends[op.sent].after <= op.recv.received {
 			// Held by a full ring: sleep until the neighbour consumes, but not
 			// for long, as our left neighbour may publish meanwhile.
 			g.sleepOnRight(time.Millisecond)

@@ -280,10 +280,10 @@ func (g *Group) readLeftBesideRing() {
 }
 
 // forwardFrom sends the forwards of a small operation that the items
-// received so far allow: each forward waits for one receipt, as run's sends
-// wait for a token.
+// received so far allow: each waits for its receipts, as run's sends wait
+// for their tokens.
 func (g *Group) forwardFrom(job *recvJob, received int) error {
-	for job.forwarded < len(job.forwards) && job.forwarded < received {
+	for job.forwarded < len(job.forwards) && job.forwards[job.forwarded].after <= received {
 		s := job.forwards[job.forwarded]
 		h := header{typ: frameData, op: job.op, seq: job.seq, length: uint32(4 * len(s.src))}
 		if err := g.writeRight(h, asBytes(s.src)); err != nil {

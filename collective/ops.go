@@ -5,11 +5,15 @@ import (
 	"fmt"
 )
 
-// sendItem is one chunk this rank sends to the right; afterToken means it
-// is the chunk received from the left one step earlier and must wait for it.
+// sendItem is one chunk this rank sends to the right. after is how many of
+// the operation's receipts (its items, in order) must be in before it goes:
+// 0 for data of this rank's own, more for data received from the left a
+// step earlier, up to the receipt that completes the chunk's last float.
+// The two links may cut a segment into chunks of different lengths
+// (sendPer, recvPer), so a send may wait for several receipts.
 type sendItem struct {
-	src        []float32
-	afterToken bool
+	src   []float32
+	after int
 }
 
 // run executes one operation, aborting the group if ctx ends first. A small
@@ -78,18 +82,17 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 	}
 	tokens := 0
 	for _, s := range sends {
-		if s.afterToken {
-			tokens++
-			if shm != nil {
-				if err := shm.await(tokens); err != nil {
-					return err
-				}
-			} else {
-				select {
-				case <-job.tokens:
-				case <-g.done:
-					return g.err
-				}
+		if shm != nil && s.after > 0 {
+			if err := shm.await(s.after); err != nil {
+				return err
+			}
+		}
+		for shm == nil && tokens < s.after {
+			select {
+			case <-job.tokens:
+				tokens++
+			case <-g.done:
+				return g.err
 			}
 		}
 		if g.sendRing != nil {
@@ -136,7 +139,7 @@ const inlineSendBytes = 64 << 10
 // its forwards in its own goroutine (run), and the index of its first send that waits for a receipt: only for
 // operations over TCP that send at most inlineSendBytes, and whose every
 // send after the first that waits for a receipt waits for one of the
-// receipts.
+// receipts, in order.
 func (g *Group) forwardsInline(sends []sendItem, receipts int) (int, bool) {
 	if g.sendRing != nil {
 		return 0, false
@@ -149,16 +152,15 @@ func (g *Group) forwardsInline(sends []sendItem, receipts int) (int, bool) {
 		return 0, false
 	}
 	first := 0
-	for first < len(sends) && !sends[first].afterToken {
+	for first < len(sends) && sends[first].after == 0 {
 		first++
 	}
-	if len(sends)-first > receipts {
-		return 0, false
-	}
+	prev := 1
 	for _, s := range sends[first:] {
-		if !s.afterToken {
+		if s.after < prev || s.after > receipts {
 			return 0, false
 		}
+		prev = s.after
 	}
 	return first, true
 }
@@ -250,31 +252,53 @@ func (g *Group) ringPlan(buf []float32) ([]sendItem, []recvItem) {
 		segs[i] = buf[lo:hi]
 		largest = max(largest, hi-lo)
 	}
-	if cap(g.scratch) < min(largest, g.opts.ChunkBytes/4) {
-		g.scratch = make([]float32, min(largest, g.opts.ChunkBytes/4))
+	if cap(g.scratch) < min(largest, g.recvPer) {
+		g.scratch = make([]float32, min(largest, g.recvPer))
 	}
 	var sends []sendItem
 	var recvs []recvItem
 	mod := func(i int) int { return ((i % w) + w) % w }
-	// Reduce-scatter: after w-1 steps rank r holds the full sum of segment r+1.
-	for s := range w - 1 {
-		for _, c := range g.chunks(segs[mod(r-s)]) {
-			sends = append(sends, sendItem{src: c, afterToken: s > 0})
+	// Step t sends segment r-t and receives segment r-t-1, which it adds in
+	// for t < w-1 (reduce-scatter: rank r then holds the full sum of segment
+	// r+1) and takes as it comes after (all-gather: the summed segments
+	// passed around the ring). From step 1 on, what it sends is what it
+	// received at step t-1.
+	sent := func(t int) int { return mod(r - t) }
+	recvd := func(t int) int { return mod(r - t - 1) }
+	before := 0 // receipts of the steps before the one received from
+	for t := range 2 * (w - 1) {
+		var from []recvItem // what step t-1 received
+		if t > 0 {
+			from = recvs[before:]
 		}
-		for _, c := range g.chunks(segs[mod(r-s-1)]) {
-			recvs = append(recvs, recvItem{dst: c, add: true})
+		sends = g.sendChunks(sends, segs[sent(t)], before, len(from))
+		if t > 0 {
+			before = len(recvs)
 		}
-	}
-	// All-gather: pass the summed segments around the ring.
-	for s := range w - 1 {
-		for _, c := range g.chunks(segs[mod(r-s+1)]) {
-			sends = append(sends, sendItem{src: c, afterToken: true})
-		}
-		for _, c := range g.chunks(segs[mod(r-s)]) {
-			recvs = append(recvs, recvItem{dst: c})
+		for _, c := range chunksOf(segs[recvd(t)], g.recvPer) {
+			recvs = append(recvs, recvItem{dst: c, add: t < w-1})
 		}
 	}
 	return sends, recvs
+}
+
+// sendChunks appends the sends of seg, cut into the right link's chunks.
+// With from > 0, seg is what arrived in the receipts before+1 to
+// before+from, cut into the left link's chunks: each send waits for the
+// receipt that completes its last float. With from 0 it waits for nothing.
+func (g *Group) sendChunks(sends []sendItem, seg []float32, before, from int) []sendItem {
+	end := 0 // floats of seg in the chunks so far
+	for _, c := range chunksOf(seg, g.sendPer) {
+		end += len(c)
+		s := sendItem{src: c}
+		if from > 0 {
+			// An empty segment is one empty receipt; otherwise the receipt
+			// holding float end-1.
+			s.after = before + min(from, max(1, (end+g.recvPer-1)/g.recvPer))
+		}
+		sends = append(sends, s)
+	}
+	return sends
 }
 
 // gatherSum is the small all-reduce: in world-1 ring steps every rank sends
@@ -294,15 +318,15 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 	p := g.planFor(opGatherSum, buf, func(buf []float32) ([]sendItem, []recvItem) {
 		var sends []sendItem
 		var recvs []recvItem
+		before := 0 // receipts of the steps before the last one
 		for s := range w - 1 {
-			src := buf
-			if s > 0 {
-				src = got[(s-1)*n : s*n]
+			if s == 0 {
+				sends = g.sendChunks(sends, buf, 0, 0)
+			} else {
+				sends = g.sendChunks(sends, got[(s-1)*n:s*n], before, len(recvs)-before)
+				before = len(recvs)
 			}
-			for _, c := range g.chunks(src) {
-				sends = append(sends, sendItem{src: c, afterToken: s > 0})
-			}
-			for _, c := range g.chunks(got[s*n : (s+1)*n]) {
+			for _, c := range chunksOf(got[s*n:(s+1)*n], g.recvPer) {
 				recvs = append(recvs, recvItem{dst: c})
 			}
 		}
@@ -356,12 +380,16 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 	}
 	var sends []sendItem
 	var recvs []recvItem
-	for _, c := range g.chunks(buf) {
-		if g.rank != root {
+	if g.rank != root {
+		for _, c := range chunksOf(buf, g.recvPer) {
 			recvs = append(recvs, recvItem{dst: c})
 		}
-		if g.right != root {
-			sends = append(sends, sendItem{src: c, afterToken: g.rank != root})
+	}
+	if g.right != root {
+		if g.rank == root {
+			sends = g.sendChunks(sends, buf, 0, 0)
+		} else {
+			sends = g.sendChunks(sends, buf, 0, len(recvs))
 		}
 	}
 	return g.run(ctx, opBroadcast, 4*len(buf), sends, recvs)
@@ -374,8 +402,7 @@ func (g *Group) Barrier(ctx context.Context) error {
 
 // chunks cuts a segment into pipelining units; an empty segment is one empty
 // chunk, so every step of the ring still synchronises its two ranks.
-func (g *Group) chunks(seg []float32) [][]float32 {
-	per := g.opts.ChunkBytes / 4
+func chunksOf(seg []float32, per int) [][]float32 {
 	if len(seg) == 0 {
 		return [][]float32{seg}
 	}

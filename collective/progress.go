@@ -60,7 +60,6 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 		si, sOff int
 		writing  bool
 		out      [headerLen]byte
-		waited   int // sends started that waited for a receipt
 		// Receiving: items[ri] has rOff payload bytes in, the first summed
 		// floats of them added into its buffer; inFrame: its header is read.
 		ri, rOff, summed int
@@ -95,7 +94,7 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 		for si < len(sends) {
 			s := sends[si]
 			if !writing {
-				if s.afterToken && ri < waited+1 {
+				if s.after > ri {
 					break // its receipt is not in yet
 				}
 				if !g.writeMu.TryLock() {
@@ -103,9 +102,6 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 					break
 				}
 				writing = true
-				if s.afterToken {
-					waited++
-				}
 				header{typ: frameData, op: job.op, seq: job.seq, length: uint32(4 * len(s.src))}.put(out[:])
 			}
 			payload := asBytes(s.src)

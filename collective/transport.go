@@ -53,7 +53,7 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 		}
 	}()
 
-	slotBytes := g.opts.ChunkBytes
+	slotBytes := g.opts.ShmChunkBytes
 	var offered *shmRing
 	var path string
 	var token []byte
@@ -88,7 +88,7 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 		slots := binary.BigEndian.Uint32(rest[l:])
 		size := int(binary.BigEndian.Uint32(rest[l+4:]))
 		signalled, n := slots&shmSignalled != 0, int(slots&^shmSignalled)
-		if size == g.opts.ChunkBytes && signalled && n > 0 && n <= shmMaxSlots && g.shmWith(g.right) {
+		if size == g.opts.ShmChunkBytes && signalled && n > 0 && n <= shmMaxSlots && g.shmWith(g.right) {
 			if ring, err := openShmRing(peerPath, n, size, rest[l+8:]); err == nil {
 				g.sendRing = ring
 				answer[0] = 1
