@@ -2,10 +2,14 @@
 // ring all-reduce (reduce-scatter, then all-gather), broadcast and barrier of
 // float32 buffers over TCP, and over shared memory between neighbours on one
 // host (shmlink.go: the data and its signal both cross the ring; TCP carries
-// the keepalives and aborts). On a host with more ranks than cores, a rank
-// reads its left TCP link outside the Go runtime's network poller
-// (fdconn_linux.go), so that each arrival wakes one thread, not two. An
-// operation over TCP runs in the caller's goroutine: a small one reads its
+// the keepalives and aborts). Each link cuts the segments it carries into
+// chunks of its own length, so that copying, sending and summing overlap:
+// Options.ChunkBytes over TCP, the smaller Options.ShmChunkBytes over shared
+// memory; a rank forwards a chunk once the receipts that complete it are in,
+// whatever lengths its two links use (ops.go, sendItem.after). On a host
+// with more ranks than cores, a rank reads its left TCP link outside the Go
+// runtime's network poller (fdconn_linux.go), so that each arrival wakes
+// one thread, not two. An operation over TCP runs in the caller's goroutine: a small one reads its
 // frames and forwards them as they arrive (leftlink.go, serveLeft); a larger one
 // runs a progress loop that reads and writes both links without blocking and
 // sleeps in poll(2) on both when neither moves (progress.go), as MPI's
