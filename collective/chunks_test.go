@@ -164,3 +164,23 @@ func checkBroadcast(t *testing.T, groups []*Group, length int) {
 		}
 	}
 }
+
+// A segment larger than a ring (4 MiB) fills it: every sender waits for
+// free slots while its own left neighbour's ring fills too, and each
+// drains its left ring while it waits, so the ring of full rings moves on.
+// The default chunks and rings, 2 and 3 ranks on one host.
+func TestSegmentsLargerThanTheRingsMoveOn(t *testing.T) {
+	for _, world := range []int{2, 3} {
+		t.Run(fmt.Sprintf("ranks=%d", world), func(t *testing.T) {
+			ips := make([]string, world)
+			for i := range ips {
+				ips[i] = "127.0.0.1"
+			}
+			groups := joinOn(t, ips, Options{})
+			if send, recv := groups[0].Transports(); send != "shm" || recv != "shm" {
+				t.Fatalf("rank 0 sends over %s and receives over %s; want shared memory", send, recv)
+			}
+			checkRingSums(t, groups, world*(6<<20)/4) // 6 MiB a segment
+		})
+	}
+}

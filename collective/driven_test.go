@@ -73,7 +73,7 @@ func TestStartedAllReducesSumAsAllReduceDoes(t *testing.T) {
 				})...); err != nil {
 					t.Fatal(err)
 				}
-				groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: mode})
+				groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: mode, shmRingBytes: 4 * 4 << 10})
 				if got := groups[0].CallerDriven(); got != (mode == ProgressCaller) {
 					t.Fatalf("CallerDriven() = %v with Progress %q over shared memory", got, mode)
 				}
@@ -170,20 +170,29 @@ func TestOtherOperationsWaitForStartedOnes(t *testing.T) {
 // complete once it calls Wait, not earlier.
 func TestStartedOperationsMoveWhenTheCallerDrivesThem(t *testing.T) {
 	const world, n, busy = 2, 1 << 16, 150 * time.Millisecond
-	// Chunks of 4 KiB: more than the ring's slots, so that a Start alone
-	// cannot send all of the operation.
-	groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: ProgressCaller})
+	// Chunks of 4 KiB. Rank 1 starts first: its Start sends what the ring
+	// takes and returns, as nothing has come from rank 0 yet; then rank 0
+	// starts and waits, and cannot finish until rank 1 drives again.
+	groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: ProgressCaller, shmRingBytes: 4 * 4 << 10})
 	var doneAt [world]time.Duration
 	start := time.Now()
+	rank1Started := make(chan struct{})
 	errs := each(groups, func(r int, g *Group) error {
 		buf := make([]float32, n)
-		if err := g.StartAllReduce(context.Background(), buf); err != nil {
+		if r == 0 {
+			<-rank1Started
+		}
+		err := g.StartAllReduce(context.Background(), buf)
+		if r == 1 {
+			close(rank1Started)
+		}
+		if err != nil {
 			return err
 		}
 		if r == 1 {
 			time.Sleep(busy) // computing, and not driving
 		}
-		err := g.Wait()
+		err = g.Wait()
 		doneAt[r] = time.Since(start)
 		return err
 	})

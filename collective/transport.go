@@ -12,8 +12,13 @@ import (
 )
 
 const (
-	// shmSlots is how many chunks a sender can have in flight through shared memory.
-	shmSlots = 4
+	// shmRingBytes is what a sender can have in flight through shared memory,
+	// in slots of ShmChunkBytes (at least 4, at most shmMaxSlots). A rank whose
+	// neighbour is off its core (a busy host) goes on sending until the ring
+	// is full: measured with a CPU-bound process per core beside 2 and 4
+	// ranks, 4 slots of 128 KiB made a 16 MiB all-reduce 2-3x slower than 4
+	// slots of 1 MiB (BENCHMARKS.md).
+	shmRingBytes = 4 << 20
 	// shmSignalled marks an offer of a ring whose sender signals through the
 	// ring itself (a counter and a futex, shmlink.go), not over TCP. It is
 	// set in the offer's slot count, so that a peer of an earlier release,
@@ -21,6 +26,15 @@ const (
 	// the two then talk over TCP only.
 	shmSignalled = 1 << 31
 )
+
+// shmSlots is how many slots of slotBytes a ring of ringBytes (0: the
+// default) has.
+func shmSlots(slotBytes, ringBytes int) int {
+	if ringBytes <= 0 {
+		ringBytes = shmRingBytes
+	}
+	return max(4, min(shmMaxSlots, ringBytes/slotBytes))
+}
 
 // negotiateShm runs after both handshakes: this rank offers a ring to its left
 // neighbour (who sends us data) and answers its right neighbour's offer. Each
@@ -60,11 +74,11 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 	offer := binary.BigEndian.AppendUint16(nil, 0)
 	if g.shmWith(g.left) {
 		var err error
-		if offered, path, token, err = createShmRing(shmSlots, slotBytes); err == nil {
+		if offered, path, token, err = createShmRing(shmSlots(slotBytes, g.opts.shmRingBytes), slotBytes); err == nil {
 			defer os.Remove(path)
 			offer = binary.BigEndian.AppendUint16(nil, uint16(len(path)))
 			offer = append(offer, path...)
-			offer = binary.BigEndian.AppendUint32(offer, shmSlots|shmSignalled)
+			offer = binary.BigEndian.AppendUint32(offer, uint32(shmSlots(slotBytes, g.opts.shmRingBytes))|shmSignalled)
 			offer = binary.BigEndian.AppendUint32(offer, uint32(slotBytes))
 			offer = append(offer, token...)
 		}
