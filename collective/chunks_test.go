@@ -5,50 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 )
-
-// joinOn joins one rank per address in ips (127.0.0.x), with
-// TransportSameIP: ranks on one address talk through shared memory, the
-// others over TCP.
-func joinOn(t *testing.T, ips []string, opts Options) []*Group {
-	t.Helper()
-	opts.Secret, opts.Transport = testSecret, TransportSameIP
-	lns := make([]*Listener, len(ips))
-	peers := make([]string, len(ips))
-	for i, ip := range ips {
-		ln, err := Listen(ip+":0", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		lns[i], peers[i] = ln, ln.Addr()
-	}
-	groups := make([]*Group, len(ips))
-	errs := make([]error, len(ips))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for i := range ips {
-		wg.Go(func() {
-			groups[i], errs[i] = Join(ctx, lns[i], Gang{Run: "chunks-" + t.Name(), Generation: 1, Peers: peers}, i, opts)
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, g := range groups {
-			g.Close()
-		}
-	})
-	return groups
-}
 
 // Shared-memory links cut segments into ShmChunkBytes, TCP links into
 // ChunkBytes, so a rank with one link of each receives a segment in chunks
@@ -93,30 +53,12 @@ func TestLinksOfDifferentChunkLengthsSumAsTheRing(t *testing.T) {
 	}
 }
 
-// checkRingSums all-reduces inputs of length floats that span magnitudes,
-// so that another order of additions shows, and checks every rank's
-// result against the ring's order bit for bit.
+// checkRingSums all-reduces ringOrderSums's inputs of length floats and
+// checks every rank's result against the ring's order bit for bit.
 func checkRingSums(t *testing.T, groups []*Group, length int) {
 	t.Helper()
 	n := len(groups)
-	inputs := make([][]float32, n)
-	for r := range n {
-		rng := rand.New(rand.NewPCG(uint64(r), uint64(length)))
-		inputs[r] = make([]float32, length)
-		for i := range inputs[r] {
-			inputs[r][i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(12)-6)))
-		}
-	}
-	want := make([]float32, length)
-	for k := range n {
-		for i := k * length / n; i < (k+1)*length/n; i++ {
-			acc := inputs[k][i]
-			for j := 1; j < n; j++ {
-				acc += inputs[(k+j)%n][i]
-			}
-			want[i] = acc
-		}
-	}
+	inputs, want := ringOrderSums(n, length, uint64(length))
 	bufs := make([][]float32, n)
 	for r := range n {
 		bufs[r] = slices.Clone(inputs[r])

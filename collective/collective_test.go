@@ -23,37 +23,89 @@ var testSecret = []byte("0123456789abcdef-test-secret")
 // gang starts n in-process ranks on loopback and joins them.
 func gang(t testing.TB, n int, opts Options) []*Group {
 	t.Helper()
+	ips := make([]string, n)
+	for i := range ips {
+		ips[i] = "127.0.0.1"
+	}
+	return joinAt(t, ips, opts)
+}
+
+// joinOn joins one rank per address in ips (127.0.0.x), with
+// TransportSameIP: ranks on one address talk through shared memory, the
+// others over TCP.
+func joinOn(t testing.TB, ips []string, opts Options) []*Group {
+	t.Helper()
+	opts.Transport = TransportSameIP
+	return joinAt(t, ips, opts)
+}
+
+// joinAt starts one in-process rank listening on each address in ips
+// (any port) and joins them; the groups close when the test ends.
+func joinAt(t testing.TB, ips []string, opts Options) []*Group {
+	t.Helper()
 	if opts.Secret == nil {
 		opts.Secret = testSecret
 	}
-	lns := make([]*Listener, n)
-	peers := make([]string, n)
-	for i := range n {
-		ln := listen(t)
+	lns := make([]*Listener, len(ips))
+	peers := make([]string, len(ips))
+	for i, ip := range ips {
+		ln, err := Listen(ip+":0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
 		lns[i], peers[i] = ln, ln.Addr()
 	}
-	groups := make([]*Group, n)
-	errs := make([]error, n)
+	groups := make([]*Group, len(ips))
+	errs := make([]error, len(ips))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	for i := range n {
+	for i := range ips {
 		wg.Go(func() {
 			groups[i], errs[i] = Join(ctx, lns[i], Gang{Run: "run-" + t.Name(), Generation: 1, Peers: peers}, i, opts)
 		})
 	}
 	wg.Wait()
+	t.Cleanup(func() {
+		for _, g := range groups {
+			if g != nil {
+				g.Close()
+			}
+		}
+	})
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("rank %d join: %v", i, err)
 		}
 	}
-	t.Cleanup(func() {
-		for _, g := range groups {
-			g.Close()
-		}
-	})
 	return groups
+}
+
+// ringOrderSums makes n ranks' inputs of length floats, spanning
+// magnitudes so that another order of additions shows, and their sums in
+// the ring's order, written out: segment k summed from rank k's values on,
+// around the ring.
+func ringOrderSums(n, length int, seed uint64) (inputs [][]float32, want []float32) {
+	inputs = make([][]float32, n)
+	for r := range n {
+		rng := rand.New(rand.NewPCG(uint64(r), seed))
+		inputs[r] = make([]float32, length)
+		for i := range inputs[r] {
+			inputs[r][i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(12)-6)))
+		}
+	}
+	want = make([]float32, length)
+	for k := range n {
+		for i := k * length / n; i < (k+1)*length/n; i++ {
+			acc := inputs[k][i]
+			for j := 1; j < n; j++ {
+				acc += inputs[(k+j)%n][i]
+			}
+			want[i] = acc
+		}
+	}
+	return inputs, want
 }
 
 // each runs f on every rank concurrently and returns the errors by rank.
@@ -456,36 +508,9 @@ func TestTransportsAgreeBitForBit(t *testing.T) {
 // share an IP address: simulated hosts on 127.0.0.x talk TCP to each other.
 func TestTransportSameIPKeepsHostsApart(t *testing.T) {
 	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.2"}
-	lns := make([]*Listener, len(ips))
-	peers := make([]string, len(ips))
-	for i, ip := range ips {
-		ln, err := Listen(ip+":0", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		lns[i], peers[i] = ln, ln.Addr()
-	}
-	groups := make([]*Group, len(ips))
-	errs := make([]error, len(ips))
+	groups := joinOn(t, ips, Options{ChunkBytes: 64 << 10})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	for i := range ips {
-		wg.Go(func() {
-			groups[i], errs[i] = Join(ctx, lns[i], Gang{Run: "same-ip", Generation: 1, Peers: peers}, i,
-				Options{Secret: testSecret, Transport: TransportSameIP, ChunkBytes: 64 << 10})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, g := range groups {
-			g.Close()
-		}
-	}()
 	// Ring 0 -> 1 -> 2 -> 0: only 1 -> 2 stays on one address.
 	for r, want := range [][2]string{{"tcp", "tcp"}, {"shm", "tcp"}, {"tcp", "shm"}} {
 		if send, recv := groups[r].Transports(); send != want[0] || recv != want[1] {
@@ -516,25 +541,7 @@ func TestSmallAllReduceSumsAsTheRingDoes(t *testing.T) {
 		for _, n := range []int{2, 3, 4, 5} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", transport, n), func(t *testing.T) {
 				const length = 1003
-				inputs := make([][]float32, n)
-				for r := range n {
-					rng := rand.New(rand.NewPCG(uint64(r), 7))
-					inputs[r] = make([]float32, length)
-					for i := range inputs[r] {
-						inputs[r][i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(12)-6)))
-					}
-				}
-				// The ring's order, written out.
-				want := make([]float32, length)
-				for k := range n {
-					for i := k * length / n; i < (k+1)*length/n; i++ {
-						acc := inputs[k][i]
-						for j := 1; j < n; j++ {
-							acc += inputs[(k+j)%n][i]
-						}
-						want[i] = acc
-					}
-				}
+				inputs, want := ringOrderSums(n, length, 7)
 				got := map[int][][]float32{}
 				for _, gather := range []int{64 << 10, 0} {
 					groups := gang(t, n, Options{Transport: transport, GatherBytes: gather, ChunkBytes: 1024})
