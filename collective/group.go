@@ -97,9 +97,9 @@ type Options struct {
 	// Tests set it to take the paths of a host with more ranks than cores,
 	// or fewer, whatever this machine has.
 	hostCores int
-	// shmRingBytes is what a shared-memory ring this rank offers holds; 0:
-	// the default, shmRingBytes. Tests make it small, so that rings fill.
-	shmRingBytes int
+	// ringBytes is what a shared-memory ring this rank offers holds; 0: the
+	// default, shmRingBytes. Tests make it small, so that rings fill.
+	ringBytes int
 }
 
 const (

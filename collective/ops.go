@@ -262,39 +262,32 @@ func (g *Group) ringPlan(buf []float32) ([]sendItem, []recvItem) {
 	// for t < w-1 (reduce-scatter: rank r then holds the full sum of segment
 	// r+1) and takes as it comes after (all-gather: the summed segments
 	// passed around the ring). From step 1 on, what it sends is what it
-	// received at step t-1.
-	sent := func(t int) int { return mod(r - t) }
-	recvd := func(t int) int { return mod(r - t - 1) }
-	before := 0 // receipts of the steps before the one received from
+	// received at step t-1: receipts first+1 to first+count.
+	first, count := 0, 0
 	for t := range 2 * (w - 1) {
-		var from []recvItem // what step t-1 received
-		if t > 0 {
-			from = recvs[before:]
-		}
-		sends = g.sendChunks(sends, segs[sent(t)], before, len(from))
-		if t > 0 {
-			before = len(recvs)
-		}
-		for _, c := range chunksOf(segs[recvd(t)], g.recvPer) {
+		sends = g.sendChunks(sends, segs[mod(r-t)], first, count)
+		first = len(recvs)
+		for _, c := range chunksOf(segs[mod(r-t-1)], g.recvPer) {
 			recvs = append(recvs, recvItem{dst: c, add: t < w-1})
 		}
+		count = len(recvs) - first
 	}
 	return sends, recvs
 }
 
 // sendChunks appends the sends of seg, cut into the right link's chunks.
-// With from > 0, seg is what arrived in the receipts before+1 to
-// before+from, cut into the left link's chunks: each send waits for the
-// receipt that completes its last float. With from 0 it waits for nothing.
-func (g *Group) sendChunks(sends []sendItem, seg []float32, before, from int) []sendItem {
+// With count > 0, seg is what arrived in the receipts first+1 to
+// first+count, cut into the left link's chunks: each send waits for the
+// receipt that completes its last float. With count 0 it waits for nothing.
+func (g *Group) sendChunks(sends []sendItem, seg []float32, first, count int) []sendItem {
 	end := 0 // floats of seg in the chunks so far
 	for _, c := range chunksOf(seg, g.sendPer) {
 		end += len(c)
 		s := sendItem{src: c}
-		if from > 0 {
+		if count > 0 {
 			// An empty segment is one empty receipt; otherwise the receipt
 			// holding float end-1.
-			s.after = before + min(from, max(1, (end+g.recvPer-1)/g.recvPer))
+			s.after = first + min(count, max(1, (end+g.recvPer-1)/g.recvPer))
 		}
 		sends = append(sends, s)
 	}
@@ -318,17 +311,18 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 	p := g.planFor(opGatherSum, buf, func(buf []float32) ([]sendItem, []recvItem) {
 		var sends []sendItem
 		var recvs []recvItem
-		before := 0 // receipts of the steps before the last one
+		first, count := 0, 0 // the receipts of the step before
 		for s := range w - 1 {
-			if s == 0 {
-				sends = g.sendChunks(sends, buf, 0, 0)
-			} else {
-				sends = g.sendChunks(sends, got[(s-1)*n:s*n], before, len(recvs)-before)
-				before = len(recvs)
+			src := buf
+			if s > 0 {
+				src = got[(s-1)*n : s*n]
 			}
+			sends = g.sendChunks(sends, src, first, count)
+			first = len(recvs)
 			for _, c := range chunksOf(got[s*n:(s+1)*n], g.recvPer) {
 				recvs = append(recvs, recvItem{dst: c})
 			}
+			count = len(recvs) - first
 		}
 		return sends, recvs
 	})
@@ -386,11 +380,7 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 		}
 	}
 	if g.right != root {
-		if g.rank == root {
-			sends = g.sendChunks(sends, buf, 0, 0)
-		} else {
-			sends = g.sendChunks(sends, buf, 0, len(recvs))
-		}
+		sends = g.sendChunks(sends, buf, 0, len(recvs)) // the root receives none, so waits for none
 	}
 	return g.run(ctx, opBroadcast, 4*len(buf), sends, recvs)
 }
@@ -400,8 +390,9 @@ func (g *Group) Barrier(ctx context.Context) error {
 	return g.AllReduce(ctx, nil)
 }
 
-// chunks cuts a segment into pipelining units; an empty segment is one empty
-// chunk, so every step of the ring still synchronises its two ranks.
+// chunksOf cuts a segment into pipelining units of per floats; an empty
+// segment is one empty chunk, so every step of the ring still synchronises
+// its two ranks.
 func chunksOf(seg []float32, per int) [][]float32 {
 	if len(seg) == 0 {
 		return [][]float32{seg}

@@ -74,11 +74,12 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 	offer := binary.BigEndian.AppendUint16(nil, 0)
 	if g.shmWith(g.left) {
 		var err error
-		if offered, path, token, err = createShmRing(shmSlots(slotBytes, g.opts.shmRingBytes), slotBytes); err == nil {
+		slots := shmSlots(slotBytes, g.opts.ringBytes)
+		if offered, path, token, err = createShmRing(slots, slotBytes); err == nil {
 			defer os.Remove(path)
 			offer = binary.BigEndian.AppendUint16(nil, uint16(len(path)))
 			offer = append(offer, path...)
-			offer = binary.BigEndian.AppendUint32(offer, uint32(shmSlots(slotBytes, g.opts.shmRingBytes))|shmSignalled)
+			offer = binary.BigEndian.AppendUint32(offer, uint32(slots)|shmSignalled)
 			offer = binary.BigEndian.AppendUint32(offer, uint32(slotBytes))
 			offer = append(offer, token...)
 		}
