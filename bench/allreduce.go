@@ -129,7 +129,8 @@ func benchAllReduce(args []string) error {
 	if *peers {
 		fmt.Printf("# ring ceiling over TCP: every rank streams a ring all-reduce's 2(n-1)/n*size bytes per operation to its\n")
 		fmt.Printf("# right neighbour and reads as much from its left, no sums, no framing, no waits (bench/peers/tcp_stream.c);\n")
-		fmt.Printf("# a bound on bandwidth for 1 MiB and up (below that the stream overlaps operations). With 2 ranks no all-reduce\n")
+		fmt.Printf("# a bound on bandwidth for 1 MiB and up, idle (below 1 MiB the stream overlaps operations; loaded it waits for\n")
+		fmt.Printf("# no slow rank, as an all-reduce must, and bounds nothing). With 2 ranks no all-reduce\n")
 		fmt.Printf("# moves fewer bytes or has another pattern, so ceiling/best peer bounds how far any can beat the best peer; with\n")
 		fmt.Printf("# more ranks than cores an algorithm of fewer steps (OpenMPI's recursive halving at 4 ranks) can pass it\n")
 	}
