@@ -75,7 +75,22 @@ func benchAllReduce(args []string) error {
 	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every implementation) or both")
 	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
 	gather := fs.Int("gather", 0, "also measure ours with Options.GatherBytes set to this (the small all-reduce: gather in world-1 steps, sum in the ring's order), interleaved with the ring; 0: not measured")
+	chunk := fs.String("chunk", "", "ours: Options.ChunkBytes, the chunk over TCP (K, M suffixes); empty: the default")
+	shmChunk := fs.String("shm-chunk", "", "ours: Options.ShmChunkBytes, the chunk over shared memory; empty: the default")
+	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
 	fs.Parse(args)
+	var tuning []string // key=value arguments of every rank of ours
+	for _, f := range []struct{ flag, key, value string }{{"-chunk", "chunk", *chunk}, {"-shm-chunk", "shmchunk", *shmChunk}, {"-shm-ring", "shmring", *shmRing}} {
+		if f.value == "" {
+			continue
+		}
+		n, err := parseSize(f.value)
+		if err != nil || n < 4 {
+			return fmt.Errorf("%s: %q is not a size of 4 bytes or more like 128K or 1M", f.flag, f.value)
+		}
+		tuning = append(tuning, f.key+"="+strconv.Itoa(n))
+	}
+	tuning = slices.Clip(tuning) // each run appends its own options
 	var sizes []int
 	for _, s := range strings.Split(*sizesFlag, ",") {
 		n, err := parseSize(s)
@@ -134,6 +149,9 @@ func benchAllReduce(args []string) error {
 		fmt.Printf("# moves fewer bytes or has another pattern, so ceiling/best peer bounds how far any can beat the best peer; with\n")
 		fmt.Printf("# more ranks than cores an algorithm of fewer steps (OpenMPI's recursive halving at 4 ranks) can pass it\n")
 	}
+	if len(tuning) > 0 {
+		fmt.Printf("# ours tuned: %s (collective.Options)\n", strings.Join(tuning, " "))
+	}
 	fmt.Printf("# loaded: one CPU-bound process per core (%d) runs beside every implementation alike\n", runtime.NumCPU())
 	for _, load := range loads {
 		var tcpRows, shmRows [][]string
@@ -153,13 +171,13 @@ func benchAllReduce(args []string) error {
 					var err error
 					switch impl {
 					case "ours-tcp":
-						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP, 0)
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportTCP))
 					case "ours-shm":
-						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto, 0)
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto))
 					case "ours-tcp-gather":
-						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportTCP, *gather)
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportTCP, "gather="+strconv.Itoa(*gather)))
 					case "ours-shm-gather":
-						r, err = runOurAllReduce(ctx, world, sizes, collective.TransportAuto, *gather)
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "gather="+strconv.Itoa(*gather)))
 					default:
 						r, err = runPeerAllReduce(ctx, impl, dir, mpiBin, world, sizes)
 					}
@@ -291,9 +309,10 @@ func medians(runs []map[int]float64) map[int]float64 {
 	return out
 }
 
-func runOurAllReduce(ctx context.Context, world int, sizes []int, transport string, gatherBytes int) (map[int]float64, error) {
+func runOurAllReduce(ctx context.Context, world int, sizes []int, options []string) (map[int]float64, error) {
 	cmds, err := selfRanks(ctx, world, func(rank int, peers string) []string {
-		return append([]string{"allreduce-rank", strconv.Itoa(rank), peers, "transport=" + transport, "gather=" + strconv.Itoa(gatherBytes)}, sizeSpecs(sizes)...)
+		args := append([]string{"allreduce-rank", strconv.Itoa(rank), peers}, options...)
+		return append(args, sizeSpecs(sizes)...)
 	})
 	if err != nil {
 		return nil, err
@@ -302,12 +321,32 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, transport stri
 	return perOp(lines), err
 }
 
-// allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS transport=T gather=BYTES SIZE:ITERS...
+// allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS
+// [transport=T] [gather=BYTES] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES] SIZE:ITERS...
 func allReduceRank(args []string) error {
 	rank, _ := strconv.Atoi(args[0])
 	peers := strings.Split(args[1], ",")
-	transport := strings.TrimPrefix(args[2], "transport=")
-	gatherBytes, _ := strconv.Atoi(strings.TrimPrefix(args[3], "gather="))
+	opts := collective.Options{Secret: benchSecret}
+	specs := args[2:]
+	for len(specs) > 0 && strings.Contains(specs[0], "=") {
+		key, value, _ := strings.Cut(specs[0], "=")
+		n, _ := strconv.Atoi(value)
+		switch key {
+		case "transport":
+			opts.Transport = value
+		case "gather":
+			opts.GatherBytes = n
+		case "chunk":
+			opts.ChunkBytes = n
+		case "shmchunk":
+			opts.ShmChunkBytes = n
+		case "shmring":
+			opts.ShmRingBytes = n
+		default:
+			return fmt.Errorf("allreduce-rank: unknown option %q", specs[0])
+		}
+		specs = specs[1:]
+	}
 	ln, err := collective.Listen(peers[rank], nil)
 	if err != nil {
 		return err
@@ -315,12 +354,12 @@ func allReduceRank(args []string) error {
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, collective.Options{Secret: benchSecret, Transport: transport, GatherBytes: gatherBytes})
+	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, opts)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	for _, spec := range args[4:] {
+	for _, spec := range specs {
 		var size, iters int
 		fmt.Sscanf(spec, "%d:%d", &size, &iters)
 		buf := make([]float32, size/4)

@@ -469,7 +469,7 @@ func TestTransportsAgreeBitForBit(t *testing.T) {
 	sums := map[string][]float32{}
 	for _, transport := range []string{TransportAuto, TransportTCP} {
 		// Rings of 4 slots: more chunks than slots, so that senders wait for free ones.
-		groups := gang(t, 3, Options{Transport: transport, ChunkBytes: 64 << 10, ringBytes: 4 * 64 << 10})
+		groups := gang(t, 3, Options{Transport: transport, ChunkBytes: 64 << 10, ShmRingBytes: 4 * 64 << 10})
 		send, recv := groups[0].Transports()
 		want := "shm"
 		if transport == TransportTCP {

@@ -73,7 +73,7 @@ func TestStartedAllReducesSumAsAllReduceDoes(t *testing.T) {
 				})...); err != nil {
 					t.Fatal(err)
 				}
-				groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: mode, ringBytes: 4 * 4 << 10})
+				groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: mode, ShmRingBytes: 4 * 4 << 10})
 				if got := groups[0].CallerDriven(); got != (mode == ProgressCaller) {
 					t.Fatalf("CallerDriven() = %v with Progress %q over shared memory", got, mode)
 				}
@@ -173,7 +173,7 @@ func TestStartedOperationsMoveWhenTheCallerDrivesThem(t *testing.T) {
 	// Chunks of 4 KiB. Rank 1 starts first: its Start sends what the ring
 	// takes and returns, as nothing has come from rank 0 yet; then rank 0
 	// starts and waits, and cannot finish until rank 1 drives again.
-	groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: ProgressCaller, ringBytes: 4 * 4 << 10})
+	groups := gang(t, world, Options{ChunkBytes: 4 << 10, Progress: ProgressCaller, ShmRingBytes: 4 * 4 << 10})
 	var doneAt [world]time.Duration
 	start := time.Now()
 	rank1Started := make(chan struct{})

@@ -57,6 +57,13 @@ type Options struct {
 	// on 2 cores: a 16 MiB all-reduce took 1.1 ms in 128 KiB chunks, 2.0 ms in 1 MiB
 	// ones; BENCHMARKS.md).
 	ShmChunkBytes int
+	// ShmRingBytes is what the shared-memory ring this rank offers its left
+	// neighbour holds: how far that neighbour may send ahead of this rank's
+	// reading, in slots of ShmChunkBytes (at least 4, at most 224). Default
+	// 4 MiB (measured with a CPU-bound process per core beside 4 ranks: rings
+	// of 4 slots of 128 KiB made 16 and 64 MiB all-reduces about twice as slow
+	// as rings of 32; BENCHMARKS.md). `bench allreduce -shm-ring` sweeps it.
+	ShmRingBytes int
 	// SpinWindow is how long a rank in a small operation (at most SpinMaxBytes)
 	// busy-polls for its left neighbour's next frame before it sleeps. Waking a
 	// sleeping process costs more than a small step; on large operations the
@@ -97,9 +104,6 @@ type Options struct {
 	// Tests set it to take the paths of a host with more ranks than cores,
 	// or fewer, whatever this machine has.
 	hostCores int
-	// ringBytes is what a shared-memory ring this rank offers holds; 0: the
-	// default, shmRingBytes. Tests make it small, so that rings fill.
-	ringBytes int
 }
 
 const (

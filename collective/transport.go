@@ -12,10 +12,10 @@ import (
 )
 
 const (
-	// shmRingBytes is what a sender can have in flight through shared memory,
-	// in slots of ShmChunkBytes (at least 4, at most shmMaxSlots). A rank whose
-	// neighbour is off its core (a busy host) goes on sending until the ring
-	// is full: measured with a CPU-bound process per core beside 2 and 4
+	// shmRingBytes is the default of Options.ShmRingBytes: what a sender can
+	// have in flight through shared memory, in slots of ShmChunkBytes (at
+	// least 4, at most shmMaxSlots). A rank whose neighbour is off its core
+	// (a busy host) goes on sending until the ring is full: measured with a CPU-bound process per core beside 2 and 4
 	// ranks, 4 slots of 128 KiB made a 16 MiB all-reduce 2-3x slower than 4
 	// slots of 1 MiB (BENCHMARKS.md).
 	shmRingBytes = 4 << 20
@@ -74,7 +74,7 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 	offer := binary.BigEndian.AppendUint16(nil, 0)
 	if g.shmWith(g.left) {
 		var err error
-		slots := shmSlots(slotBytes, g.opts.ringBytes)
+		slots := shmSlots(slotBytes, g.opts.ShmRingBytes)
 		if offered, path, token, err = createShmRing(slots, slotBytes); err == nil {
 			defer os.Remove(path)
 			offer = binary.BigEndian.AppendUint16(nil, uint16(len(path)))
