@@ -78,6 +78,7 @@ func benchAllReduce(args []string) error {
 	chunk := fs.String("chunk", "", "ours: Options.ChunkBytes, the chunk over TCP (K, M suffixes); empty: the default")
 	shmChunk := fs.String("shm-chunk", "", "ours: Options.ShmChunkBytes, the chunk over shared memory; empty: the default")
 	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
+	spinWindow := fs.Duration("spin", 0, "ours: Options.SpinWindow, how long a small operation polls before it sleeps (negative: never); 0: the default")
 	fs.Parse(args)
 	var tuning []string // key=value arguments of every rank of ours
 	for _, f := range []struct{ flag, key, value string }{{"-chunk", "chunk", *chunk}, {"-shm-chunk", "shmchunk", *shmChunk}, {"-shm-ring", "shmring", *shmRing}} {
@@ -89,6 +90,9 @@ func benchAllReduce(args []string) error {
 			return fmt.Errorf("%s: %q is not a size of 4 bytes or more like 128K or 1M", f.flag, f.value)
 		}
 		tuning = append(tuning, f.key+"="+strconv.Itoa(n))
+	}
+	if *spinWindow != 0 {
+		tuning = append(tuning, "spin="+spinWindow.String())
 	}
 	tuning = slices.Clip(tuning) // each run appends its own options
 	var sizes []int
@@ -328,6 +332,7 @@ func allReduceRank(args []string) error {
 	peers := strings.Split(args[1], ",")
 	opts := collective.Options{Secret: benchSecret}
 	specs := args[2:]
+	var err error
 	for len(specs) > 0 && strings.Contains(specs[0], "=") {
 		key, value, _ := strings.Cut(specs[0], "=")
 		n, _ := strconv.Atoi(value)
@@ -342,6 +347,10 @@ func allReduceRank(args []string) error {
 			opts.ShmChunkBytes = n
 		case "shmring":
 			opts.ShmRingBytes = n
+		case "spin":
+			if opts.SpinWindow, err = time.ParseDuration(value); err != nil {
+				return fmt.Errorf("allreduce-rank: %q: %w", specs[0], err)
+			}
 		default:
 			return fmt.Errorf("allreduce-rank: unknown option %q", specs[0])
 		}
