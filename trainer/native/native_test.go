@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -350,5 +351,37 @@ func TestMemoryNeeded(t *testing.T) {
 	huge := MemoryNeeded(Config{Hidden: []int{65536, 65536}}, 784)
 	if huge < 60<<30 {
 		t.Fatalf("[65536, 65536] estimated at %d bytes", huge)
+	}
+}
+
+// TestParallelCopyCopiesEveryByteOnce lays copies of odd lengths (empty ones
+// among them) end to end and splits them between 1 to 5 goroutines: every
+// destination must end up equal to its source, and nothing past it touched.
+func TestParallelCopyCopiesEveryByteOnce(t *testing.T) {
+	lengths := []int{0, 1, parallelCopyMin + 3, 5, 0, parallelCopyMin + 7, 2*parallelCopyMin - 1, 9}
+	for k := 1; k <= 5; k++ {
+		var copies []byteCopy
+		var dsts [][]byte
+		for i, n := range lengths {
+			src := make([]byte, n)
+			for j := range src {
+				src[j] = byte(j*7 + i + k)
+			}
+			dst := make([]byte, n+1) // one byte past the copy, which must stay 0xee
+			for j := range dst {
+				dst[j] = 0xee
+			}
+			dsts = append(dsts, dst)
+			copies = append(copies, byteCopy{dst: dst[:n], src: src})
+		}
+		parallelCopy(copies, k)
+		for i, c := range copies {
+			if !bytes.Equal(c.dst, c.src) {
+				t.Fatalf("%d goroutines: copy %d (%d bytes) differs from its source", k, i, lengths[i])
+			}
+			if dsts[i][lengths[i]] != 0xee {
+				t.Fatalf("%d goroutines: copy %d wrote past its end", k, i)
+			}
+		}
 	}
 }
