@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
@@ -155,7 +157,8 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 		return r, nil
 	}
 
-	var copyT, copyWarmT, none, fg, fgStall []float64
+	var copyT, copyWarmT, copySplitT, none, fg, fgStall []float64
+	copiers := min(runtime.GOMAXPROCS(0), 4)                 // as native.Trainer.Snapshot
 	var snapT, bg, bgStall, bgWait, bgSave []float64         // snapshots handed back (the default)
 	var snapOnceT, bgOnce, bgOnceStall, bgOnceSave []float64 // snapshots never handed back: fresh memory for each
 	// The peers' memory: the state's bytes, and a copy's destination touched once.
@@ -168,7 +171,7 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 	// machine the first touch of fresh memory can cost many times a copy.
 	for round := range repeat + 1 {
 		if round == 1 {
-			copyT, copyWarmT, none, fg, fgStall = nil, nil, nil, nil, nil
+			copyT, copyWarmT, copySplitT, none, fg, fgStall = nil, nil, nil, nil, nil, nil
 			snapT, bg, bgStall, bgWait, bgSave = nil, nil, nil, nil, nil
 			snapOnceT, bgOnce, bgOnceStall, bgOnceSave = nil, nil, nil, nil
 		}
@@ -180,6 +183,11 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 		t = time.Now()
 		copy(warm, src)
 		copyWarmT = append(copyWarmT, time.Since(t).Seconds())
+		// The same copy split among as many goroutines as the snapshot's (up
+		// to 4, the processor count): like with like for the snapshot itself.
+		t = time.Now()
+		splitCopy(warm, src, copiers)
+		copySplitT = append(copySplitT, time.Since(t).Seconds())
 
 		// No checkpoints.
 		var loop time.Duration
@@ -248,6 +256,7 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 	table([]string{"measure", "ms", "spread", "/ copy into touched memory", "target"}, [][]string{
 		{"copy the state's bytes into memory touched before (the peer)", ms(copyWarmT), spread(copyWarmT), ratio(copyWarmT), ""},
 		{"copy the state's bytes into fresh memory", ms(copyT), spread(copyT), ratio(copyT), ""},
+		{fmt.Sprintf("the copy into touched memory split among %d goroutines, as the snapshot's", copiers), ms(copySplitT), spread(copySplitT), ratio(copySplitT), ""},
 		{"snapshot, into the memory of the one handed back (trainer.SnapshotRecycler)", ms(snapT), spread(snapT), ratio(snapT), ""},
 		{"stall per checkpoint, background (checkpoint.async)", ms(bgStall), spread(bgStall), ratio(bgStall), "<= 1.5x"},
 		{"  of which waiting for the previous save to commit", ms(bgWait), spread(bgWait), ratio(bgWait), ""},
@@ -260,4 +269,18 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 		{"stall per checkpoint, foreground", ms(fgStall), spread(fgStall), ratio(fgStall), ""},
 	})
 	return nil
+}
+
+// splitCopy copies src into dst (as long) in k equal parts at once.
+func splitCopy(dst, src []byte, k int) {
+	var wg sync.WaitGroup
+	for i := range k {
+		lo, hi := i*len(src)/k, (i+1)*len(src)/k
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copy(dst[lo:hi], src[lo:hi])
+		}()
+	}
+	wg.Wait()
 }

@@ -72,10 +72,10 @@ func (t *Trainer) Snapshot(context.Context) (trainer.MemState, error) {
 // byteCopy is one copy of src into dst, which has its length.
 type byteCopy struct{ dst, src []byte }
 
-// maxSnapshotCopiers bounds the goroutines of one snapshot's copy. On the
-// 2-core VM of BENCHMARKS.md two copied 1 GiB in about two thirds of the
-// time of one; a host's ranks snapshot at the same step, so more would mostly
-// contend for the same memory.
+// maxSnapshotCopiers bounds the goroutines of one snapshot's copy. On a
+// 2-core Intel VM two copied 1 GiB in about half the time of one (73-94 ms
+// against 139-188; BENCHMARKS.md); a host's ranks snapshot at the same step,
+// so more would mostly contend for the same memory.
 const maxSnapshotCopiers = 4
 
 // parallelCopyMin is the least a copier is given: below it, starting a
