@@ -326,7 +326,8 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, options []stri
 }
 
 // allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS
-// [transport=T] [gather=BYTES] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES] SIZE:ITERS...
+// [transport=T] [gather=BYTES] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
+// [spin=DURATION] SIZE:ITERS...
 func allReduceRank(args []string) error {
 	rank, _ := strconv.Atoi(args[0])
 	peers := strings.Split(args[1], ",")
