@@ -15,9 +15,9 @@ const (
 	// shmRingBytes is the default of Options.ShmRingBytes: what a sender can
 	// have in flight through shared memory, in slots of ShmChunkBytes (at
 	// least 4, at most shmMaxSlots). A rank whose neighbour is off its core
-	// (a busy host) goes on sending until the ring is full: measured with a CPU-bound process per core beside 2 and 4
-	// ranks, 4 slots of 128 KiB made a 16 MiB all-reduce 2-3x slower than 4
-	// slots of 1 MiB (BENCHMARKS.md).
+	// (a busy host) goes on sending until the ring is full: with a CPU-bound
+	// process per core beside 4 ranks, rings of 4 slots of 128 KiB made 16
+	// and 64 MiB all-reduces about twice as slow as rings of 32 (BENCHMARKS.md).
 	shmRingBytes = 4 << 20
 	// shmSignalled marks an offer of a ring whose sender signals through the
 	// ring itself (a counter and a futex, shmlink.go), not over TCP. It is
