@@ -152,10 +152,12 @@ func (a *Agent) leaveTimeout() time.Duration {
 	return 8 * time.Second
 }
 
-// stallTimeout: a silent peer is declared stalled within half the heartbeat timeout,
-// so the rank that sees it reports before Temporal times the rank out.
+// stallTimeout is how long a ring neighbour may be silent before a rank
+// declares it stalled: failure.stall_timeout (by default the shorter of 2s
+// and half the heartbeat timeout, so the rank that sees it reports before
+// Temporal times the stalled rank out).
 func stallTimeout(s spec.Training) time.Duration {
-	return max(time.Second, time.Duration(s.Failure.HeartbeatTimeout)/2)
+	return s.Failure.RingStallTimeout()
 }
 
 // Close removes the agent's scratch root, with whatever its ranks left in

@@ -44,3 +44,25 @@ func TestCostsTakeOnlyTheirOwnGangsRestore(t *testing.T) {
 		t.Fatalf("the last fault: %+v", f)
 	}
 }
+
+// A run that counted more failures and preemptions than faults were struck
+// in it broke a gang with nothing struck; fewer (a fault that struck a host
+// holding no slot) is no break beyond the faults.
+func TestUnexplainedCountsBreaksBeyondTheFaultsStruck(t *testing.T) {
+	r := &Report{
+		Faults: []Fault{{Run: "a"}, {Run: "a"}, {Run: "b"}, {Run: "b"}, {Run: "b"}},
+		Runs: []RunResult{
+			{ID: "a", Failures: 3, Preemptions: 1}, // 4 breaks, 2 faults
+			{ID: "b", Failures: 1, Preemptions: 1}, // 2 breaks, 3 faults
+			{ID: "c", Failures: 1},                 // 1 break, nothing struck
+		},
+	}
+	if got := r.Unexplained(); got != 3 {
+		t.Fatalf("Unexplained() = %d; want 2 from run a and 1 from run c", got)
+	}
+	var table strings.Builder
+	r.Print(&table)
+	if !strings.Contains(table.String(), "| a |  | 0 | 2 | 3 | 1 |") {
+		t.Fatalf("the run table does not show run a's 2 faults beside its 3 failures:\n%s", table.String())
+	}
+}

@@ -72,6 +72,11 @@ type Config struct {
 	Dir            string   // work directory: SQLite file, checkpoints, logs
 	Log            io.Writer
 	HeartbeatLimit time.Duration // failure.heartbeat_timeout; default 4s
+	// StallLimit is failure.stall_timeout: how long a rank waits on a
+	// silent ring neighbour (a SIGSTOP, a partition) before it breaks the
+	// gang. Default 1s: detection, not recovery, sets the time to train
+	// again after a hang (BENCHMARKS.md).
+	StallLimit time.Duration
 	// FromStorage turns failure.recover_from_peers off: every new gang
 	// restores the latest checkpoint, as before survivors kept their state.
 	FromStorage bool
@@ -106,6 +111,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HeartbeatLimit == 0 {
 		c.HeartbeatLimit = 4 * time.Second
+	}
+	if c.StallLimit == 0 {
+		c.StallLimit = time.Second
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -347,7 +355,7 @@ func (h *Harness) spec(id string) spec.Training {
 		Scaling:    spec.Scaling{Workers: h.cfg.Ranks, TaskQueue: "chaos-gpu", GangTimeout: spec.Duration(time.Minute)},
 		Checkpoint: spec.Checkpoint{URL: "file://" + h.ckptDir + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: spec.Int(3)},
 		Failure: spec.Failure{MaxFailures: spec.Int(20), MaxPreemptions: spec.Int(20), HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit),
-			RecoverFromPeers: spec.Bool(!h.cfg.FromStorage)},
+			StallTimeout: spec.Duration(h.cfg.StallLimit), RecoverFromPeers: spec.Bool(!h.cfg.FromStorage)},
 	}
 }
 

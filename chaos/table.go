@@ -44,14 +44,14 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", f.Run, f.Kind, f.Phase, f.Target, dur(f.Detected), dur(f.Resumed), from, lost, mib(f.BlobBytes), f.Note)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| run | outcome | epochs | failures | preemptions | epochs redone | corrupt checkpoints skipped | final weights = uninterrupted run | seconds |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+	fmt.Fprintln(w, "| run | outcome | epochs | faults | failures | preemptions | epochs redone | corrupt checkpoints skipped | final weights = uninterrupted run | seconds |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
 	for _, run := range r.Runs {
 		outcome := run.State
 		if run.Err != "" {
 			outcome += " (" + run.Err + ")"
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %v | %.1f |\n", run.ID, outcome, run.Epochs, run.Failures, run.Preemptions, run.Redone, run.Corrupt, run.Identical, run.Seconds)
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %d | %v | %.1f |\n", run.ID, outcome, run.Epochs, r.faultsIn(run.ID), run.Failures, run.Preemptions, run.Redone, run.Corrupt, run.Identical, run.Seconds)
 	}
 }
 
@@ -91,7 +91,29 @@ func (r *Report) Costs() string {
 		}
 		bytes += f.BlobBytes
 	}
-	return fmt.Sprintf("%d of %d restores from a survivor; steps lost %d in all (max %d, over %d faults whose gang had survivors); %s read from storage", survivor, len(r.Faults), lost, most, known, mib(bytes))
+	return fmt.Sprintf("%d of %d restores from a survivor; steps lost %d in all (max %d, over %d faults whose gang had survivors); %s read from storage; %d gangs broken beyond the faults struck", survivor, len(r.Faults), lost, most, known, mib(bytes), r.Unexplained())
+}
+
+// faultsIn counts the faults struck in run id.
+func (r *Report) faultsIn(id string) int {
+	n := 0
+	for _, f := range r.Faults {
+		if f.Run == id {
+			n++
+		}
+	}
+	return n
+}
+
+// Unexplained counts the failures and preemptions the runs counted beyond
+// one per fault struck in them: a gang that broke with nothing struck (a
+// healthy rank taken for stalled, say). A fault breaks at most one gang.
+func (r *Report) Unexplained() int {
+	n := 0
+	for _, run := range r.Runs {
+		n += max(0, run.Failures+run.Preemptions-r.faultsIn(run.ID))
+	}
+	return n
 }
 
 func median(d []time.Duration) time.Duration {

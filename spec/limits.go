@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -25,6 +26,11 @@ const (
 	maxExecString    = 4096 // one argument, one environment value, exec.dir
 	maxURL           = 2048
 )
+
+// MinStallTimeout bounds failure.stall_timeout from below: every link
+// carries a keepalive each fifth of it, and a healthy process can be off
+// its core for tens of milliseconds.
+const MinStallTimeout = 250 * time.Millisecond
 
 // accepted is what Validate says each field accepts.
 var accepted = map[string]string{
@@ -54,6 +60,7 @@ var accepted = map[string]string{
 	"failure.max_failures":      fmt.Sprintf("0 (fail at the first infrastructure failure) to %d", MaxFailureBudget),
 	"failure.max_preemptions":   fmt.Sprintf("0 (fail at the first preemption) to %d", MaxFailureBudget),
 	"failure.heartbeat_timeout": "1s to 10m",
+	"failure.stall_timeout":     "250ms to failure.heartbeat_timeout (shorter finds a hung rank sooner)",
 	"resume_from":               "the name of an earlier run",
 }
 
@@ -103,6 +110,7 @@ type explicitZeros struct {
 	} `json:"checkpoint"`
 	Failure struct {
 		HeartbeatTimeout *Duration `json:"heartbeat_timeout"`
+		StallTimeout     *Duration `json:"stall_timeout"`
 	} `json:"failure"`
 }
 
@@ -128,6 +136,7 @@ func refuseExplicitZeros(data []byte) error {
 		{"scaling.bucket_bytes", z.Scaling.BucketBytes != nil && *z.Scaling.BucketBytes == 0},
 		{"checkpoint.every_epochs", z.Checkpoint.EveryEpochs != nil && *z.Checkpoint.EveryEpochs == 0},
 		{"failure.heartbeat_timeout", z.Failure.HeartbeatTimeout != nil && *z.Failure.HeartbeatTimeout == 0},
+		{"failure.stall_timeout", z.Failure.StallTimeout != nil && *z.Failure.StallTimeout == 0},
 	} {
 		if f.zero {
 			return fmt.Errorf("spec: %s is 0; want %s (leave it out, or null, for the default)", f.field, accepted[f.field])

@@ -154,6 +154,15 @@ type Failure struct {
 	MaxFailures      *int     `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3; 0: none
 	MaxPreemptions   *int     `json:"max_preemptions,omitempty"`   // SIGTERMed workers tolerated; default 20; 0: none
 	HeartbeatTimeout Duration `json:"heartbeat_timeout,omitempty"` // a rank silent this long is lost; default 10s
+	// StallTimeout: a rank whose ring neighbour sends nothing, not even the
+	// keepalives every neighbour sends five times within it, for this long
+	// declares that neighbour stalled (a stopped or hung process, a cut
+	// link), and the gang breaks at once instead of waiting for Temporal's
+	// heartbeat timeout. Default 2s, or half of heartbeat_timeout where that
+	// is shorter, but not under 1s; at most heartbeat_timeout.
+	// Shorter finds a hang sooner; too short for the hosts (a VM paused for
+	// longer, a host starved of CPU for longer) breaks healthy gangs.
+	StallTimeout Duration `json:"stall_timeout,omitempty"`
 	// RecoverFromPeers: when a gang breaks, its surviving ranks keep their
 	// state at the last step every rank completed, and the next gang takes
 	// it from a survivor over its collective instead of reading the latest
@@ -161,6 +170,25 @@ type Failure struct {
 	// Default true; false: every new gang restores from storage. Only
 	// backends whose state lives in the worker (trainer.Snapshotter) can.
 	RecoverFromPeers *bool `json:"recover_from_peers,omitempty"`
+}
+
+// DefaultStallTimeout is failure.stall_timeout's default, where half the
+// heartbeat timeout is no shorter.
+const DefaultStallTimeout = 2 * time.Second
+
+// RingStallTimeout is failure.stall_timeout, or its default: the shorter of
+// DefaultStallTimeout and half of heartbeat_timeout (which itself defaults to
+// 10s), so that the rank that sees a stall reports it before Temporal times the
+// stalled rank out, but not under a second.
+func (f Failure) RingStallTimeout() time.Duration {
+	if f.StallTimeout != 0 {
+		return time.Duration(f.StallTimeout) // Validate refuses what is out of range
+	}
+	hb := time.Duration(f.HeartbeatTimeout)
+	if hb <= 0 {
+		hb = 10 * time.Second
+	}
+	return min(DefaultStallTimeout, max(time.Second, hb/2))
 }
 
 // PeersRecover says whether a new gang may take its state from a survivor of the last.
@@ -294,6 +322,9 @@ func (t Training) WithDefaults() Training {
 	if f.HeartbeatTimeout == 0 {
 		f.HeartbeatTimeout = Duration(10 * time.Second)
 	}
+	if f.StallTimeout == 0 {
+		f.StallTimeout = Duration(f.RingStallTimeout())
+	}
 	return t
 }
 
@@ -417,6 +448,8 @@ func (t Training) validateFields() error {
 		return bad("failure.max_preemptions", *f.MaxPreemptions)
 	case f.HeartbeatTimeout < Duration(time.Second) || f.HeartbeatTimeout > Duration(10*time.Minute):
 		return bad("failure.heartbeat_timeout", f.HeartbeatTimeout)
+	case f.StallTimeout != 0 && (f.StallTimeout < Duration(MinStallTimeout) || f.StallTimeout > f.HeartbeatTimeout):
+		return fmt.Errorf("spec: failure.stall_timeout is %v; want %s (failure.heartbeat_timeout is %v)", f.StallTimeout, accepted["failure.stall_timeout"], f.HeartbeatTimeout)
 	case t.ResumeFrom != "" && !namePattern.MatchString(t.ResumeFrom):
 		return bad("resume_from", q(t.ResumeFrom))
 	}

@@ -23,6 +23,38 @@ func TestParseFillsDefaultsAndValidates(t *testing.T) {
 	}
 }
 
+// failure.stall_timeout: what a spec says, else 2s, or half the heartbeat
+// timeout where that is shorter, never under a second; and the value a spec
+// recorded before the field existed (0) still gets the default.
+func TestStallTimeoutDefaultsFromTheHeartbeatTimeout(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		want time.Duration
+	}{
+		{`{}`, 2 * time.Second},
+		{`{"failure": {"heartbeat_timeout": "3s"}}`, 1500 * time.Millisecond},
+		{`{"failure": {"heartbeat_timeout": "1s"}}`, time.Second},
+		{`{"failure": {"heartbeat_timeout": "1m"}}`, 2 * time.Second},
+		{`{"failure": {"heartbeat_timeout": "4s", "stall_timeout": "750ms"}}`, 750 * time.Millisecond},
+		{`{"failure": {"stall_timeout": 10}}`, 10 * time.Second},
+	} {
+		s, err := Parse([]byte(c.raw))
+		if err != nil {
+			t.Fatalf("%s: %v", c.raw, err)
+		}
+		if got := s.Failure.RingStallTimeout(); got != c.want {
+			t.Errorf("%s before defaults: %v, want %v", c.raw, got, c.want)
+		}
+		s = s.WithDefaults()
+		if err := s.Validate(); err != nil {
+			t.Fatalf("%s: %v", c.raw, err)
+		}
+		if got := time.Duration(s.Failure.StallTimeout); got != c.want {
+			t.Errorf("%s: stall_timeout %v, want %v", c.raw, got, c.want)
+		}
+	}
+}
+
 func TestParseNamesUnknownFields(t *testing.T) {
 	_, err := Parse([]byte(`{"model": {"hiden": [64]}}`))
 	if err == nil || !strings.Contains(err.Error(), `unknown field "hiden"`) {

@@ -38,6 +38,8 @@ func main() {
 	dir := flag.String("dir", ".durabletrain/chaos", "work directory (wiped first)")
 	tags := flag.String("tags", "openblas", "build tags of the worker")
 	recovery := flag.String("recovery", "both", "how new gangs restore: survivor (failure.recover_from_peers, the default), storage (the latest checkpoint), or both, one after the other on the same seed")
+	flag.DurationVar(&cfg.HeartbeatLimit, "heartbeat-timeout", 4*time.Second, "the runs' failure.heartbeat_timeout")
+	flag.DurationVar(&cfg.StallLimit, "stall-timeout", time.Second, "the runs' failure.stall_timeout: how long a silent ring neighbour (SIGSTOP, partition) goes unnoticed")
 	flag.DurationVar(&cfg.StickyTimeout, "sticky-timeout", 0, "the workers' -sticky-timeout (0: their default)")
 	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()
@@ -67,7 +69,7 @@ func main() {
 		c.Dir = filepath.Join(cfg.Dir, mode)
 		start := time.Now()
 		rep, err := chaos.Run(context.Background(), c)
-		fmt.Printf("\n## New gangs restore from: %s (seed %d)\n\n", mode, cfg.Seed)
+		fmt.Printf("\n## New gangs restore from: %s (seed %d; failure.heartbeat_timeout %v, failure.stall_timeout %v)\n\n", mode, cfg.Seed, cfg.HeartbeatLimit, cfg.StallLimit)
 		if rep != nil {
 			rep.Print(os.Stdout)
 		}

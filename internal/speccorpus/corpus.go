@@ -62,6 +62,7 @@ func Training() []Case {
 		{"lr 0", `{"hyper": {"lr": 0}}`, "hyper.lr is 0"},
 		{"gang timeout 0s", `{"scaling": {"gang_timeout": "0s"}}`, "scaling.gang_timeout is 0"},
 		{"heartbeat 0", `{"failure": {"heartbeat_timeout": 0}}`, "failure.heartbeat_timeout is 0"},
+		{"stall 0", `{"failure": {"stall_timeout": "0s"}}`, "failure.stall_timeout is 0; want 250ms to failure.heartbeat_timeout"},
 		{"every_epochs 0", `{"checkpoint": {"every_epochs": 0}}`, "checkpoint.every_epochs is 0"},
 		// Ranges
 		{"epochs 1e6", `{"hyper": {"epochs": 1000000}}`, "hyper.epochs is 1000000; want 1 to 100000"},
@@ -81,6 +82,9 @@ func Training() []Case {
 		{"negative failures", `{"failure": {"max_failures": -1}}`, "failure.max_failures is -1; want 0 (fail at the first infrastructure failure) to 10000"},
 		{"a million failures", `{"failure": {"max_failures": 1000000}}`, "failure.max_failures is 1000000"},
 		{"heartbeat 1h", `{"failure": {"heartbeat_timeout": "1h"}}`, "failure.heartbeat_timeout is 1h0m0s; want 1s to 10m"},
+		{"stall 10ms", `{"failure": {"stall_timeout": "10ms"}}`, "failure.stall_timeout is 10ms; want 250ms to failure.heartbeat_timeout (shorter finds a hung rank sooner) (failure.heartbeat_timeout is 10s)"},
+		{"stall negative", `{"failure": {"stall_timeout": "-1s"}}`, "failure.stall_timeout is -1s; want 250ms"},
+		{"stall past the heartbeat timeout", `{"failure": {"heartbeat_timeout": "4s", "stall_timeout": 5}}`, "failure.stall_timeout is 5s; want 250ms to failure.heartbeat_timeout (shorter finds a hung rank sooner) (failure.heartbeat_timeout is 4s)"},
 		{"gang timeout 1ms", `{"scaling": {"gang_timeout": "1ms"}}`, "scaling.gang_timeout is 1ms; want 1s to 168h"},
 		{"keep_last -1", `{"checkpoint": {"keep_last": -1}}`, "checkpoint.keep_last is -1; want 0 (keep every checkpoint) or more"},
 		{"two GPUs per worker", `{"scaling": {"gpus_per_worker": 2}}`, "scaling.gpus_per_worker is 2"},
