@@ -91,7 +91,9 @@ func benchContention(args []string) error {
 		Hyper:      spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: *runPerHost, TaskQueue: queue, GangTimeout: spec.Duration(*gangTimeout)},
 		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: 1},
-		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second)}}
+		// Every host in this process on a few cores (as bench scale): a ring
+		// link may go unread for seconds without any rank being stuck.
+		Failure: spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second), StallTimeout: spec.Duration(15 * time.Second)}}
 	input, _ := json.Marshal(s)
 	start := time.Now()
 	ids := make([]string, *runs)

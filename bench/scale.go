@@ -70,7 +70,9 @@ func benchScale(args []string) error {
 		Hyper:      spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: wph, TaskQueue: queue, GangTimeout: spec.Duration(10 * time.Minute)},
 		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: *ckptEvery},
-		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second)}}
+		// A simulated fleet runs every host in this process on a few cores: a
+		// ring link may go unread for seconds without any rank being stuck.
+		Failure: spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second), StallTimeout: spec.Duration(15 * time.Second)}}
 	input, _ := json.Marshal(s)
 	cpu0 := srv.cpuSeconds()
 	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: "scale-" + stamp, TaskQueue: sim.control},
