@@ -60,6 +60,10 @@ func TestUnexplainedCountsBreaksBeyondTheFaultsStruck(t *testing.T) {
 	if got := r.Unexplained(); got != 3 {
 		t.Fatalf("Unexplained() = %d; want 2 from run a and 1 from run c", got)
 	}
+	r.ReferenceBreaks = 1
+	if got := r.Unexplained(); got != 4 {
+		t.Fatalf("Unexplained() = %d with the reference run broken once; want 4", got)
+	}
 	var table strings.Builder
 	r.Print(&table)
 	if !strings.Contains(table.String(), "| a |  | 0 | 2 | 3 | 1 |") {

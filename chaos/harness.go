@@ -161,6 +161,9 @@ type Report struct {
 	Faults    []Fault
 	Runs      []RunResult
 	Reference string // SHA-256 of the uninterrupted run's final state
+	// ReferenceBreaks counts the failures and preemptions of the run with
+	// no faults: each a gang broken with nothing struck.
+	ReferenceBreaks int
 }
 
 // Harness runs a chaos session.
@@ -192,6 +195,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if rep.Reference, err = h.finalState(ctx, ref); err != nil {
 		return rep, fmt.Errorf("reference run: %w", err)
+	}
+	if len(rep.Runs) > 0 {
+		rep.ReferenceBreaks = rep.Runs[0].Failures + rep.Runs[0].Preemptions
 	}
 	rep.Runs = rep.Runs[:0]
 	plan := h.plan()

@@ -106,10 +106,11 @@ func (r *Report) faultsIn(id string) int {
 }
 
 // Unexplained counts the failures and preemptions the runs counted beyond
-// one per fault struck in them: a gang that broke with nothing struck (a
-// healthy rank taken for stalled, say). A fault breaks at most one gang.
+// one per fault struck in them, the reference run's included: a gang that
+// broke with nothing struck (a healthy rank taken for stalled, say). A fault
+// breaks at most one gang.
 func (r *Report) Unexplained() int {
-	n := 0
+	n := r.ReferenceBreaks
 	for _, run := range r.Runs {
 		n += max(0, run.Failures+run.Preemptions-r.faultsIn(run.ID))
 	}
