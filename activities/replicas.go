@@ -172,9 +172,13 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	gang := collective.Gang{Run: gangRun(key.workflowID), Generation: uint64(in.Generation), Peers: in.Peers}
 	// Every peer's worker listened before it granted its slot: an address
 	// that refuses connections is a worker gone (killed before its rank
-	// joined), which the gang learns now rather than at its hold's heartbeat.
-	opts := collective.Options{Secret: in.Secret, StallTimeout: stallTimeout(in.Spec), Transport: a.Transport, Logger: a.Log,
-		RefusedTimeout: stallTimeout(in.Spec) / 4}
+	// joined), and one that answers no connection attempt at all is a host
+	// cut off, both of which the gang learns now rather than at its hold's
+	// heartbeat timeout. Twice the stall timeout leaves room for a lost
+	// SYN's retransmission (1 s).
+	stall := stallTimeout(in.Spec)
+	opts := collective.Options{Secret: in.Secret, StallTimeout: stall, Transport: a.Transport, Logger: a.Log,
+		RefusedTimeout: stall / 4, UnreachableTimeout: 2 * stall}
 	if in.Secret == nil {
 		if err := a.verifyGrants(key.workflowID, in); err != nil {
 			rep.close()

@@ -91,6 +91,16 @@ type Options struct {
 	// slot): there a refusal means the peer's process is gone, and waiting on
 	// would leave the gang to find out at a heartbeat timeout.
 	RefusedTimeout time.Duration
+	// UnreachableTimeout is how long one attempt to connect to the right
+	// neighbour's address may go unanswered, neither accepted nor refused
+	// (the host is cut off, or gone from the network), or fail as
+	// unreachable, before Join gives up on it with a *PeerError naming it.
+	// A listener that is up answers within a round trip even when its
+	// process is stopped: the kernel completes the connection. Zero waits
+	// until ctx ends (the operating system's own retries, about two minutes
+	// on Linux). Keep it above the network's worst round trip and a lost
+	// SYN's retransmission (1 s on Linux).
+	UnreachableTimeout time.Duration
 	// Transport is TransportAuto (shared memory with neighbours on the same
 	// host, TCP otherwise), TransportTCP or TransportSameIP.
 	Transport string
@@ -371,9 +381,16 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 	h := hello{Run: g.gang.Run, Generation: g.gang.Generation, From: uint32(g.rank), To: uint32(g.right), World: uint32(g.world)}
 	backoff := 20 * time.Millisecond
 	var d net.Dialer
-	var refusedSince time.Time // when the address began refusing, if it does
+	var refusedSince time.Time     // when the address began refusing, if it does
+	var unreachableSince time.Time // when an attempt began that got no answer, if one did
 	for {
-		conn, err := d.DialContext(ctx, "tcp", addr)
+		attempt, started := ctx, time.Now()
+		cancelAttempt := func() {}
+		if g.opts.UnreachableTimeout > 0 {
+			attempt, cancelAttempt = context.WithTimeout(ctx, g.opts.UnreachableTimeout)
+		}
+		conn, err := d.DialContext(attempt, "tcp", addr)
+		cancelAttempt()
 		switch {
 		case err == nil || !errors.Is(err, syscall.ECONNREFUSED):
 			refusedSince = time.Time{}
@@ -382,6 +399,18 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 		case g.opts.RefusedTimeout > 0 && time.Since(refusedSince) >= g.opts.RefusedTimeout:
 			return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
 				Reason: fmt.Sprintf("its address refused connections for %v: nothing listens there (its worker is gone)", time.Since(refusedSince).Round(time.Millisecond))}
+		}
+		switch {
+		case err == nil || ctx.Err() != nil || !unanswered(err):
+			unreachableSince = time.Time{}
+		case unreachableSince.IsZero():
+			unreachableSince = started
+			fallthrough
+		default:
+			if g.opts.UnreachableTimeout > 0 && time.Since(unreachableSince) >= g.opts.UnreachableTimeout {
+				return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
+					Reason: fmt.Sprintf("its address answered no connection attempt for %v (%v): its host is cut off or gone", time.Since(unreachableSince).Round(time.Millisecond), err)}
+			}
 		}
 		if err == nil {
 			if tc, ok := conn.(*net.TCPConn); ok {
@@ -406,6 +435,15 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 			backoff = min(backoff, g.opts.RefusedTimeout/4) // look again within the timeout
 		}
 	}
+}
+
+// unanswered reports whether a connection attempt failed for want of any
+// answer from the address: it timed out, or the network says the host
+// cannot be reached. A refusal is an answer (RefusedTimeout).
+func unanswered(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
 // Rank is this member's rank; World the gang's size.
