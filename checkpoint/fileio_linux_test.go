@@ -195,7 +195,7 @@ func TestAFailedDirectWriteFailsTheCheckpoint(t *testing.T) {
 	}
 	o.sw.file.Close() // every write from now on fails (EBADF), which is not a refusal of O_DIRECT
 	ow.Write(shapedBytes(BlockSize + 10))
-	o.hashes.wait() // the full block has been written, or not
+	o.settle() // the full block has been written, or not
 	if o.sw.err() == nil {
 		t.Fatal("a block that could not be written left no error")
 	}

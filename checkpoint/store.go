@@ -424,20 +424,22 @@ type objectWriter struct {
 	obj    *Object
 	sw     *syncedWriter
 	hashes *hashList
-	block  []byte      // the block being filled
-	blocks int         // blocks handed to the hashers
-	free   chan []byte // block buffers not being hashed
+	writes sync.WaitGroup // blocks being written to a local file
+	block  []byte         // the block being filled
+	blocks int            // blocks handed to the hashers
+	free   chan []byte    // block buffers neither being written nor hashed
 	err    error
 }
 
 // writeBuffers bounds the memory of one object being written: the block being
-// filled plus one per block being hashed.
-var writeBuffers = runtime.GOMAXPROCS(0) + 1
+// filled, one per block being hashed, and one more, so that a block is
+// always on its way to the disk while others hash.
+var writeBuffers = runtime.GOMAXPROCS(0) + 2
 
 // Write writes p to storage while earlier blocks hash on other cores, then
 // copies p into the block buffers it hashes next. On a local disk it copies
-// p into the blocks only, and each full block is written and then hashed on
-// another core.
+// p into the blocks only, and each full block is written and hashed at the
+// same time, on other goroutines.
 func (o *objectWriter) Write(p []byte) (int, error) {
 	if o.sw.blocks {
 		if err := o.sw.err(); err != nil {
@@ -468,17 +470,40 @@ func (o *objectWriter) fill(p []byte) {
 	}
 }
 
-// flushBlock hands the block being filled to a hasher (which, on a local
-// disk, writes it first) and takes a free buffer for the next.
+// flushBlock hands the block being filled to a hasher and, on a local disk,
+// to a writer at the same time, and takes a free buffer for the next. The
+// buffer is free again once both are done. Writing while hashing keeps the
+// disk busy while the hashes wait for a core: with a CPU-bound process on
+// every core, writing each block first and then hashing it left the disk
+// idle for the hashes (1 GiB saved at 0.73x dd's direct write).
 func (o *objectWriter) flushBlock() {
 	b, i := o.block, o.blocks
-	var write func()
 	if o.sw.blocks {
-		write = func() { o.sw.writeBlock(b, int64(i)*BlockSize) }
+		var both atomic.Int32
+		both.Store(2)
+		release := func() {
+			if both.Add(-1) == 0 {
+				o.free <- b[:0]
+			}
+		}
+		o.writes.Add(1)
+		go func() {
+			defer o.writes.Done()
+			o.sw.writeBlock(b, int64(i)*BlockSize)
+			release()
+		}()
+		o.hashes.hash(i, b, nil, release)
+	} else {
+		o.hashes.hash(i, b, nil, func() { o.free <- b[:0] })
 	}
-	o.hashes.hash(i, b, write, func() { o.free <- b[:0] })
 	o.blocks++
 	o.block = <-o.free
+}
+
+// settle returns once every block handed on is written and hashed.
+func (o *objectWriter) settle() {
+	o.writes.Wait()
+	o.hashes.wait()
 }
 
 func (o *objectWriter) Close() error {
@@ -487,7 +512,7 @@ func (o *objectWriter) Close() error {
 		if len(o.block) > 0 || o.blocks == 0 {
 			o.flushBlock()
 		}
-		o.hashes.wait() // every block written
+		o.settle() // every block written
 		o.sw.size = o.obj.Size
 		err = o.sw.Close(o.err)
 	} else {
