@@ -84,6 +84,13 @@ type Config struct {
 	StickyTimeout time.Duration
 }
 
+// The runs' failure.heartbeat_timeout and failure.stall_timeout unless a
+// Config says otherwise.
+const (
+	DefaultHeartbeatLimit = 4 * time.Second
+	DefaultStallLimit     = time.Second
+)
+
 func (c Config) withDefaults() Config {
 	if len(c.Kinds) == 0 {
 		c.Kinds = Kinds
@@ -110,10 +117,10 @@ func (c Config) withDefaults() Config {
 		c.Dataset = spec.DefaultDatasetURL
 	}
 	if c.HeartbeatLimit == 0 {
-		c.HeartbeatLimit = 4 * time.Second
+		c.HeartbeatLimit = DefaultHeartbeatLimit
 	}
 	if c.StallLimit == 0 {
-		c.StallLimit = time.Second
+		c.StallLimit = DefaultStallLimit
 	}
 	if c.Log == nil {
 		c.Log = io.Discard

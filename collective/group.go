@@ -400,14 +400,13 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 			return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
 				Reason: fmt.Sprintf("its address refused connections for %v: nothing listens there (its worker is gone)", time.Since(refusedSince).Round(time.Millisecond))}
 		}
-		switch {
-		case err == nil || ctx.Err() != nil || !unanswered(err):
+		if err == nil || ctx.Err() != nil || !unanswered(err) {
 			unreachableSince = time.Time{}
-		case unreachableSince.IsZero():
-			unreachableSince = started
-			fallthrough
-		default:
-			if g.opts.UnreachableTimeout > 0 && time.Since(unreachableSince) >= g.opts.UnreachableTimeout {
+		} else if g.opts.UnreachableTimeout > 0 {
+			if unreachableSince.IsZero() {
+				unreachableSince = started
+			}
+			if time.Since(unreachableSince) >= g.opts.UnreachableTimeout {
 				return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
 					Reason: fmt.Sprintf("its address answered no connection attempt for %v (%v): its host is cut off or gone", time.Since(unreachableSince).Round(time.Millisecond), err)}
 			}

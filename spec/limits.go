@@ -60,7 +60,7 @@ var accepted = map[string]string{
 	"failure.max_failures":      fmt.Sprintf("0 (fail at the first infrastructure failure) to %d", MaxFailureBudget),
 	"failure.max_preemptions":   fmt.Sprintf("0 (fail at the first preemption) to %d", MaxFailureBudget),
 	"failure.heartbeat_timeout": "1s to 10m",
-	"failure.stall_timeout":     "250ms to failure.heartbeat_timeout (shorter finds a hung rank sooner)",
+	"failure.stall_timeout":     MinStallTimeout.String() + " to failure.heartbeat_timeout",
 	"resume_from":               "the name of an earlier run",
 }
 

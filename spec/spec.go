@@ -449,7 +449,7 @@ func (t Training) validateFields() error {
 	case f.HeartbeatTimeout < Duration(time.Second) || f.HeartbeatTimeout > Duration(10*time.Minute):
 		return bad("failure.heartbeat_timeout", f.HeartbeatTimeout)
 	case f.StallTimeout != 0 && (f.StallTimeout < Duration(MinStallTimeout) || f.StallTimeout > f.HeartbeatTimeout):
-		return fmt.Errorf("spec: failure.stall_timeout is %v; want %s (failure.heartbeat_timeout is %v)", f.StallTimeout, accepted["failure.stall_timeout"], f.HeartbeatTimeout)
+		return fmt.Errorf("spec: failure.stall_timeout is %v; want %s (%v)", f.StallTimeout, accepted["failure.stall_timeout"], f.HeartbeatTimeout)
 	case t.ResumeFrom != "" && !namePattern.MatchString(t.ResumeFrom):
 		return bad("resume_from", q(t.ResumeFrom))
 	}
