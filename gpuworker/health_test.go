@@ -132,3 +132,22 @@ func TestHealthGateReadsNVML(t *testing.T) {
 		t.Errorf("a GPU without health readings: %q", p)
 	}
 }
+
+// Each slot pins its rank by the GPU's UUID, the name CUDA and NVML share,
+// not by an index that CUDA may number in another order.
+func TestSlotsPinTheirGPUByUUID(t *testing.T) {
+	f := dgxa100.New()
+	slots, gpus := DiscoverSlotsWith(f, 1, nil)
+	defer gpus.Close()
+	seen := map[string]bool{}
+	for i, s := range slots {
+		uuid, _ := f.Devices[i].GetUUID()
+		if uuid == "" || s.Device != uuid || seen[s.Device] {
+			t.Errorf("slot %d: CUDA_VISIBLE_DEVICES %q; want its GPU's UUID %q, once", i, s.Device, uuid)
+		}
+		seen[s.Device] = true
+	}
+	if visibleDevice(3, "") != "3" {
+		t.Errorf("a GPU without a UUID: %q; want its index", visibleDevice(3, ""))
+	}
+}

@@ -57,7 +57,7 @@ func DiscoverSlotsWith(lib nvml.Interface, cpuSlots int, log *zap.Logger) ([]act
 		name, _ := dev.GetName()
 		uuid, _ := dev.GetUUID()
 		mem, _ := dev.GetMemoryInfo()
-		slot := activities.Slot{Index: len(slots), GPU: fmt.Sprintf("%s %s", name, uuid), Device: strconv.Itoa(i)}
+		slot := activities.Slot{Index: len(slots), GPU: fmt.Sprintf("%s %s", name, uuid), Device: visibleDevice(i, uuid)}
 		g.devices[slot.Index] = dev
 		slots = append(slots, slot)
 		log.Info("GPU slot", zap.Int("index", i), zap.String("name", name), zap.String("uuid", uuid), zap.Uint64("memory_bytes", mem.Total))
@@ -68,6 +68,18 @@ func DiscoverSlotsWith(lib nvml.Interface, cpuSlots int, log *zap.Logger) ([]act
 	}
 	g.watchXIDs()
 	return slots, g
+}
+
+// visibleDevice is the CUDA_VISIBLE_DEVICES value that pins a rank to NVML's
+// device i: its UUID where NVML gives one. CUDA numbers devices in its own
+// order (fastest first, unless CUDA_DEVICE_ORDER=PCI_BUS_ID), which need not
+// be NVML's PCI-bus order, so on a host of mixed GPUs an index could hand a
+// rank another slot's GPU; a UUID names the same GPU to both.
+func visibleDevice(i int, uuid string) string {
+	if uuid == "" {
+		return strconv.Itoa(i)
+	}
+	return uuid
 }
 
 // GPUs reads the utilisation and memory of the GPUs behind a worker's slots

@@ -54,8 +54,11 @@ type Policy struct {
 var DefaultStorageRoots = []string{"file:///var/lib/durabletrain/", "file:///usr/share/datasets/", "mem://"}
 
 // DefaultPassEnv are the worker's variables every exec program gets.
+// LD_LIBRARY_PATH and CUDA_HOME are among them: GPU images (NVIDIA's
+// containers among them) find the driver's libcuda and CUDA's libraries
+// through them, and a program without them sees no GPU.
 var DefaultPassEnv = []string{"PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR",
-	"NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
+	"LD_LIBRARY_PATH", "CUDA_HOME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
 
 // safeParams are the query parameters a spec may set itself, by scheme:
 // none of them reads a file, picks an identity, or sends a request elsewhere.

@@ -379,8 +379,14 @@ func query(cl client.Client, id string) (*spec.Progress, error) {
 
 // runCommand parses the flags of a command about one run (-id) and dials Temporal.
 func runCommand(name string, args []string, extra func(*flag.FlagSet)) (client.Client, string) {
-	fs := flag.NewFlagSet(name, flag.ExitOnError)
 	var c common
+	return runCommandWith(&c, name, args, extra)
+}
+
+// runCommandWith is runCommand for a command that also needs the
+// connection's options afterwards (its data converter).
+func runCommandWith(c *common, name string, args []string, extra func(*flag.FlagSet)) (client.Client, string) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
 	c.flags(fs)
 	id := fs.String("id", "", "workflow ID of the run")
 	if extra != nil {
@@ -395,7 +401,8 @@ func runCommand(name string, args []string, extra func(*flag.FlagSet)) (client.C
 
 func status(args []string) {
 	var asJSON *bool
-	cl, id := runCommand("status", args, func(fs *flag.FlagSet) { asJSON = fs.Bool("json", false, "print the whole progress as JSON") })
+	var c common
+	cl, id := runCommandWith(&c, "status", args, func(fs *flag.FlagSet) { asJSON = fs.Bool("json", false, "print the whole progress as JSON") })
 	defer cl.Close()
 	p, err := query(cl, id)
 	if err != nil {
@@ -416,6 +423,34 @@ func status(args []string) {
 	}
 	if p.Latest != nil {
 		fmt.Printf("  latest checkpoint %s/%s\n", p.Latest.Run, p.Latest.ID)
+	}
+	printHeartbeats(cl, c.converter(), id)
+}
+
+// printHeartbeats shows the latest heartbeat of each of the run's
+// activities now running (a host's epoch, a held slot): the step it is at
+// and, on a GPU slot, the NVML readings it carries, as the Temporal UI's
+// pending activities do. A run that has ended has none.
+func printHeartbeats(cl client.Client, dc converter.DataConverter, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := cl.DescribeWorkflowExecution(ctx, id, "")
+	if err != nil {
+		fmt.Printf("  (no heartbeats: %v)\n", err)
+		return
+	}
+	for _, pa := range d.GetPendingActivities() {
+		if pa.GetHeartbeatDetails() == nil {
+			continue
+		}
+		var details map[string]any
+		if err := dc.FromPayloads(pa.GetHeartbeatDetails(), &details); err != nil {
+			fmt.Printf("  %s: heartbeat details unreadable: %v\n", pa.GetActivityType().GetName(), err)
+			continue
+		}
+		b, _ := json.Marshal(details) // sorted keys
+		age := time.Since(pa.GetLastHeartbeatTime().AsTime()).Round(100 * time.Millisecond)
+		fmt.Printf("  %s on %s, heartbeat %v ago: %s\n", pa.GetActivityType().GetName(), pa.GetLastWorkerIdentity(), age, b)
 	}
 }
 

@@ -83,6 +83,11 @@ def main():
     cuda = device.type == "cuda"
     if cuda:
         torch.backends.cudnn.benchmark = True
+    # The slot's pinning as the program sees it (scripts/gpu-check.sh reads this line).
+    print("rank %d of %d: CUDA_VISIBLE_DEVICES=%s, backend %s, device %s%s" % (
+        rank, world, os.environ.get("CUDA_VISIBLE_DEVICES", ""), dist.get_backend(), device,
+        " (%s, %d visible)" % (torch.cuda.get_device_name(device), torch.cuda.device_count()) if cuda else ""),
+        file=sys.stderr)
 
     torch.manual_seed(seed)
     model = resnet18(num_classes=10)
