@@ -19,6 +19,8 @@
 #   EPOCHS=n      of the reference run (default 10)
 #   OUTDIR=dir    logs, the spec, progress.json and report.md (default .durabletrain/gpu-check)
 #   PYTHON=path   a python3 with torch and torchvision (default: python3 on PATH)
+#   EVERY_STEPS=n checkpoint.every_steps of the reference run (default 200; 0: at epoch ends only)
+#   DIRECT_EPOCHS=n  epochs of the same program launched by hand afterwards (default 2; 0: none)
 #   RUN_TIMEOUT=s how long the reference run may take (default 1800)
 #   ARGS="..."    more arguments for the program, such as "--limit 1024" for a short try on a CPU
 # Exit status: 0 when every check passed, 1 otherwise.
@@ -105,7 +107,7 @@ cat >"$OUTDIR/spec.json" <<EOF
   "dataset": {"url": "file://$DATA", "format": "idx"},
   "hyper": {"epochs": $EPOCHS},
   "scaling": {"workers": $workers, "workers_per_host": $workers, "gang_timeout": "2m"},
-  "checkpoint": {"url": "file://$OUTDIR/checkpoints?create_dir=1", "every_steps": 200, "keep_last": 2}
+  "checkpoint": {"url": "file://$OUTDIR/checkpoints?create_dir=1", "every_steps": ${EVERY_STEPS:-200}, "keep_last": 2}
 }
 EOF
 id=resnet18-gpu-check
