@@ -225,3 +225,29 @@ func checkPlots(t *testing.T, bin string, conn []string, id string) {
 		t.Fatalf("starter plot -metric accuracy: exit %d, want 2 and the metrics it draws\n%s", code, out)
 	}
 }
+
+// TestStarterStatusShowsTheRanksHeartbeats: while a run trains, `starter
+// status` shows each running activity's latest heartbeat (the host's
+// epoch: its step; on a GPU slot also the NVML readings), as the Temporal
+// UI's pending activities do.
+func TestStarterStatusShowsTheRanksHeartbeats(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	bin := buildStarter(t)
+	queue := "it-status"
+	startWorker(t, "worker-s", "both", queue)
+	c := dial(t)
+	run := startRun(t, c, "it-status-1", queue, subsetSpec(t, queue, 1, 200))
+	defer c.CancelWorkflow(context.Background(), run.GetID(), "")
+	conn := []string{"-address", server.Addr(), "-namespace", "default", "-id", "it-status-1"}
+	beat := regexp.MustCompile(`(?m)^  RunEpoch on worker-s, heartbeat [0-9.]+m?s ago: \{.*"step":[0-9]+`)
+	var out string
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		var code int
+		if out, code = runStarter(t, bin, append([]string{"status"}, conn...)...); code == 0 && beat.MatchString(out) {
+			return
+		}
+	}
+	t.Fatalf("starter status never showed the epoch's heartbeat with its step:\n%s", out)
+}
