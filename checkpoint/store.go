@@ -292,8 +292,12 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: creating %s: %w", name, err)
 	}
-	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(w.algo()), sw: sw, free: make(chan []byte, writeBuffers)}
-	for range writeBuffers {
+	buffers := writeBuffers
+	if !sw.blocks {
+		buffers-- // no block is on its way to a local file: the caller's bytes went to storage already
+	}
+	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(w.algo()), sw: sw, free: make(chan []byte, buffers)}
+	for range buffers {
 		ow.free <- alignedBuffer(BlockSize)[:0]
 	}
 	ow.block = <-ow.free
@@ -431,9 +435,11 @@ type objectWriter struct {
 	err    error
 }
 
-// writeBuffers bounds the memory of one object being written: the block being
-// filled, one per block being hashed, and one more, so that a block is
-// always on its way to the disk while others hash.
+// writeBuffers bounds the memory of one object being written to a local
+// file: the block being filled, one per block being hashed, and one more, so
+// that a block is always on its way to the disk while others hash. Other
+// stores (S3, memory) take the caller's bytes directly and do without the
+// last one.
 var writeBuffers = runtime.GOMAXPROCS(0) + 2
 
 // Write writes p to storage while earlier blocks hash on other cores, then
