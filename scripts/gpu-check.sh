@@ -11,7 +11,9 @@
 #      EPOCHS epochs of the full Fashion-MNIST. It reads the program's
 #      CUDA_VISIBLE_DEVICES, the NVML readings in the ranks' heartbeats
 #      (starter status) and the worker's Prometheus gauges while it trains,
-#      then each epoch's time and test accuracy (target: >= 0.8976 after 10).
+#      then each epoch's time and test accuracy (target: >= 0.8976 after 10);
+#   5. the same program launched by hand (no durabletrain), while the worker
+#      is still up (its NVML open) and after it stopped, for the ratio.
 #
 # Usage: scripts/gpu-check.sh
 #   BIN=dir       devserver, worker, starter, gpuworker.test (built here with go where missing)
@@ -154,22 +156,23 @@ ok = acc >= 0.8976 or want < 10
 print("%s\t%d epochs, test accuracy %.4f (reference 0.8976 on 4 GPUs), epoch median %.1f s (min %.1f, max %.1f, first included)"
       % ("pass" if ok else "FAIL", len(ms), acc, secs[len(secs) // 2], secs[0], secs[-1]))
 for m in ms:
-    print("epoch\t%d\t%.4f\t%.4f\t%.2f\t%.2f" % (m["epoch"], m["test_accuracy"], m["train_loss"], m.get("seconds", 0), (m.get("other") or {}).get("train_seconds", 0)))
+    o = m.get("other") or {}
+    print("epoch\t%d\t%.4f\t%.4f\t%.2f\t%.2f\t%.2f" % (m["epoch"], m["test_accuracy"], m["train_loss"], m.get("seconds", 0), o.get("train_seconds", 0), o.get("first_step_seconds", 0)))
 EOF
 )
 result=$(printf '%s\n' "$summary" | head -1)
 row "reference ResNet-18 run (exit $rc)" "${result%%$'\t'*}" "${result#*$'\t'}, wall $run_time"
-cleanup
-trap - EXIT
-
 # 5. The same program launched by hand on one GPU, no durabletrain, for
-# DIRECT_EPOCHS epochs: its epoch time beside the run's (0 skips it).
-if [ "${DIRECT_EPOCHS:-2}" -gt 0 ] && [ "$gpus" -gt 0 ]; then
+# DIRECT_EPOCHS epochs, twice: while the worker is still up (its NVML open,
+# sampled every 2 s) and after it stopped. Its epoch times beside the run's
+# (0 skips it).
+by_hand() { # label, log name
   (cd "$OUTDIR/scratch" && RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((PORT + 7)) \
-    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=4 PYTHONPATH=$root/python DURABLETRAIN_EPOCHS=${DIRECT_EPOCHS:-2} \
+    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=4 PYTHONPATH=$root/python DURABLETRAIN_EPOCHS=$DIRECT_EPOCHS \
     timeout 600 "$PYTHON" "$root/examples/pytorch/resnet18_fashion_mnist.py" --data "$DATA" --checkpoint-dir direct-ckpt ${ARGS:-}) \
-    >"$OUTDIR/direct.log" 2>&1
-  direct=$("$PYTHON" - "$OUTDIR/direct.log" "$OUTDIR/progress.json" <<'EOF'
+    >"$OUTDIR/$2" 2>&1
+  local direct
+  direct=$("$PYTHON" - "$OUTDIR/$2" "$OUTDIR/progress.json" <<'EOF'
 import json, sys
 d = [json.loads(l.split(": ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("epoch ")]
 try:
@@ -177,18 +180,26 @@ try:
 except Exception:
     r = []
 if not d:
-    print("FAIL\tthe program launched by hand reported no epoch (direct.log)"); sys.exit()
+    print("FAIL\tthe program launched by hand reported no epoch"); sys.exit()
 n = min(len(d), len(r))
 med = lambda xs: sorted(xs)[len(xs) // 2]
-line = "%d epoch(s) by hand: %s s" % (len(d), ", ".join("%.1f" % m["seconds"] for m in d))
+epochs = lambda ms, first: ", ".join("%.1f (%.1f)" % (m["seconds"], first(m)) for m in ms)
+line = "%d epoch(s) by hand, seconds (first step): %s" % (len(d), epochs(d, lambda m: m.get("first_step_seconds", 0)))
 if n:
-    line += "; the run's first %d: %s s; ratio of medians %.3f" % (
-        n, ", ".join("%.1f" % m["seconds"] for m in r[:n]), med([m["seconds"] for m in r[:n]]) / med([m["seconds"] for m in d]))
+    line += "; the run's first %d: %s; ratio of medians %.3f" % (
+        n, epochs(r[:n], lambda m: (m.get("other") or {}).get("first_step_seconds", 0)),
+        med([m["seconds"] for m in r[:n]]) / med([m["seconds"] for m in d]))
 print("pass\t" + line)
 EOF
 )
-  row "same program launched by hand" "${direct%%$'\t'*}" "${direct#*$'\t'}"
-fi
+  row "$1" "${direct%%$'\t'*}" "${direct#*$'\t'}"
+}
+DIRECT_EPOCHS=${DIRECT_EPOCHS:-2}
+run_by_hand=$([ "$DIRECT_EPOCHS" -gt 0 ] && [ "$gpus" -gt 0 ] && echo 1)
+[ -n "$run_by_hand" ] && by_hand "by hand, the worker still up" direct-worker-up.log
+cleanup
+trap - EXIT
+[ -n "$run_by_hand" ] && by_hand "by hand, no worker" direct.log
 
 {
   echo "# scripts/gpu-check.sh on $(hostname), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -199,9 +210,9 @@ fi
   echo
   echo "Reference run, each epoch (from the run's progress):"
   echo
-  echo "| epoch | test accuracy | train loss | seconds | training seconds |"
-  echo "|---:|---:|---:|---:|---:|"
-  printf '%s\n' "$summary" | grep '^epoch' | awk -F'\t' '{printf "| %s | %s | %s | %s | %s |\n", $2, $3, $4, $5, $6}'
+  echo "| epoch | test accuracy | train loss | seconds | training seconds | first step seconds |"
+  echo "|---:|---:|---:|---:|---:|---:|"
+  printf '%s\n' "$summary" | grep '^epoch' | awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s |\n", $2, $3, $4, $5, $6, $7}'
   echo
   cat "$OUTDIR/nccl.md"
   echo
