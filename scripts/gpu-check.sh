@@ -21,6 +21,7 @@
 #   EPOCHS=n      of the reference run (default 10)
 #   OUTDIR=dir    logs, the spec, progress.json and report.md (default .durabletrain/gpu-check)
 #   PYTHON=path   a python3 with torch and torchvision (default: python3 on PATH)
+#   WORKERS=n     ranks of the reference run, on this one worker (default: 4, as the reference, or every GPU where fewer)
 #   EVERY_STEPS=n checkpoint.every_steps of the reference run (default 200; 0: at epoch ends only)
 #   DIRECT_EPOCHS=n  epochs of the same program launched by hand afterwards (default 2; 0: none)
 #   RUN_TIMEOUT=s how long the reference run may take (default 1800)
@@ -94,7 +95,8 @@ trap cleanup EXIT
 "$BIN/devserver" -db "" -port "$PORT" -ui-port 0 >"$OUTDIR/devserver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 200); do grep -q "frontend on" "$OUTDIR/devserver.log" && break; sleep 0.1; done
-workers=$((gpus > 0 ? gpus : 1))
+# The reference ran 4 GPUs at 128 each: as many ranks here, where there are 4.
+workers=${WORKERS:-$((gpus >= 4 ? 4 : (gpus > 0 ? gpus : 1)))}
 DURABLETRAIN_PYTHONPATH=$root/python "$BIN/worker" -address "127.0.0.1:$PORT" -role both -identity gpu-host \
   -storage-roots "file://$OUTDIR/,file://$DATA/" -allow-exec "$PYTHON" -exec-dirs "$OUTDIR" \
   -metrics-listen "127.0.0.1:$METRICS" >"$OUTDIR/worker.log" 2>&1 &
