@@ -9,6 +9,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
@@ -55,8 +56,9 @@ var DefaultStorageRoots = []string{"file:///var/lib/durabletrain/", "file:///usr
 
 // DefaultPassEnv are the worker's variables every exec program gets.
 // LD_LIBRARY_PATH and CUDA_HOME are among them: GPU images (NVIDIA's
-// containers among them) find the driver's libcuda and CUDA's libraries
-// through them, and a program without them sees no GPU.
+// containers among them) set them, and some find the driver's libcuda and
+// CUDA's libraries only through them. They are the worker's own; a spec
+// may not set LD_LIBRARY_PATH (CheckExec).
 var DefaultPassEnv = []string{"PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR",
 	"LD_LIBRARY_PATH", "CUDA_HOME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}
 
@@ -109,6 +111,11 @@ func (p Policy) CheckExec(x *spec.Exec) error {
 	if x.Dir != "" && !slices.ContainsFunc(p.ExecDirs, func(d string) bool { return under(filepath.Clean(x.Dir), filepath.Clean(d)) }) {
 		return refuse("exec.dir %s is not under a directory this worker allows (-exec-dirs %s)", quoted(x.Dir), strings.Join(p.ExecDirs, ","))
 	}
+	for _, name := range slices.Sorted(maps.Keys(x.Env)) {
+		if loaderVariable(name) {
+			return refuse("exec.env.%s: the dynamic loader reads it, and a spec may not choose what code an allowed program loads; leave it out (a library path the program needs is the worker's to give: -exec-pass-env)", name)
+		}
+	}
 	for _, kv := range p.ProgramEnv {
 		name, _, _ := strings.Cut(kv, "=")
 		if _, ok := x.Env[name]; ok {
@@ -151,6 +158,24 @@ func (p Policy) programAllowed(prog string) bool {
 		case resolved == dir || real == realPath(dir):
 			return true
 		}
+	}
+	return false
+}
+
+// loaderVariable says whether the C library loads code, or reads files it
+// then trusts, on the variable's word: the dynamic loader's LD_* (LD_PRELOAD,
+// LD_LIBRARY_PATH, LD_AUDIT, ...) and the others glibc removes from a setuid
+// program's environment for that reason (its UNSECURE_ENVVARS), but TMPDIR.
+// Set by a spec, they would run code of the spec's choosing inside any
+// program the worker allows, not only inside interpreters.
+func loaderVariable(name string) bool {
+	if strings.HasPrefix(name, "LD_") {
+		return true
+	}
+	switch name {
+	case "GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
+		"NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR":
+		return true
 	}
 	return false
 }

@@ -118,3 +118,21 @@ func TestRankMemory(t *testing.T) {
 		t.Fatalf("default for 2 slots: %d of %d", m, workerMemory())
 	}
 }
+
+// A spec may not set what the dynamic loader reads: with LD_PRELOAD or
+// LD_LIBRARY_PATH it would run code of its choosing inside a program the
+// worker allows, even one that is no interpreter. Everything else passes.
+func TestSpecMayNotSteerTheDynamicLoader(t *testing.T) {
+	p := Policy{Exec: []string{"/usr/local/bin/train"}}
+	for _, name := range []string{"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "NLSPATH"} {
+		err := p.CheckExec(&spec.Exec{Command: []string{"/usr/local/bin/train"}, Env: map[string]string{"OMP_NUM_THREADS": "4", name: "/tmp/x"}})
+		if err == nil || !strings.Contains(err.Error(), "exec.env."+name) || !strings.Contains(err.Error(), "dynamic loader") {
+			t.Errorf("exec.env.%s: %v", name, err)
+		}
+	}
+	for _, name := range []string{"OMP_NUM_THREADS", "TMPDIR", "MY_LD_FLAG", "CUDA_HOME"} {
+		if err := p.CheckExec(&spec.Exec{Command: []string{"/usr/local/bin/train"}, Env: map[string]string{name: "x"}}); err != nil {
+			t.Errorf("exec.env.%s: %v", name, err)
+		}
+	}
+}
