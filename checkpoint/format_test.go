@@ -187,7 +187,7 @@ func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
 		h := newHashList(hashBLAKE3)
 		n := 0
 		for off := 0; off < len(data) || n == 0; off += BlockSize {
-			h.hash(n, data[off:min(off+BlockSize, len(data))], nil, nil)
+			h.hash(n, data[off:min(off+BlockSize, len(data))], nil)
 			n++
 		}
 		if got := h.root(n); got != tc.root {

@@ -81,15 +81,12 @@ func newHashList(algo hashAlgo) *hashList {
 	return &hashList{algo: algo, sem: make(chan struct{}, runtime.GOMAXPROCS(0))}
 }
 
-// hash hashes block i in the background, after first (if not nil) has run
-// there; data must not change until done runs.
-func (h *hashList) hash(i int, data []byte, first, done func()) {
+// hash hashes block i in the background; data must not change until done
+// (if not nil) runs.
+func (h *hashList) hash(i int, data []byte, done func()) {
 	h.sem <- struct{}{}
 	h.wg.Add(1)
 	go func() {
-		if first != nil {
-			first()
-		}
 		d := h.algo.sum(data)
 		h.mu.Lock()
 		for len(h.digests) <= i {

@@ -505,7 +505,7 @@ func (v *verifyingReader) advance() error {
 		if v.cur.buf != nil {
 			if len(v.cur.buf) > 0 || v.obj.Size == 0 {
 				b, free := v.cur.buf, v.streams[v.blocks%len(v.streams)].free
-				v.hashes.hash(v.blocks, b, nil, func() { free <- b[:cap(b)] })
+				v.hashes.hash(v.blocks, b, func() { free <- b[:cap(b)] })
 				v.blocks++
 			}
 			v.cur.buf = nil

@@ -498,9 +498,9 @@ func (o *objectWriter) flushBlock() {
 			o.sw.writeBlock(b, int64(i)*BlockSize)
 			release()
 		}()
-		o.hashes.hash(i, b, nil, release)
+		o.hashes.hash(i, b, release)
 	} else {
-		o.hashes.hash(i, b, nil, func() { o.free <- b[:0] })
+		o.hashes.hash(i, b, func() { o.free <- b[:0] })
 	}
 	o.blocks++
 	o.block = <-o.free
