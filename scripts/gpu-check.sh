@@ -48,7 +48,7 @@ row() { # check, result (pass/FAIL/skip), detail
   echo "gpu-check: $1: $2: $3"
 }
 t0=$(date +%s.%N)
-since() { python3 -c "import sys,time; print('%.1f s' % (time.time()-float(sys.argv[1])))" "$1"; }
+since() { "$PYTHON" -c "import sys,time; print('%.1f s' % (time.time()-float(sys.argv[1])))" "$1"; }
 
 # Binaries: carried ones where given, else built (the devserver compiles the
 # Temporal server: minutes, the first time).
@@ -72,7 +72,7 @@ rc=$?
 slots=$(grep -c 'slot [0-9]*: ' "$OUTDIR/nvml.log")
 detail=$(grep -o 'slot 0: .*' "$OUTDIR/nvml.log" | head -1)
 if grep -q -- '--- SKIP' "$OUTDIR/nvml.log"; then
-  row "NVML slots, readings, health" FAIL "NVML found no GPU: $(grep -o 'no GPU.*' "$OUTDIR/nvml.log" | head -1)"
+  row "NVML slots, readings, health" FAIL "NVML found no GPU ($(grep -o '"reason": "[^"]*' "$OUTDIR/nvml.log" | head -1 | cut -d'"' -f4))"
 elif [ $rc = 0 ] && [ "$slots" = "$gpus" ]; then
   row "NVML slots, readings, health" pass "$slots slot(s), all healthy; $detail"
 else
@@ -82,8 +82,8 @@ fi
 # 3. NCCL.
 if timeout 300 "$PYTHON" scripts/nccl_check.py >"$OUTDIR/nccl.md" 2>"$OUTDIR/nccl.log"; then
   world=$(grep -o '[0-9]* rank(s)' "$OUTDIR/nccl.md")
-  big=$(grep '^| 268435456 ' "$OUTDIR/nccl.md" | cut -d'|' -f4,5 | tr -s ' ')
-  row "NCCL all-reduce" pass "$(head -1 "$OUTDIR/nccl.md" | cut -d, -f1), $world, 256 MiB: algbw|busbw GB/s$big"
+  big=$(grep '^| 268435456 ' "$OUTDIR/nccl.md" | awk -F'|' '{gsub(/ /, "", $4); gsub(/^ +| +$/, "", $5); printf "algbw %s GB/s, busbw %s", $4, $5}')
+  row "NCCL all-reduce" pass "$(head -1 "$OUTDIR/nccl.md" | cut -d, -f1), $world, 256 MiB: $big"
 else
   row "NCCL all-reduce" FAIL "$(tail -1 "$OUTDIR/nccl.log")"
 fi
