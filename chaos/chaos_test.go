@@ -49,8 +49,10 @@ func TestChaosShort(t *testing.T) {
 	for _, f := range rep.Faults {
 		kinds[f.Kind] = true
 	}
-	if len(kinds) != len(chaos.Kinds) || len(rep.Runs) != 2 {
-		t.Fatalf("%d fault kinds over %d runs; want all %d over 2", len(kinds), len(rep.Runs), len(chaos.Kinds))
+	// Two runs of three faults, and one more for each fault a run ended
+	// before it could strike (the harness plans it again).
+	if len(kinds) != len(chaos.Kinds) || len(rep.Runs) < 2 {
+		t.Fatalf("%d fault kinds over %d runs; want all %d over 2 or more", len(kinds), len(rep.Runs), len(chaos.Kinds))
 	}
 	if problems := rep.Problems(); len(problems) > 0 {
 		t.Fatalf("guarantees not met:\n%s", strings.Join(problems, "\n"))

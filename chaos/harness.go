@@ -147,6 +147,7 @@ type Fault struct {
 	BlobBytes    int64
 	gen          int       // the run's generation when struck
 	at           time.Time // when it was injected
+	tooLate      bool      // the run ended before it could be struck
 }
 
 // RunResult is one training run under faults.
@@ -208,6 +209,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Runs = rep.Runs[:0]
 	plan := h.plan()
+	again := map[string]bool{} // kinds planned again once already
 	for i := 0; len(plan) > 0; i++ {
 		n := min(cfg.FaultsPerRun, len(plan))
 		kinds := plan[:n]
@@ -215,6 +217,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		id := fmt.Sprintf("chaos-%d-%d", cfg.Seed, i)
 		h.logf("run %s: faults %s", id, strings.Join(kinds, ", "))
 		p, err := h.runWithFaults(ctx, id, kinds, rep)
+		// A fault whose run ended before it could be struck (earlier faults
+		// took the run's time) tested nothing: it goes to the end of the
+		// plan, once, and its record goes. A second miss stays a problem.
+		base := len(rep.Faults) - len(kinds)
+		struck := append([]Fault(nil), rep.Faults[:base]...)
+		for _, f := range rep.Faults[base:] {
+			if f.tooLate && !again[f.Kind] {
+				again[f.Kind] = true
+				plan = append(plan, f.Kind)
+				h.logf("  %s: planned again in a later run", f.Kind)
+				continue
+			}
+			struck = append(struck, f)
+		}
+		rep.Faults = struck
 		r := &rep.Runs[len(rep.Runs)-1]
 		if err != nil {
 			r.Err = err.Error()

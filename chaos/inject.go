@@ -27,7 +27,7 @@ func (h *Harness) inject(ctx context.Context, id, kind, phase string) Fault {
 	p, phase := h.waitPhase(ctx, id, phase)
 	f := Fault{Run: id, Kind: kind, Phase: phase}
 	if p == nil || p.State == spec.StateCompleted || p.State == spec.StateFailed {
-		f.Note = "the run ended before the fault could land"
+		f.Note, f.tooLate = "the run ended before the fault could land", true
 		return f
 	}
 	if kind == Corrupt {
