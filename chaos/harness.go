@@ -217,21 +217,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		id := fmt.Sprintf("chaos-%d-%d", cfg.Seed, i)
 		h.logf("run %s: faults %s", id, strings.Join(kinds, ", "))
 		p, err := h.runWithFaults(ctx, id, kinds, rep)
-		// A fault whose run ended before it could be struck (earlier faults
-		// took the run's time) tested nothing: it goes to the end of the
-		// plan, once, and its record goes. A second miss stays a problem.
-		base := len(rep.Faults) - len(kinds)
-		struck := append([]Fault(nil), rep.Faults[:base]...)
-		for _, f := range rep.Faults[base:] {
-			if f.tooLate && !again[f.Kind] {
-				again[f.Kind] = true
-				plan = append(plan, f.Kind)
-				h.logf("  %s: planned again in a later run", f.Kind)
-				continue
-			}
-			struck = append(struck, f)
+		var later []string
+		rep.Faults, later = planAgain(rep.Faults, len(kinds), again)
+		for _, kind := range later {
+			h.logf("  %s: planned again in a later run", kind)
 		}
-		rep.Faults = struck
+		plan = append(plan, later...)
 		r := &rep.Runs[len(rep.Runs)-1]
 		if err != nil {
 			r.Err = err.Error()
@@ -245,6 +236,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.Identical = state == rep.Reference
 	}
 	return rep, nil
+}
+
+// planAgain takes the last n faults, those of the run just ended: one the
+// run ended before it could strike (earlier faults took the run's time)
+// tested nothing, so its kind goes back to the plan, once per kind (again
+// remembers), and its record goes. A second miss stays, as a problem.
+func planAgain(faults []Fault, n int, again map[string]bool) (kept []Fault, later []string) {
+	base := len(faults) - n
+	kept = append([]Fault(nil), faults[:base]...)
+	for _, f := range faults[base:] {
+		if f.tooLate && !again[f.Kind] {
+			again[f.Kind] = true
+			later = append(later, f.Kind)
+			continue
+		}
+		kept = append(kept, f)
+	}
+	return kept, later
 }
 
 // start makes the hosts, starts the dev server and a worker per host, and
