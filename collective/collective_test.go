@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -857,6 +859,101 @@ func TestSilenceIsCountedFromTheLastFrameWhoeverReads(t *testing.T) {
 		if limit := stall + culpritGracePeriod + 800*time.Millisecond; failedAfter > limit {
 			t.Errorf("host cores %d: failed %v after the last frame, more than %v", cores, failedAfter, limit)
 		}
+		for _, g := range groups {
+			g.Close()
+		}
+	}
+}
+
+// A rank kept off its cores past its read deadline (a host starved of CPU,
+// a paused VM) while its left neighbour's keepalives arrived has heard from
+// the neighbour, though it has not read it yet: the runtime's poller fails
+// a read whose deadline has passed before it looks at the socket. The group
+// must look, read them, and go on, not blame the neighbour. Rank 1's reader
+// is held here for 1.5 StallTimeouts, once, with its deadline set; rank 0
+// keeps sending keepalives, as does rank 1's own sender.
+func TestARankOffItsCoresPastItsDeadlineDoesNotBlameItsNeighbour(t *testing.T) {
+	const stall = 400 * time.Millisecond
+	var hold atomic.Bool
+	held := make(chan struct{}, 1)
+	testHookBeforeLeftRead = func(g *Group) {
+		if g.rank == 1 && hold.CompareAndSwap(true, false) {
+			time.Sleep(stall * 3 / 2)
+			held <- struct{}{}
+		}
+	}
+	t.Cleanup(func() { testHookBeforeLeftRead = nil })
+	for _, cores := range []int{64, 1} {
+		groups := gang(t, 2, Options{Transport: TransportTCP, StallTimeout: stall, hostCores: cores})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(ctx) })...); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * leftIdleGap) // rank 1's readLeft reads between operations
+		hold.Store(true)
+		select {
+		case <-held:
+		case <-time.After(10 * stall):
+			t.Fatalf("host cores %d: rank 1's reader never read between operations", cores)
+		}
+		time.Sleep(stall / 4)
+		for r, g := range groups {
+			if err := g.Err(); err != nil {
+				t.Fatalf("host cores %d: rank %d failed: %v", cores, r, err)
+			}
+		}
+		bufs := [][]float32{{1, 2}, {3, 4}}
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.AllReduce(ctx, bufs[r]) })...); err != nil {
+			t.Fatalf("host cores %d: %v", cores, err)
+		}
+		looked := groups[1].leftLookedAgain.Load()
+		t.Logf("host cores %d: rank 1 looked again %d times", cores, looked)
+		// The poller's read fails at a passed deadline; fdConn (ranks
+		// outnumbering cores) reads the socket before it looks at the time.
+		if cores == 64 && looked == 0 {
+			t.Errorf("host cores %d: the test did not hold rank 1 past its deadline", cores)
+		}
+		for _, g := range groups {
+			g.Close()
+		}
+	}
+}
+
+// A host starved of CPU, or a paused VM, keeps every rank on it off its
+// cores at once: none sends keepalives, and none reads. When they run
+// again, every rank's read deadline has passed with nothing waiting, yet no
+// neighbour stalled: each rank was itself off schedule, and must not blame
+// its neighbour for a silence that was its own. This test stops its own
+// process (every rank of the gang) with SIGSTOP for 1.5 StallTimeouts.
+func TestAProcessStoppedWholeDoesNotBreakItsGang(t *testing.T) {
+	const stall = 400 * time.Millisecond
+	for _, cores := range []int{64, 1} {
+		groups := gang(t, 2, Options{Transport: TransportTCP, StallTimeout: stall, hostCores: cores})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(ctx) })...); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * leftIdleGap) // both read between operations
+		pause := fmt.Sprintf("kill -STOP %d; sleep %.3f; kill -CONT %d", os.Getpid(), (stall * 3 / 2).Seconds(), os.Getpid())
+		if out, err := exec.Command("sh", "-c", pause).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", pause, err, out)
+		}
+		time.Sleep(stall / 2)
+		for r, g := range groups {
+			if err := g.Err(); err != nil {
+				t.Fatalf("host cores %d: rank %d failed after the pause: %v", cores, r, err)
+			}
+		}
+		bufs := [][]float32{{1, 2}, {3, 4}}
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.AllReduce(ctx, bufs[r]) })...); err != nil {
+			t.Fatalf("host cores %d: %v", cores, err)
+		}
+		if bufs[0][0] != 4 || bufs[1][1] != 6 {
+			t.Fatalf("host cores %d: sums %v", cores, bufs)
+		}
+		t.Logf("host cores %d: looked again %d and %d times", cores, groups[0].leftLookedAgain.Load(), groups[1].leftLookedAgain.Load())
 		for _, g := range groups {
 			g.Close()
 		}

@@ -70,11 +70,21 @@ func (g *Group) keepalive() {
 	defer g.wg.Done()
 	t := time.NewTicker(g.opts.KeepaliveInterval)
 	defer t.Stop()
+	// A tick the ticker fired well after the one before (it keeps one
+	// while this goroutine writes) came late: this process was off its
+	// cores (leftSilent).
+	late := g.opts.KeepaliveInterval + g.opts.StallTimeout/4
+	last := time.Now()
 	for {
 		select {
 		case <-g.done:
 			return
 		case <-t.C:
+			now := time.Now()
+			if now.Sub(last) > late {
+				g.offCoresAt.Store(now.UnixNano())
+			}
+			last = now
 			if time.Since(time.Unix(0, g.lastWrite.Load())) < g.opts.KeepaliveInterval/2 {
 				continue
 			}

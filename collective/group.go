@@ -191,11 +191,13 @@ type Group struct {
 	frameBuf        []byte // header and small payload, under writeMu
 	leftWriteMu     sync.Mutex
 	lastWrite       atomic.Int64 // unix nanos of the last frame to the right
+	offCoresAt      atomic.Int64 // unix nanos when keepalive last woke late (leftSilent)
 
 	// Counted for tests: operations that took the left link from readLeft,
-	// data frames read before their operation began, and operations run by
-	// a progress loop.
-	leftTaken, leftEarly, progressOps atomic.Int64
+	// data frames read before their operation began, operations run by a
+	// progress loop, and read deadlines that passed with bytes waiting
+	// (leftSilent).
+	leftTaken, leftEarly, progressOps, leftLookedAgain atomic.Int64
 
 	opMu    sync.Mutex
 	seq     uint32

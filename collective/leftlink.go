@@ -88,11 +88,17 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 			if job == nil && g.wantLeft.Load() {
 				return leftYielded
 			}
+			if testHookBeforeLeftRead != nil {
+				testHookBeforeLeftRead(g)
+			}
 			n, err := io.ReadFull(g.leftReader, l.hdr[l.hdrN:])
 			l.hdrN += n
 			if err != nil {
 				if job == nil && g.wantLeft.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
 					return leftYielded
+				}
+				if !g.leftSilent(err) {
+					continue // bytes are waiting: read them
 				}
 				g.failLeft(err)
 				return leftFailed
@@ -136,7 +142,7 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 			dst = g.scratch[:len(it.dst)]
 		}
 		g.armLeft()
-		if _, err := io.ReadFull(g.leftReader, asBytes(dst)); err != nil {
+		if err := g.readLeftFull(asBytes(dst)); err != nil {
 			g.failLeft(err)
 			return leftFailed
 		}
@@ -252,7 +258,7 @@ func (g *Group) readLeftBesideRing() {
 	var hb [headerLen]byte
 	for {
 		g.armLeft()
-		if _, err := io.ReadFull(g.leftReader, hb[:]); err != nil {
+		if err := g.readLeftFull(hb[:]); err != nil {
 			g.failLeft(err)
 			return
 		}
@@ -293,6 +299,74 @@ func (g *Group) forwardFrom(job *recvJob, received int) error {
 	}
 	return nil
 }
+
+// leftSilent reports whether err, from a read of the left link, fails
+// the group: any error but a passed read deadline, and a passed deadline
+// that this rank watched on schedule with nothing waiting to be read (the
+// left neighbour fell silent). Otherwise the silence may be this rank's:
+//   - A deadline passes while this process is off its cores past it (a
+//     host starved of CPU, a paused VM) with the neighbour's keepalives
+//     waiting unread: the runtime's poller (like rawTCP.tryRead and
+//     fdConn's) fails a read whose deadline has passed before it looks at
+//     the socket.
+//   - This process was off its cores since the last frame it heard, or is
+//     noticing its deadline late: on a host starved of CPU its neighbour
+//     on the same host was likely starved too, and could not send.
+//
+// Then the link gets stall/8 more (armLeft), and the caller reads again.
+// A neighbour that stays silent while this rank runs on schedule is
+// declared stalled at its next deadline; on a host that stays starved,
+// Temporal's heartbeat timeout still ends the gang.
+func (g *Group) leftSilent(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || (!g.leftWaiting() && !g.offCoresSince(g.leftRd.heard)) {
+		return true
+	}
+	g.leftLookedAgain.Add(1)
+	g.leftRd.kicked = true
+	g.armLeft()
+	return false
+}
+
+// offCoresSince reports whether this process was seen off its cores since
+// t (keepalive woke late), or notices its read deadline late now.
+func (g *Group) offCoresSince(t time.Time) bool {
+	stall := g.opts.StallTimeout
+	if late := time.Since(g.leftRd.deadline); late > max(stall/8, 20*time.Millisecond) {
+		return true
+	}
+	at := g.offCoresAt.Load()
+	return at != 0 && at >= t.UnixNano()
+}
+
+// leftWaiting reports whether bytes from the left neighbour wait to be
+// read, in leftReader or in the socket.
+func (g *Group) leftWaiting() bool {
+	if g.leftReader.Buffered() > 0 {
+		return true
+	}
+	nb := g.nbLeft
+	if nb == nil {
+		nb = nbLinkOf(g.leftConn)
+	}
+	return nb != nil && readable(nb)
+}
+
+// readLeftFull reads len(p) bytes of the left link, reading on where a
+// deadline passed with bytes waiting (leftSilent).
+func (g *Group) readLeftFull(p []byte) error {
+	for {
+		n, err := io.ReadFull(g.leftReader, p)
+		if err == nil || g.leftSilent(err) {
+			return err
+		}
+		p = p[n:]
+	}
+}
+
+// testHookBeforeLeftRead, when set, runs before serveLeft reads a frame's
+// header, with the read deadline set: a test keeps the process off its
+// cores there. Set before any group starts; read-only while groups run.
+var testHookBeforeLeftRead func(*Group)
 
 func (g *Group) failLeft(err error) {
 	if errors.Is(err, os.ErrDeadlineExceeded) {

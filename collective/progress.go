@@ -133,6 +133,9 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 				if !l.pending {
 					n, err := g.readLeftNow(l.hdr[l.hdrN:])
 					if err != nil {
+						if !g.leftSilent(err) {
+							continue // bytes are waiting: read them
+						}
 						return fail(func() { g.failLeft(err) })
 					}
 					if n == 0 {
@@ -187,6 +190,9 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 			if rOff < len(b) {
 				n, err := g.readLeftNow(b[rOff:])
 				if err != nil {
+					if !g.leftSilent(err) {
+						continue // bytes are waiting: read them
+					}
 					return fail(func() { g.failLeft(err) })
 				}
 				if n == 0 {

@@ -164,3 +164,15 @@ func (w *progressWaker) await(left, right nbLink, read, write, hangup bool, time
 	})
 	return l > 0 && fds[l].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
 }
+
+// readable reports whether the link has bytes to read now (or an end of
+// stream, or an error, that the next read reports).
+func readable(l nbLink) bool {
+	ready := false
+	l.hold(func(fd int) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		ready = err == nil && n > 0
+	})
+	return ready
+}
