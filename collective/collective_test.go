@@ -959,3 +959,46 @@ func TestAProcessStoppedWholeDoesNotBreakItsGang(t *testing.T) {
 		}
 	}
 }
+
+// Time off its cores excuses a rank's silence once, not for ever: a left
+// neighbour that stays silent is declared stalled a StallTimeout after the
+// rank last ran late, though nothing was heard since before then. Rank 0
+// sends no keepalives here (an interval of an hour), as a stopped process
+// would; rank 1 is told it ran late half a StallTimeout after the last
+// frame.
+func TestTimeOffItsCoresExcusesSilenceOnce(t *testing.T) {
+	const stall = 400 * time.Millisecond
+	for _, cores := range []int{64, 1} {
+		lns := []*Listener{listen(t), listen(t)}
+		gangSpec := Gang{Run: "excused", Generation: 1, Peers: []string{lns[0].Addr(), lns[1].Addr()}}
+		opts := []Options{
+			{Secret: testSecret, Transport: TransportTCP, KeepaliveInterval: time.Hour, hostCores: cores},
+			{Secret: testSecret, Transport: TransportTCP, StallTimeout: stall, hostCores: cores},
+		}
+		groups := make([]*Group, 2)
+		if err := errors.Join(each(groups, func(r int, _ *Group) error {
+			g, err := Join(context.Background(), lns[r], gangSpec, r, opts[r])
+			groups[r] = g
+			return err
+		})...); err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(context.Background()) })...); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(stall / 2)
+		late := time.Now()
+		groups[1].offCoresAt.Store(late.UnixNano())
+		for groups[1].Err() == nil && time.Since(late) < 10*stall {
+			time.Sleep(stall / 20)
+		}
+		var pe *PeerError
+		if err := groups[1].Err(); !errors.As(err, &pe) || pe.Rank != 0 || !strings.Contains(pe.Reason, "stalled") {
+			t.Fatalf("host cores %d: %v after the late run, got %v, want a PeerError naming rank 0 as stalled", cores, time.Since(late).Round(time.Millisecond), err)
+		}
+		t.Logf("host cores %d: stalled %v after the late run, looked again %d times", cores, time.Since(late).Round(time.Millisecond), groups[1].leftLookedAgain.Load())
+		for _, g := range groups {
+			g.Close()
+		}
+	}
+}

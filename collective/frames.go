@@ -70,36 +70,47 @@ func (g *Group) keepalive() {
 	defer g.wg.Done()
 	t := time.NewTicker(g.opts.KeepaliveInterval)
 	defer t.Stop()
-	// A tick the ticker fired well after the one before (it keeps one
-	// while this goroutine writes) came late: this process was off its
-	// cores (leftSilent).
+	// A tick that wakes this goroutine well after it last went back to
+	// waiting came late: this process was off its cores (leftSilent). The
+	// ticker keeps a tick while a keepalive is written, so a write that
+	// waited for the link is followed by a wake at once, not taken for one.
 	late := g.opts.KeepaliveInterval + g.opts.StallTimeout/4
-	last := time.Now()
+	waiting := time.Now()
 	for {
 		select {
 		case <-g.done:
 			return
 		case <-t.C:
-			now := time.Now()
-			if now.Sub(last) > late {
+			if now := time.Now(); now.Sub(waiting) > late {
 				g.offCoresAt.Store(now.UnixNano())
 			}
-			last = now
-			if time.Since(time.Unix(0, g.lastWrite.Load())) < g.opts.KeepaliveInterval/2 {
-				continue
-			}
-			if g.rightClosed.Load() {
-				return // nobody to keep informed
-			}
-			if err := g.writeRight(header{typ: frameKeepalive}, nil); err != nil {
-				time.Sleep(culpritGracePeriod) // a graceful close may be what broke the pipe
-				if !g.rightClosed.Load() {
-					g.failPeer(g.right, "sending keepalive", err)
-				}
+			if g.keepaliveOnce() != nil {
 				return
 			}
+			waiting = time.Now()
 		}
 	}
+}
+
+// keepaliveOnce sends a keepalive to the right neighbour unless a frame went
+// there lately. An error ends keepalive: the right neighbour closed
+// gracefully (nobody to keep informed), or the write failed, which fails
+// the group.
+func (g *Group) keepaliveOnce() error {
+	if time.Since(time.Unix(0, g.lastWrite.Load())) < g.opts.KeepaliveInterval/2 {
+		return nil
+	}
+	if g.rightClosed.Load() {
+		return net.ErrClosed
+	}
+	err := g.writeRight(header{typ: frameKeepalive}, nil)
+	if err != nil {
+		time.Sleep(culpritGracePeriod) // a graceful close may be what broke the pipe
+		if !g.rightClosed.Load() {
+			g.failPeer(g.right, "sending keepalive", err)
+		}
+	}
+	return err
 }
 
 // readRight watches the reverse direction of the right connection, which

@@ -302,23 +302,26 @@ func (g *Group) forwardFrom(job *recvJob, received int) error {
 
 // leftSilent reports whether err, from a read of the left link, fails
 // the group: any error but a passed read deadline, and a passed deadline
-// that this rank watched on schedule with nothing waiting to be read (the
-// left neighbour fell silent). Otherwise the silence may be this rank's:
+// that this rank watched on its cores, with nothing waiting to be read
+// (the left neighbour fell silent). Otherwise the silence may be this
+// rank's own:
 //   - A deadline passes while this process is off its cores past it (a
 //     host starved of CPU, a paused VM) with the neighbour's keepalives
 //     waiting unread: the runtime's poller (like rawTCP.tryRead and
 //     fdConn's) fails a read whose deadline has passed before it looks at
-//     the socket.
-//   - This process was off its cores since the last frame it heard, or is
-//     noticing its deadline late: on a host starved of CPU its neighbour
-//     on the same host was likely starved too, and could not send.
+//     the socket. The caller reads them.
+//   - This process was off its cores since the last frame it heard, or
+//     notices its deadline late now: on a host starved of CPU the
+//     neighbour on the same host was likely off its cores too, and could
+//     not send. Silence is counted again from then (offCores).
 //
-// Then the link gets stall/8 more (armLeft), and the caller reads again.
-// A neighbour that stays silent while this rank runs on schedule is
-// declared stalled at its next deadline; on a host that stays starved,
-// Temporal's heartbeat timeout still ends the gang.
+// The link gets at least stall/8 more (armLeft), and the caller reads
+// again. A neighbour that stays silent while this rank runs on its cores
+// is declared stalled a StallTimeout after it was last heard or this rank
+// last ran late; on a host that stays starved, Temporal's heartbeat
+// timeout still ends the gang.
 func (g *Group) leftSilent(err error) bool {
-	if !errors.Is(err, os.ErrDeadlineExceeded) || (!g.leftWaiting() && !g.offCoresSince(g.leftRd.heard)) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || (!g.leftWaiting() && !g.offCores()) {
 		return true
 	}
 	g.leftLookedAgain.Add(1)
@@ -327,15 +330,24 @@ func (g *Group) leftSilent(err error) bool {
 	return false
 }
 
-// offCoresSince reports whether this process was seen off its cores since
-// t (keepalive woke late), or notices its read deadline late now.
-func (g *Group) offCoresSince(t time.Time) bool {
-	stall := g.opts.StallTimeout
-	if late := time.Since(g.leftRd.deadline); late > max(stall/8, 20*time.Millisecond) {
-		return true
+// offCores reports whether this process was off its cores since the left
+// neighbour was last heard: keepalive woke late since, or this rank
+// notices its read deadline late now. Then silence is counted from then
+// (leftRd.heard moves there).
+func (g *Group) offCores() bool {
+	l, stall := &g.leftRd, g.opts.StallTimeout
+	var at time.Time
+	if n := g.offCoresAt.Load(); n != 0 {
+		at = time.Unix(0, n)
 	}
-	at := g.offCoresAt.Load()
-	return at != 0 && at >= t.UnixNano()
+	if now := time.Now(); now.Sub(l.deadline) > max(stall/8, 20*time.Millisecond) {
+		at = now
+	}
+	if !at.After(l.heard) {
+		return false
+	}
+	l.heard = at
+	return true
 }
 
 // leftWaiting reports whether bytes from the left neighbour wait to be
