@@ -898,15 +898,7 @@ func TestARankOffItsCoresPastItsDeadlineDoesNotBlameItsNeighbour(t *testing.T) {
 			t.Fatalf("host cores %d: rank 1's reader never read between operations", cores)
 		}
 		time.Sleep(stall / 4)
-		for r, g := range groups {
-			if err := g.Err(); err != nil {
-				t.Fatalf("host cores %d: rank %d failed: %v", cores, r, err)
-			}
-		}
-		bufs := [][]float32{{1, 2}, {3, 4}}
-		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.AllReduce(ctx, bufs[r]) })...); err != nil {
-			t.Fatalf("host cores %d: %v", cores, err)
-		}
+		stillSums(t, ctx, groups, fmt.Sprintf("host cores %d, after the hold", cores))
 		looked := groups[1].leftLookedAgain.Load()
 		t.Logf("host cores %d: rank 1 looked again %d times", cores, looked)
 		// The poller's read fails at a passed deadline; fdConn (ranks
@@ -941,18 +933,7 @@ func TestAProcessStoppedWholeDoesNotBreakItsGang(t *testing.T) {
 			t.Fatalf("%s: %v: %s", pause, err, out)
 		}
 		time.Sleep(stall / 2)
-		for r, g := range groups {
-			if err := g.Err(); err != nil {
-				t.Fatalf("host cores %d: rank %d failed after the pause: %v", cores, r, err)
-			}
-		}
-		bufs := [][]float32{{1, 2}, {3, 4}}
-		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.AllReduce(ctx, bufs[r]) })...); err != nil {
-			t.Fatalf("host cores %d: %v", cores, err)
-		}
-		if bufs[0][0] != 4 || bufs[1][1] != 6 {
-			t.Fatalf("host cores %d: sums %v", cores, bufs)
-		}
+		stillSums(t, ctx, groups, fmt.Sprintf("host cores %d, after the pause", cores))
 		t.Logf("host cores %d: looked again %d and %d times", cores, groups[0].leftLookedAgain.Load(), groups[1].leftLookedAgain.Load())
 		for _, g := range groups {
 			g.Close()
@@ -1000,5 +981,23 @@ func TestTimeOffItsCoresExcusesSilenceOnce(t *testing.T) {
 		for _, g := range groups {
 			g.Close()
 		}
+	}
+}
+
+// stillSums fails the test unless every group of a 2-rank gang is still up
+// and sums.
+func stillSums(t *testing.T, ctx context.Context, groups []*Group, when string) {
+	t.Helper()
+	for r, g := range groups {
+		if err := g.Err(); err != nil {
+			t.Fatalf("%s: rank %d failed: %v", when, r, err)
+		}
+	}
+	bufs := [][]float32{{1, 2}, {3, 4}}
+	if err := errors.Join(each(groups, func(r int, g *Group) error { return g.AllReduce(ctx, bufs[r]) })...); err != nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+	if bufs[0][0] != 4 || bufs[1][1] != 6 {
+		t.Fatalf("%s: sums %v, want [4 6] on each rank", when, bufs)
 	}
 }
