@@ -180,8 +180,12 @@ type Group struct {
 	inOp                atomic.Bool   // an operation is in progress: the left reader may spin
 	spin                time.Duration // how long a shared-memory link polls its ring before it sleeps
 	yield               *coreYielder  // more ranks than cores here: poll by yielding the core
-	leftClosed          atomic.Bool   // the left neighbour closed its group gracefully (shared-memory links)
-	rightClosed         atomic.Bool   // the right neighbour closed its group gracefully
+	// largeSpin: every rank here has a core, and a large operation over TCP
+	// looks for its frames until the system takes the core for other work
+	// (progress); nil: it sleeps at once.
+	largeSpin   *coreYielder
+	leftClosed  atomic.Bool // the left neighbour closed its group gracefully (shared-memory links)
+	rightClosed atomic.Bool // the right neighbour closed its group gracefully
 	// nbLeft and nbRight are the links read and written without blocking by
 	// an operation's progress loop, woken by waker when the group fails
 	// (progress.go); nil where the platform has none.
@@ -328,6 +332,9 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		g.yield = new(coreYielder)
 	}
 	g.spin = opts.SpinWindow
+	if g.yield == nil && opts.SpinWindow > 0 {
+		g.largeSpin = new(coreYielder)
+	}
 	g.driven = callerDriven(opts.Progress, g.sendRing != nil && g.recvRing != nil, ranksOnHost(gang.Peers, rank), cores)
 	var left io.Reader = newSpinReader(g.leftConn, spin, &g.inOp)
 	if g.recvRing == nil && g.yield != nil {

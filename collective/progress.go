@@ -67,9 +67,15 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 		bufs             [2][]byte
 	)
 	items := job.items
-	var wait spinWait // looking again before sleeping, for a small operation
-	if look {
+	var wait spinWait // looking again before sleeping
+	switch {
+	case look:
 		wait.window = g.opts.SpinWindow
+	case g.largeSpin != nil && g.largeSpin.ready():
+		// A large operation where every rank has a core: look too, until
+		// the system takes the core from this rank for other work (a loaded
+		// host), where sleeping costs that work less.
+		wait.window, wait.yield = g.opts.SpinWindow, g.largeSpin
 	}
 	// fail returns the group's error once why is done: why fails the group
 	// (g.fail), whose abort frame to the right waits for writeMu, so a frame

@@ -191,6 +191,9 @@ type spinWait struct {
 	window time.Duration // 0: no polling
 	until  time.Time
 	spins  int
+	// yield, when set, is watched between looks: looking stops once the
+	// rank lost its core to other work (coreYielder.gosched).
+	yield *coreYielder
 }
 
 // poll pauses once and reports true while the window lasts (the clock is
@@ -203,6 +206,9 @@ func (w *spinWait) poll(g *Group) bool {
 		w.until = time.Now().Add(w.window)
 	}
 	if w.spins++; w.spins%64 != 0 || time.Now().Before(w.until) {
+		if w.yield != nil {
+			return w.yield.ready() && w.yield.gosched()
+		}
 		return g.pause()
 	}
 	return false

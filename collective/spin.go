@@ -112,9 +112,16 @@ func (y *coreYielder) ready() bool { return time.Now().UnixNano() >= y.heldOffUn
 
 // yield gives the core up once; false when it was the last of longYields
 // in a row that took too long, and yielding is now held off.
-func (y *coreYielder) yield() bool {
+func (y *coreYielder) yield() bool { return y.pass(osYield) }
+
+// gosched gives the goroutine up once, not the core, and judges the time
+// it took as yield does: on a loaded host the system takes the core from
+// a rank that looks, and a look then takes a time slice.
+func (y *coreYielder) gosched() bool { return y.pass(runtime.Gosched) }
+
+func (y *coreYielder) pass(giveUp func()) bool {
 	t := time.Now()
-	osYield()
+	giveUp()
 	now := time.Now()
 	if now.Sub(t) <= yieldTooLong {
 		y.longInARow.Store(0)
