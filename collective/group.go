@@ -66,10 +66,14 @@ type Options struct {
 	ShmRingBytes int
 	// SpinWindow is how long a rank in a small operation (at most SpinMaxBytes)
 	// busy-polls for its left neighbour's next frame before it sleeps. Waking a
-	// sleeping process costs more than a small step; on large operations the
-	// CPU is better left to the peers. Default 200µs; negative never spins.
+	// sleeping process costs more than a small step. A larger operation over
+	// TCP polls too where every rank on the host has a core, until the system
+	// takes the core from the rank for other work (a loaded host), and then
+	// sleeps at once for a while (measured, 2 ranks on 2 cores: 1 MiB 11% and
+	// 16 MiB 30% faster idle, 18% and 7% loaded; BENCHMARKS.md). Default
+	// 200µs; negative never spins.
 	SpinWindow time.Duration
-	// SpinMaxBytes is the largest operation that spins. Default 256 KiB.
+	// SpinMaxBytes is the largest operation that spins at any time. Default 256 KiB.
 	SpinMaxBytes int
 	// GatherBytes enables the small all-reduce: while a rank would receive at
 	// most this many bytes by gathering every other rank's whole buffer
