@@ -884,13 +884,7 @@ func TestARankOffItsCoresPastItsDeadlineDoesNotBlameItsNeighbour(t *testing.T) {
 	}
 	t.Cleanup(func() { testHookBeforeLeftRead = nil })
 	for _, cores := range []int{64, 1} {
-		groups := gang(t, 2, Options{Transport: TransportTCP, StallTimeout: stall, hostCores: cores})
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(ctx) })...); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * leftIdleGap) // rank 1's readLeft reads between operations
+		ctx, groups := idlePair(t, stall, cores)
 		hold.Store(true)
 		select {
 		case <-held:
@@ -921,13 +915,7 @@ func TestARankOffItsCoresPastItsDeadlineDoesNotBlameItsNeighbour(t *testing.T) {
 func TestAProcessStoppedWholeDoesNotBreakItsGang(t *testing.T) {
 	const stall = 400 * time.Millisecond
 	for _, cores := range []int{64, 1} {
-		groups := gang(t, 2, Options{Transport: TransportTCP, StallTimeout: stall, hostCores: cores})
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(ctx) })...); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * leftIdleGap) // both read between operations
+		ctx, groups := idlePair(t, stall, cores)
 		pause := fmt.Sprintf("kill -STOP %d; sleep %.3f; kill -CONT %d", os.Getpid(), (stall * 3 / 2).Seconds(), os.Getpid())
 		if out, err := exec.Command("sh", "-c", pause).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v: %s", pause, err, out)
@@ -977,11 +965,30 @@ func TestTimeOffItsCoresExcusesSilenceOnce(t *testing.T) {
 		if err := groups[1].Err(); !errors.As(err, &pe) || pe.Rank != 0 || !strings.Contains(pe.Reason, "stalled") {
 			t.Fatalf("host cores %d: %v after the late run, got %v, want a PeerError naming rank 0 as stalled", cores, time.Since(late).Round(time.Millisecond), err)
 		}
-		t.Logf("host cores %d: stalled %v after the late run, looked again %d times", cores, time.Since(late).Round(time.Millisecond), groups[1].leftLookedAgain.Load())
+		looked := groups[1].leftLookedAgain.Load()
+		t.Logf("host cores %d: stalled %v after the late run, looked again %d times", cores, time.Since(late).Round(time.Millisecond), looked)
+		if looked == 0 {
+			t.Errorf("host cores %d: the late run excused nothing: the stall came at the first deadline", cores)
+		}
 		for _, g := range groups {
 			g.Close()
 		}
 	}
+}
+
+// idlePair joins a 2-rank gang over TCP with the stall timeout given, runs
+// a barrier, and leaves both ranks' readLeft reading between operations.
+// The context ends with the test.
+func idlePair(t *testing.T, stall time.Duration, cores int) (context.Context, []*Group) {
+	t.Helper()
+	groups := gang(t, 2, Options{Transport: TransportTCP, StallTimeout: stall, hostCores: cores})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(ctx) })...); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * leftIdleGap)
+	return ctx, groups
 }
 
 // stillSums fails the test unless every group of a 2-rank gang is still up

@@ -32,11 +32,11 @@
 // Liveness is part of the protocol: every rank sends keepalive frames to its
 // right neighbour while the group lives, so a rank that stops (SIGSTOP, a hung
 // process) is told apart from one that is merely slow, within
-// Options.StallTimeout. A rank counts silence only while it runs on
-// schedule itself: a deadline that passed while its own process was off its
-// cores (the neighbour's frames waiting unread, or its keepalive timer late)
-// is looked at again, not blamed on the neighbour. When any rank detects a failure it sends an abort frame
-// naming the culprit in both directions around the ring and closes its
+// Options.StallTimeout. A rank counts silence only while it runs on its
+// cores: a deadline that passed while its own process was off them (the
+// neighbour's frames waiting unread, or its keepalive timer late) is looked
+// at again, not blamed on the neighbour. When any rank detects a failure it
+// sends an abort frame naming the culprit in both directions around the ring and closes its
 // connections, so every other rank returns a *PeerError naming the same peer
 // instead of waiting out a deadline. A failed group stays failed: the caller
 // forms a new gang with a new generation.

@@ -274,3 +274,38 @@ func TestTCPOutsideThePollerSumsAsThroughIt(t *testing.T) {
 		}
 	}
 }
+
+// TestALargeOperationLooksUntilTheCoreIsTaken: where every rank has a core,
+// a large operation over TCP looks for its frames (largeSpin) between
+// Gosched calls; three looks in a row that kept it off its core longer than
+// yieldTooLong (a loaded host) stop the looking and hold it off, so the
+// next wait sleeps at once. Where ranks outnumber cores it never looks.
+func TestALargeOperationLooksUntilTheCoreIsTaken(t *testing.T) {
+	for _, c := range []struct {
+		cores int
+		looks bool
+	}{{64, true}, {1, false}} {
+		groups := gang(t, 2, Options{Transport: TransportTCP, hostCores: c.cores})
+		if got := groups[0].largeSpin != nil; got != c.looks {
+			t.Fatalf("host cores %d: large operations look: %v, want %v", c.cores, got, c.looks)
+		}
+	}
+	y := new(coreYielder)
+	offCore := func() { time.Sleep(2 * yieldTooLong) }
+	for i := 1; i < longYields; i++ {
+		if !y.pass(offCore) {
+			t.Fatalf("look %d off the core stopped the looking; it takes %d in a row", i, longYields)
+		}
+	}
+	if y.pass(offCore) || y.ready() {
+		t.Fatalf("%d looks in a row off the core did not hold looking off", longYields)
+	}
+	w := spinWait{window: time.Hour, yield: y}
+	if w.poll(nil) {
+		t.Fatal("a wait looked on while looking was held off")
+	}
+	y.heldOffUntil.Store(0)
+	if w := (spinWait{window: time.Hour, yield: y}); !w.poll(nil) {
+		t.Fatal("a wait did not look once the hold ended")
+	}
+}
