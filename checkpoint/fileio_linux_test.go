@@ -256,3 +256,113 @@ func TestCorruptBlocksAreFoundInTheCacheAndReadDirectly(t *testing.T) {
 		}
 	}
 }
+
+// A Write of a megabyte or more goes to a local file from the caller's own
+// memory, without the copy into a block buffer, wherever it starts at an
+// aligned address and position (any, through the page cache). Whatever mix
+// of such writes and copied ones makes an object, it is the same object
+// with the same hash as one written in small copied pieces; the Writer
+// keeps nothing of the caller's bytes once Write returns, and touches
+// nothing past them.
+func TestLargeWritesGoFromTheCallersMemoryAndGiveTheSameObject(t *testing.T) {
+	ctx := context.Background()
+	const mib = 1 << 20
+	// Each write's length and how far into an aligned buffer it starts.
+	type piece struct{ n, skew int }
+	shapes := []piece{
+		{4 * mib, 0},             // in place: half a block
+		{4 * mib, 0},             // in place: the block's end
+		{3 * BlockSize, 0},       // in place: whole blocks at once
+		{BlockSize + 3*mib, 512}, // an unaligned address: copied where direct
+		{6 * mib, 0},             // copied to the block's end, then in place
+		{5*mib + 5, 0},           // in place but for the last 5 bytes
+		{100, 0},                 // copied
+		{2 * mib, 0},             // copied where direct: the position is not aligned
+		{BlockSize - 4096, 0},    // ends with a piece of a block
+	}
+	total := 0
+	for _, p := range shapes {
+		total += p.n
+	}
+	want := shapedBytes(total)
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
+			root := t.TempDir()
+			url := "file://" + root + "?metadata=skip"
+			if !direct {
+				url += "&" + DirectIOParam + "=off"
+			}
+			s, err := Open(ctx, url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ref, err := s.Begin(ctx, "ref", 1, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rw, _ := ref.Create(ctx, "o")
+			for off := 0; off < total; off += 1000 {
+				rw.Write(want[off:min(off+1000, total)])
+			}
+			if err := rw.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if rw.(*objectWriter).inPlaceBytes != 0 {
+				t.Fatal("1000-byte writes went in place; want them copied")
+			}
+			refM, err := ref.Commit(ctx, Info{WorldSize: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			w, err := s.Begin(ctx, "big", 1, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ow, _ := w.Create(ctx, "o")
+			if direct && !ow.(*objectWriter).sw.direct.Load() {
+				t.Skip("this file system does not take O_DIRECT")
+			}
+			off := 0
+			for _, p := range shapes {
+				buf := alignedBuffer(p.skew + p.n + 64)
+				copy(buf[p.skew:], want[off:off+p.n])
+				past := buf[p.skew+p.n:]
+				for i := range past {
+					past[i] = 0xEE
+				}
+				if n, err := ow.Write(buf[p.skew : p.skew+p.n]); n != p.n || err != nil {
+					t.Fatalf("Write of %d bytes: %d, %v", p.n, n, err)
+				}
+				for i := range buf[:p.skew+p.n] {
+					buf[i] = ^buf[i] // the caller reuses its memory at once
+				}
+				if !bytes.Equal(past, bytes.Repeat([]byte{0xEE}, len(past))) {
+					t.Fatalf("Write of %d bytes changed the caller's bytes after them", p.n)
+				}
+				off += p.n
+			}
+			if err := ow.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if in := ow.(*objectWriter).inPlaceBytes; in < int64(total)/2 {
+				t.Fatalf("%d of %d bytes went in place; want most of them", in, total)
+			}
+			m, err := w.Commit(ctx, Info{WorldSize: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, ref := m.Objects[0].Hash(), refM.Objects[0].Hash(); got != ref || m.Objects[0].Size != int64(total) {
+				t.Fatalf("object written in place: hash %s, %d bytes; written in small pieces: %s, %d bytes", got, m.Objects[0].Size, ref, total)
+			}
+			c, err := s.LatestVerified(ctx, "big")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := readObject(t, c, "o"); !bytes.Equal(got, want) {
+				t.Fatal("the object read back differs from what was written")
+			}
+		})
+	}
+}

@@ -87,19 +87,50 @@ func (h *hashList) hash(i int, data []byte, done func()) {
 	h.sem <- struct{}{}
 	h.wg.Add(1)
 	go func() {
-		d := h.algo.sum(data)
-		h.mu.Lock()
-		for len(h.digests) <= i {
-			h.digests = append(h.digests, [32]byte{})
-		}
-		h.digests[i] = d
-		h.mu.Unlock()
+		h.record(i, h.algo.sum(data))
 		<-h.sem
 		if done != nil {
 			done()
 		}
 		h.wg.Done()
 	}()
+}
+
+// hashAfter hashes block i in the background as hash does, as the
+// continuation of head, which holds the block's first bytes (nil: none).
+func (h *hashList) hashAfter(i int, head hash.Hash, data []byte, done func()) {
+	if head == nil {
+		h.hash(i, data, done)
+		return
+	}
+	h.sem <- struct{}{}
+	h.wg.Add(1)
+	go func() {
+		head.Write(data)
+		h.set(i, head)
+		<-h.sem
+		if done != nil {
+			done()
+		}
+		h.wg.Done()
+	}()
+}
+
+// set records block i's hash, all of whose bytes went into head.
+func (h *hashList) set(i int, head hash.Hash) {
+	var d [32]byte
+	head.Sum(d[:0])
+	h.record(i, d)
+}
+
+// record keeps block i's digest.
+func (h *hashList) record(i int, d [32]byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for len(h.digests) <= i {
+		h.digests = append(h.digests, [32]byte{})
+	}
+	h.digests[i] = d
 }
 
 // root waits for the blocks and returns the hex hash list root over blocks 0..n-1.
