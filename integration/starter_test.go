@@ -238,7 +238,13 @@ func TestStarterStatusShowsTheRanksHeartbeats(t *testing.T) {
 	queue := "it-status"
 	startWorker(t, "worker-s", "both", queue)
 	c := dial(t)
-	run := startRun(t, c, "it-status-1", queue, subsetSpec(t, queue, 1, 200))
+	// Batches of 8 make each epoch several seconds long: an epoch shorter
+	// than the heartbeat interval (1 s here) ends before it beats, and on a
+	// fast machine batches of 64 took 0.9 s an epoch, so status never had
+	// a RunEpoch heartbeat to show.
+	s := subsetSpec(t, queue, 1, 200)
+	s.Hyper.BatchSize = 8
+	run := startRun(t, c, "it-status-1", queue, s)
 	defer c.CancelWorkflow(context.Background(), run.GetID(), "")
 	conn := []string{"-address", server.Addr(), "-namespace", "default", "-id", "it-status-1"}
 	beat := regexp.MustCompile(`(?m)^  RunEpoch on worker-s, heartbeat [0-9.]+m?s ago: \{.*"step":[0-9]+`)
