@@ -134,15 +134,34 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// timed runs f once the disk has settled and adds its seconds to into.
+// timed runs f once the disk has settled and adds its seconds to into, and
+// the CPU seconds it took to cpuOf[into]: this process's and those of the
+// children it waited for (dd), user and system.
 func timed(into *[]float64, f func() error) error {
 	settle()
-	t := time.Now()
+	t, cpu := time.Now(), cpuSeconds()
 	if err := f(); err != nil {
 		return err
 	}
 	*into = append(*into, time.Since(t).Seconds())
+	cpuOf[into] = append(cpuOf[into], cpuSeconds()-cpu)
 	return nil
+}
+
+// cpuOf holds the CPU seconds of each round that timed measured, by the
+// slice it added the round's seconds to.
+var cpuOf = map[*[]float64][]float64{}
+
+// cpuSeconds is the CPU time of this process and of its waited-for children.
+func cpuSeconds() float64 {
+	var self, children unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &self)
+	unix.Getrusage(unix.RUSAGE_CHILDREN, &children)
+	sum := 0.0
+	for _, u := range []unix.Rusage{self, children} {
+		sum += float64(u.Utime.Nano()+u.Stime.Nano()) / 1e9
+	}
+	return sum
 }
 
 // command runs a program, its output in the error if it fails.
@@ -300,21 +319,26 @@ func printCheckpointTable(load string, m *checkpointRounds, size, repeat int, di
 		}
 		return fmt.Sprintf("%.2f–%.2fx", slices.Min(r), slices.Max(r))
 	}
-	row := func(what string, ours, dd, ddDirect []float64, target string) []string {
-		best := max(gbps(dd), gbps(ddDirect))
-		return []string{what, fmt.Sprintf("%.2f", gbps(ours)), spread(ours),
-			fmt.Sprintf("%.2f", gbps(dd)), spread(dd), fmt.Sprintf("%.2f", gbps(ddDirect)), spread(ddDirect),
-			fmt.Sprintf("%.2fx", gbps(ours)/best), ratios(ours, dd, ddDirect), target}
+	// cpu: the median CPU seconds a GB of the rounds timed added to secs.
+	cpu := func(secs *[]float64) string {
+		return fmt.Sprintf("%.2f", median(cpuOf[secs])/(float64(size)/1e9))
+	}
+	row := func(what string, ours, dd, ddDirect *[]float64, target string) []string {
+		best := max(gbps(*dd), gbps(*ddDirect))
+		return []string{what, fmt.Sprintf("%.2f", gbps(*ours)), spread(*ours),
+			fmt.Sprintf("%.2f", gbps(*dd)), spread(*dd), fmt.Sprintf("%.2f", gbps(*ddDirect)), spread(*ddDirect),
+			fmt.Sprintf("%.2fx", gbps(*ours)/best), ratios(*ours, *dd, *ddDirect), target,
+			cpu(ours), cpu(ddDirect)}
 	}
 	fmt.Printf("\n## %s\n\n", load)
-	fmt.Printf("# %s state on %s, median of %d interleaved rounds (the order of dd, ours and ours with direct_io=off rotates by round); page cache dropped (fadvise) before every read; dd writes the same bytes from %s, 4 MiB at a time, and reads them 4 MiB at a time, as ours, through the page cache and with oflag/iflag=direct; each removes what it wrote at the end of its round; loaded: one CPU-bound process per core (%d) beside every side\n\n", humanBytes(size), dir, repeat, ddSource, runtime.NumCPU())
-	table([]string{"operation", "ours GB/s", "spread", "dd GB/s", "spread", "dd direct GB/s", "spread", "ours / best dd", "per round", "target"}, [][]string{
-		row("save: write + BLAKE3 + fsync + manifest (dd: conv=fdatasync)", m.save, m.ddWrite, m.ddWriteDirect, ">= 0.8x"),
-		row("save, through the page cache (direct_io=off)", m.saveCached, m.ddWrite, m.ddWriteDirect, ""),
-		row("load: read with streaming BLAKE3 verification, into the caller's 4 MiB buffer (Read)", m.load, m.ddRead, m.ddReadDirect, ">= 0.8x"),
-		row("load, handed to a writer from the read buffer (io.Copy: WriteTo; dd: of=/dev/null)", m.loadStreamed, m.ddRead, m.ddReadDirect, ">= 0.8x"),
-		row("load, through the page cache (direct_io=off)", m.loadCached, m.ddRead, m.ddReadDirect, ""),
-		row("restore: LatestVerified (full verify) + load", m.restore, m.ddRead, m.ddReadDirect, ""),
-		row("restore: RestoreLatest (verify while loading)", m.restoreOnce, m.ddRead, m.ddReadDirect, ">= 0.8x"),
+	fmt.Printf("# %s state on %s, median of %d interleaved rounds (the order of dd, ours and ours with direct_io=off rotates by round); page cache dropped (fadvise) before every read; dd writes the same bytes from %s, 4 MiB at a time, and reads them 4 MiB at a time, as ours, through the page cache and with oflag/iflag=direct; each removes what it wrote at the end of its round; CPU s/GB: user and system seconds a GB, ours in this process, dd's its own (the median round); loaded: one CPU-bound process per core (%d) beside every side\n\n", humanBytes(size), dir, repeat, ddSource, runtime.NumCPU())
+	table([]string{"operation", "ours GB/s", "spread", "dd GB/s", "spread", "dd direct GB/s", "spread", "ours / best dd", "per round", "target", "ours CPU s/GB", "dd direct CPU s/GB"}, [][]string{
+		row("save: write + BLAKE3 + fsync + manifest (dd: conv=fdatasync)", &m.save, &m.ddWrite, &m.ddWriteDirect, ">= 0.8x"),
+		row("save, through the page cache (direct_io=off)", &m.saveCached, &m.ddWrite, &m.ddWriteDirect, ""),
+		row("load: read with streaming BLAKE3 verification, into the caller's 4 MiB buffer (Read)", &m.load, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
+		row("load, handed to a writer from the read buffer (io.Copy: WriteTo; dd: of=/dev/null)", &m.loadStreamed, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
+		row("load, through the page cache (direct_io=off)", &m.loadCached, &m.ddRead, &m.ddReadDirect, ""),
+		row("restore: LatestVerified (full verify) + load", &m.restore, &m.ddRead, &m.ddReadDirect, ""),
+		row("restore: RestoreLatest (verify while loading)", &m.restoreOnce, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
 	})
 }
