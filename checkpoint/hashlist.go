@@ -96,6 +96,21 @@ func (h *hashList) hash(i int, data []byte, done func()) {
 	}()
 }
 
+// hashAsync hashes block i as hash does, but returns at once: the hash
+// waits for a free core on its own goroutine, not in the caller's.
+func (h *hashList) hashAsync(i int, data []byte, done func()) {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.sem <- struct{}{}
+		h.record(i, h.algo.sum(data))
+		<-h.sem
+		if done != nil {
+			done()
+		}
+	}()
+}
+
 // hashAfter hashes block i in the background as hash does, as the
 // continuation of head, which holds the block's first bytes (nil: none).
 func (h *hashList) hashAfter(i int, head hash.Hash, data []byte, done func()) {
