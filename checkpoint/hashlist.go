@@ -82,61 +82,57 @@ func newHashList(algo hashAlgo) *hashList {
 }
 
 // hash hashes block i in the background; data must not change until done
-// (if not nil) runs.
+// (if not nil) runs. It waits here for a free core.
 func (h *hashList) hash(i int, data []byte, done func()) {
-	h.sem <- struct{}{}
-	h.wg.Add(1)
-	go func() {
-		h.record(i, h.algo.sum(data))
-		<-h.sem
-		if done != nil {
-			done()
-		}
-		h.wg.Done()
-	}()
+	h.start(i, func() [32]byte { return h.algo.sum(data) }, done, true)
 }
 
 // hashAsync hashes block i as hash does, but returns at once: the hash
 // waits for a free core on its own goroutine, not in the caller's.
 func (h *hashList) hashAsync(i int, data []byte, done func()) {
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		h.sem <- struct{}{}
-		h.record(i, h.algo.sum(data))
-		<-h.sem
-		if done != nil {
-			done()
-		}
-	}()
+	h.start(i, func() [32]byte { return h.algo.sum(data) }, done, false)
 }
 
-// hashAfter hashes block i in the background as hash does, as the
-// continuation of head, which holds the block's first bytes (nil: none).
+// hashAfter hashes block i as hash does, as the continuation of head,
+// which holds the block's first bytes (nil: none).
 func (h *hashList) hashAfter(i int, head hash.Hash, data []byte, done func()) {
 	if head == nil {
 		h.hash(i, data, done)
 		return
 	}
-	h.sem <- struct{}{}
+	h.start(i, func() [32]byte { head.Write(data); return digest(head) }, done, true)
+}
+
+// start runs sum on a goroutine of its own, at most one per CPU, records
+// its digest as block i's, then runs done (if not nil). With waitHere the
+// caller waits for a free core; otherwise the goroutine does.
+func (h *hashList) start(i int, sum func() [32]byte, done func(), waitHere bool) {
+	if waitHere {
+		h.sem <- struct{}{}
+	}
 	h.wg.Add(1)
 	go func() {
-		head.Write(data)
-		h.set(i, head)
+		defer h.wg.Done()
+		if !waitHere {
+			h.sem <- struct{}{}
+		}
+		h.record(i, sum())
 		<-h.sem
 		if done != nil {
 			done()
 		}
-		h.wg.Done()
 	}()
 }
 
-// set records block i's hash, all of whose bytes went into head.
-func (h *hashList) set(i int, head hash.Hash) {
+// digest is the sum of the bytes written into head.
+func digest(head hash.Hash) [32]byte {
 	var d [32]byte
 	head.Sum(d[:0])
-	h.record(i, d)
+	return d
 }
+
+// set records block i's hash, all of whose bytes went into head.
+func (h *hashList) set(i int, head hash.Hash) { h.record(i, digest(head)) }
 
 // record keeps block i's digest.
 func (h *hashList) record(i int, d [32]byte) {

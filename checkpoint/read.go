@@ -315,7 +315,8 @@ func (c *Checkpoint) corrupt(format string, args ...any) error {
 // entry. Read-ahead goroutines (streams) fetch its blocks with range reads,
 // block i by stream i mod streams, each into a small ring of its own
 // buffers, so that a disk or a store serves several requests at once; each
-// block, once handed out, is hashed on a free core. Reading to the end
+// block hashes on a free core from the moment it arrives, while the reader
+// takes its bytes, and its buffer is free once both are done. Reading to the end
 // returns a *CorruptError instead of io.EOF if the size or the hash list
 // root differs from the manifest.
 type verifyingReader struct {
@@ -327,7 +328,7 @@ type verifyingReader struct {
 	stop    chan struct{}
 	reading sync.WaitGroup
 	hashes  *hashList
-	blocks  int // blocks handed out (and to the hashers)
+	blocks  int // blocks handed out (each hashing since it arrived)
 	total   int // blocks of the object: at least one (an empty object is one empty block)
 	cur     readChunk
 	off     int
@@ -350,8 +351,8 @@ type readChunk struct {
 	handedOut func()
 }
 
-// streamBuffers per read-ahead stream: the block being read, one handed out
-// or waiting, one being hashed.
+// streamBuffers per read-ahead stream: the block being read, one being
+// handed out and hashed, one waiting (or still hashing).
 const streamBuffers = 3
 
 func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint) *verifyingReader {
@@ -400,7 +401,7 @@ func (v *verifyingReader) readAhead(ctx context.Context, k int) {
 		// takes its bytes, not after: with the hash waiting for the
 		// reader, loads ran at about 2 GB/s on a 2-core VM whose disk read
 		// 2.6 (BENCHMARKS.md). Its buffer is free once both are done.
-		chunk := readChunk{buf: buf[:n], err: err, handedOut: func() {}}
+		chunk := readChunk{buf: buf[:n], err: err}
 		if n > 0 || v.obj.Size == 0 {
 			b, free := buf, st.free
 			var both atomic.Int32
