@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	commonpb "go.temporal.io/api/common/v1"
@@ -47,12 +48,23 @@ type Report struct {
 	AgentSeconds []float64
 	// Boundary: per epoch, whether it is the first of an execution that
 	// continue-as-new started (its overhead includes the crossing).
-	Boundary        []bool
-	EpochEvents     int // events from the first RunEpoch on, over all executions
+	Boundary    []bool
+	EpochEvents int // events from the first RunEpoch on, over all executions
+	// EpochEventTypes: EpochEvents by type (EVENT_TYPE_ dropped), to say
+	// which kind of event a run spent them on.
+	EpochEventTypes map[string]int
 	MaxPayloadBytes int
 	PeakPending     int // activities pending at once, at most
 	// Per execution, at most:
 	MaxSignals, MaxEvents, MaxHistoryBytes int
+}
+
+func (r *Report) countEpochEvent(t enumspb.EventType) {
+	r.EpochEvents++
+	if r.EpochEventTypes == nil {
+		r.EpochEventTypes = map[string]int{}
+	}
+	r.EpochEventTypes[strings.TrimPrefix(t.String(), "EVENT_TYPE_")]++
 }
 
 // EventsPerEpoch is the history events an epoch costs.
@@ -126,7 +138,7 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 				rep.MaxPayloadBytes = max(rep.MaxPayloadBytes, proto.Size(p))
 			}
 			if seenEpoch {
-				rep.EpochEvents++
+				rep.countEpochEvent(e.GetEventType())
 			}
 			switch e.GetEventType() {
 			case enumspb.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -148,7 +160,7 @@ func Measure(ctx context.Context, c client.Client, id, firstRunID string) (Repor
 				case spec.ActivityRunEpoch:
 					if !seenEpoch {
 						seenEpoch = true
-						rep.EpochEvents++
+						rep.countEpochEvent(e.GetEventType())
 					}
 					if !gangStart.IsZero() {
 						rep.GangSeconds = append(rep.GangSeconds, t.Sub(gangStart).Seconds())
