@@ -75,6 +75,7 @@ func benchAllReduce(args []string) error {
 	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every implementation) or both")
 	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
 	gather := fs.Int("gather", 0, "also measure ours with Options.GatherBytes set to this (the small all-reduce: gather in world-1 steps, sum in the ring's order), interleaved with the ring; 0: not measured")
+	gatherLinks := fs.Bool("gather-links", true, "the gathered column gathers over links to the ranks 2, 4, ... away where the gang has them (Options.GatherLinks: 3 ranks or more, over TCP), as the product's gangs do; false: around the ring")
 	chunk := fs.String("chunk", "", "ours: Options.ChunkBytes, the chunk over TCP (K, M suffixes); empty: the default")
 	shmChunk := fs.String("shm-chunk", "", "ours: Options.ShmChunkBytes, the chunk over shared memory; empty: the default")
 	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
@@ -179,9 +180,9 @@ func benchAllReduce(args []string) error {
 					case "ours-shm":
 						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto))
 					case "ours-tcp-gather":
-						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportTCP, "gather="+strconv.Itoa(*gather)))
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportTCP, "gather="+strconv.Itoa(*gather), "links="+strconv.FormatBool(*gatherLinks)))
 					case "ours-shm-gather":
-						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "gather="+strconv.Itoa(*gather)))
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "gather="+strconv.Itoa(*gather), "links="+strconv.FormatBool(*gatherLinks)))
 					default:
 						r, err = runPeerAllReduce(ctx, impl, dir, mpiBin, world, sizes)
 					}
@@ -326,7 +327,7 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, options []stri
 }
 
 // allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS
-// [transport=T] [gather=BYTES] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
+// [transport=T] [gather=BYTES] [links=BOOL] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
 // [spin=DURATION] SIZE:ITERS...
 func allReduceRank(args []string) error {
 	rank, _ := strconv.Atoi(args[0])
@@ -342,6 +343,8 @@ func allReduceRank(args []string) error {
 			opts.Transport = value
 		case "gather":
 			opts.GatherBytes = n
+		case "links":
+			opts.GatherLinks = value == "true"
 		case "chunk":
 			opts.ChunkBytes = n
 		case "shmchunk":

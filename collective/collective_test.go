@@ -540,13 +540,16 @@ func TestTransportSameIPKeepsHostsApart(t *testing.T) {
 // magnitudes, so that a different order of additions shows.
 func TestSmallAllReduceSumsAsTheRingDoes(t *testing.T) {
 	for _, transport := range []string{TransportAuto, TransportTCP} {
-		for _, n := range []int{2, 3, 4, 5} {
+		// Over TCP, 3 ranks and more gather over skip links (skiplinks.go):
+		// 6 has a last step that sends fewer blocks than it holds, 8 three
+		// steps.
+		for _, n := range []int{2, 3, 4, 5, 6, 8} {
 			t.Run(fmt.Sprintf("%s/ranks=%d", transport, n), func(t *testing.T) {
 				const length = 1003
 				inputs, want := ringOrderSums(n, length, 7)
 				got := map[int][][]float32{}
 				for _, gather := range []int{64 << 10, 0} {
-					groups := gang(t, n, Options{Transport: transport, GatherBytes: gather, ChunkBytes: 1024})
+					groups := gang(t, n, Options{Transport: transport, GatherBytes: gather, GatherLinks: true, ChunkBytes: 1024})
 					bufs := make([][]float32, n)
 					for r := range n {
 						bufs[r] = slices.Clone(inputs[r])
@@ -556,6 +559,9 @@ func TestSmallAllReduceSumsAsTheRingDoes(t *testing.T) {
 						want := gather > 0 && !(n == 2 && g.recvRing != nil)
 						if g.gathers(length) != want {
 							t.Errorf("rank %d: gathers(%d) = %v with GatherBytes %d, want %v", r, length, g.gathers(length), gather, want)
+						}
+						if links := gather > 0 && n >= 3 && transport == TransportTCP; (g.skips != nil) != links {
+							t.Errorf("rank %d: %d skip links with GatherBytes %d over %q; want them: %v", r, len(g.skips), gather, transport, links)
 						}
 						return g.AllReduce(context.Background(), bufs[r])
 					}) {

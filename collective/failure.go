@@ -92,11 +92,14 @@ func (g *Group) fail(local error, pe *PeerError) {
 		}
 		header{typ: frameAbort, op: graceful, seq: uint32(pe.Reporter), length: uint32(len(reason)), aux: uint32(pe.Rank + 1)}.put(frame)
 		copy(frame[headerLen:], reason)
-		var wg sync.WaitGroup
-		for _, side := range []struct {
+		type side struct {
 			conn net.Conn
 			mu   *sync.Mutex
-		}{{g.rightConn, &g.writeMu}, {g.leftConn, &g.leftWriteMu}} {
+		}
+		sides := []side{{g.rightConn, &g.writeMu}, {g.leftConn, &g.leftWriteMu}}
+		g.skipConns(func(c net.Conn, mu *sync.Mutex) { sides = append(sides, side{c, mu}) })
+		var wg sync.WaitGroup
+		for _, side := range sides {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -108,7 +111,8 @@ func (g *Group) fail(local error, pe *PeerError) {
 			}()
 		}
 		wg.Wait()
-		g.leftConn.Close()
-		g.rightConn.Close()
+		for _, side := range sides {
+			side.conn.Close()
+		}
 	})
 }

@@ -23,6 +23,8 @@ const (
 	opAllReduce = 1
 	opBroadcast = 2
 	opGatherSum = 3 // AllReduce of a small buffer: gather, then sum in the ring's order
+	// opGatherLinks: the same, gathered over the ring and skip links (skiplinks.go)
+	opGatherLinks = 4
 )
 
 type header struct {

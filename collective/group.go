@@ -87,6 +87,15 @@ type Options struct {
 	// small buffers: 4 KiB takes about half the ring's time, 64 KiB with 2
 	// ranks several times longer (BENCHMARKS.md).
 	GatherBytes int
+	// GatherLinks gathers those small all-reduces of 3 ranks or more over
+	// links to the ranks 2, 4, 8, ... away as well as the ring, in
+	// ceil(log2(world)) steps instead of world-1, with the same sums
+	// (skiplinks.go): where the ring is not shared memory all the way round
+	// (every rank on one address). Join connects those links. Every rank
+	// must set the same value; Join fails naming a neighbour that differs.
+	// Ranks of releases before it never gather over links (a gang turns it
+	// on only when all its workers say they can).
+	GatherLinks bool
 	// RefusedTimeout is how long the right neighbour's address may refuse
 	// connections (nothing listens there) before Join gives up on it with a
 	// *PeerError naming it. Zero waits until ctx ends: a listener may still be
@@ -167,9 +176,13 @@ type Group struct {
 	left, right int // neighbour ranks
 	opts        Options
 	log         *zap.Logger
-	// dialSecret authenticates the connection to the right neighbour,
-	// acceptSecret the one from the left.
-	dialSecret, acceptSecret []byte
+	// flags are this rank's choices that every link's two ends must share
+	// (hello.Flags): flagGatherLinks.
+	flags byte
+	// skips are the links the small all-reduce gathers over besides the
+	// ring's, one per distance 2, 4, 8, ... below the world (skiplinks.go);
+	// nil where it gathers around the ring.
+	skips []*skipLink
 
 	leftConn, rightConn net.Conn // data flows left -> us -> right
 	leftReader          *bufio.Reader
@@ -206,6 +219,7 @@ type Group struct {
 	// progress loop, and read deadlines that passed with bytes waiting
 	// (leftSilent).
 	leftTaken, leftEarly, progressOps, leftLookedAgain atomic.Int64
+	skipPings                                          atomic.Int64 // pings sent over skip links
 
 	opMu    sync.Mutex
 	seq     uint32
@@ -262,58 +276,29 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if world == 1 {
 		return g, nil
 	}
+	if gathersOverLinks(opts, gang.Peers) {
+		g.flags |= flagGatherLinks
+	}
 	var err error
-	if g.dialSecret, g.acceptSecret, err = linkSecrets(gang, rank, g.left, g.right, opts); err != nil {
+	if g.rightConn, g.leftConn, err = g.connect(ctx, ln, g.right, g.left); err != nil {
 		return nil, err
-	}
-	type result struct {
-		conn net.Conn
-		err  error
-	}
-	dialed, accepted := make(chan result, 1), make(chan result, 1)
-	jctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		c, err := g.dialRight(jctx)
-		dialed <- result{c, err}
-	}()
-	go func() {
-		k := connKey{run: gang.Run, gen: gang.Generation, from: uint32(g.left), to: uint32(rank), world: uint32(world)}
-		c, err := ln.accept(jctx, k, g.acceptSecret)
-		if err != nil {
-			err = fmt.Errorf("collective: rank %d: waiting for rank %d (%s) to connect: %w", rank, g.left, gang.Peers[g.left], err)
-		}
-		accepted <- result{c, err}
-	}()
-	var firstErr error
-	for range 2 {
-		select {
-		case r := <-dialed:
-			g.rightConn = r.conn
-			if r.err != nil && firstErr == nil {
-				firstErr = r.err
-				cancel()
-			}
-		case r := <-accepted:
-			g.leftConn = r.conn
-			if r.err != nil && firstErr == nil {
-				firstErr = r.err
-				cancel()
-			}
-		}
-	}
-	if firstErr != nil {
-		for _, c := range []net.Conn{g.leftConn, g.rightConn} {
-			if c != nil {
-				c.Close()
-			}
-		}
-		return nil, firstErr
 	}
 	if err := g.negotiateShm(ctx); err != nil {
 		g.leftConn.Close()
 		g.rightConn.Close()
 		return nil, fmt.Errorf("collective: rank %d: %w", rank, err)
+	}
+	if g.flags&flagGatherLinks != 0 {
+		if err := g.joinSkipLinks(ctx, ln); err != nil {
+			g.leftConn.Close()
+			g.rightConn.Close()
+			for _, r := range []*shmRing{g.sendRing, g.recvRing} {
+				if r != nil {
+					r.close()
+				}
+			}
+			return nil, fmt.Errorf("collective: rank %d: connecting the links the small all-reduce gathers over: %w", rank, err)
+		}
 	}
 	g.sendPer, g.recvPer = opts.ChunkBytes/4, opts.ChunkBytes/4
 	if g.sendRing != nil {
@@ -355,6 +340,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		}
 	}
 	g.leftReader = bufio.NewReaderSize(left, 64<<10)
+	g.readySkipLinks(spin)
 	if w, err := newProgressWaker(); err == nil {
 		g.nbLeft, g.nbRight = nbLinkOf(g.leftConn), nbLinkOf(g.rightConn)
 		if g.nbLeft != nil && g.nbRight != nil {
@@ -366,11 +352,88 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	}
 	g.leftRd.heard = time.Now()
 	g.lastWrite.Store(time.Now().UnixNano())
-	g.wg.Add(3)
+	g.wg.Add(3 + len(g.skips))
 	go g.readLeft()
 	go g.readRight()
 	go g.keepalive()
+	for _, l := range g.skips {
+		go g.watchSkip(l)
+	}
 	return g, nil
+}
+
+// connect dials rank `to` and accepts rank `from` through ln, at once, and
+// checks that both share this rank's flags. It returns when both
+// connections are up, or with the first error (closing what it opened).
+func (g *Group) connect(ctx context.Context, ln *Listener, to, from int) (out, in net.Conn, err error) {
+	dialSecret, err := linkSecret(g.gang, g.rank, g.rank, to, g.opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	acceptSecret, err := linkSecret(g.gang, g.rank, from, g.rank, g.opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	type result struct {
+		conn  net.Conn
+		flags byte
+		err   error
+	}
+	dialed, accepted := make(chan result, 1), make(chan result, 1)
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		c, flags, err := g.dial(jctx, to, dialSecret)
+		dialed <- result{c, flags, err}
+	}()
+	go func() {
+		k := connKey{run: g.gang.Run, gen: g.gang.Generation, from: uint32(from), to: uint32(g.rank), world: uint32(g.world)}
+		c, flags, err := ln.accept(jctx, k, acceptSecret, g.flags)
+		if err != nil {
+			err = fmt.Errorf("collective: rank %d: waiting for rank %d (%s) to connect: %w", g.rank, from, g.gang.Peers[from], err)
+		}
+		accepted <- result{c, flags, err}
+	}()
+	var firstErr error
+	for range 2 {
+		var r result
+		peer := to
+		select {
+		case r = <-dialed:
+			out = r.conn
+		case r = <-accepted:
+			in, peer = r.conn, from
+		}
+		if r.err == nil && r.flags != g.flags {
+			// The other half goes on: its peer learns of the difference from
+			// this rank's flags, at once, rather than wait for its context.
+			if firstErr == nil {
+				firstErr = fmt.Errorf("collective: rank %d (%s) %s small all-reduces over links to the ranks 2, 4, 8, ... away and rank %d %s: every rank needs the same options.GatherLinks, GatherBytes and Transport",
+					peer, g.gang.Peers[peer], gathersWord(r.flags), g.rank, gathersWord(g.flags))
+			}
+			continue
+		}
+		if r.err != nil && firstErr == nil {
+			firstErr = r.err
+			cancel()
+		}
+	}
+	if firstErr != nil {
+		for _, c := range []net.Conn{out, in} {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, nil, firstErr
+	}
+	return out, in, nil
+}
+
+func gathersWord(flags byte) string {
+	if flags&flagGatherLinks != 0 {
+		return "gathers"
+	}
+	return "does not gather"
 }
 
 // ranksOnHost counts the gang's ranks whose listener is on the same host as rank's.
@@ -388,10 +451,11 @@ func ranksOnHost(peers []string, rank int) int {
 	return n
 }
 
-// dialRight connects to the right neighbour, retrying until its listener is up.
-func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
-	addr := g.gang.Peers[g.right]
-	h := hello{Run: g.gang.Run, Generation: g.gang.Generation, From: uint32(g.rank), To: uint32(g.right), World: uint32(g.world)}
+// dial connects to rank `to`, retrying until its listener is up, and
+// returns the connection and the flags its acceptor answered with.
+func (g *Group) dial(ctx context.Context, to int, secret []byte) (net.Conn, byte, error) {
+	addr := g.gang.Peers[to]
+	h := hello{Run: g.gang.Run, Generation: g.gang.Generation, From: uint32(g.rank), To: uint32(to), World: uint32(g.world), Flags: g.flags}
 	backoff := 20 * time.Millisecond
 	var d net.Dialer
 	var refusedSince time.Time     // when the address began refusing, if it does
@@ -410,7 +474,7 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 		case refusedSince.IsZero():
 			refusedSince = time.Now()
 		case g.opts.RefusedTimeout > 0 && time.Since(refusedSince) >= g.opts.RefusedTimeout:
-			return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
+			return nil, 0, &PeerError{Rank: to, Addr: addr, Reporter: g.rank,
 				Reason: fmt.Sprintf("its address refused connections for %v: nothing listens there (its worker is gone)", time.Since(refusedSince).Round(time.Millisecond))}
 		}
 		if err == nil || ctx.Err() != nil || !unanswered(err) {
@@ -420,7 +484,7 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 				unreachableSince = started
 			}
 			if time.Since(unreachableSince) >= g.opts.UnreachableTimeout {
-				return nil, &PeerError{Rank: g.right, Addr: addr, Reporter: g.rank,
+				return nil, 0, &PeerError{Rank: to, Addr: addr, Reporter: g.rank,
 					Reason: fmt.Sprintf("its address answered no connection attempt for %v (%v): its host is cut off or gone", time.Since(unreachableSince).Round(time.Millisecond), err)}
 			}
 		}
@@ -428,18 +492,19 @@ func (g *Group) dialRight(ctx context.Context) (net.Conn, error) {
 			if tc, ok := conn.(*net.TCPConn); ok {
 				tc.SetNoDelay(true)
 			}
-			err = dialHandshake(ctx, conn, g.dialSecret, h)
+			var flags byte
+			flags, err = dialHandshake(ctx, conn, secret, h)
 			if err == nil {
-				return conn, nil
+				return conn, flags, nil
 			}
 			conn.Close()
 			if errors.Is(err, errAuth) {
-				return nil, fmt.Errorf("collective: rank %d: connecting to rank %d (%s): %w", g.rank, g.right, addr, err)
+				return nil, 0, fmt.Errorf("collective: rank %d: connecting to rank %d (%s): %w", g.rank, to, addr, err)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("collective: rank %d: connecting to rank %d (%s): %w (last error: %v)", g.rank, g.right, addr, ctx.Err(), err)
+			return nil, 0, fmt.Errorf("collective: rank %d: connecting to rank %d (%s): %w (last error: %v)", g.rank, to, addr, ctx.Err(), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)

@@ -52,22 +52,24 @@ const (
 // expectation is a Join waiting for one connection.
 type expectation struct {
 	secret []byte
+	flags  byte          // the accepting rank's, sent to the dialer (hello.Flags)
 	ready  chan struct{} // closed when conn is set
 
 	mu       sync.Mutex
 	conn     net.Conn
+	theirs   byte // the dialer's hello.Flags
 	finished bool // the Join returned: later arrivals are closed
 }
 
 // deliver hands an authenticated connection to the Join, or reports false if
 // the Join has one already or has returned.
-func (e *expectation) deliver(c net.Conn) bool {
+func (e *expectation) deliver(c net.Conn, theirs byte) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.finished || e.conn != nil {
 		return false
 	}
-	e.conn = c
+	e.conn, e.theirs = c, theirs
 	close(e.ready)
 	return true
 }
@@ -220,14 +222,14 @@ func (l *Listener) refuseParked(hc *helloConn, why string) {
 
 // authenticate runs the acceptor's handshake and hands the connection to its Join.
 func (l *Listener) authenticate(exp *expectation, hc *helloConn) {
-	err := acceptHandshake(hc.Conn, exp.secret, hc.hello)
+	err := acceptHandshake(hc.Conn, exp.secret, hc.hello, exp.flags)
 	l.release(hc.host)
 	if err != nil {
 		l.refusals.note("handshake failed", hc, err)
 		hc.Close()
 		return
 	}
-	if !exp.deliver(hc.Conn) {
+	if !exp.deliver(hc.Conn, hc.hello.Flags) {
 		hc.Close()
 	}
 }
@@ -241,17 +243,18 @@ type helloConn struct {
 
 // accept waits for an authenticated connection for the given key: every
 // candidate, parked before or arriving now, is verified with the secret on
-// its own goroutine; the first that proves it wins.
-func (l *Listener) accept(ctx context.Context, k connKey, secret []byte) (net.Conn, error) {
-	exp := &expectation{secret: secret, ready: make(chan struct{})}
+// its own goroutine; the first that proves it wins. flags are this rank's,
+// sent to the dialer; it returns the dialer's.
+func (l *Listener) accept(ctx context.Context, k connKey, secret []byte, flags byte) (net.Conn, byte, error) {
+	exp := &expectation{secret: secret, flags: flags, ready: make(chan struct{})}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return nil, errors.New("collective: listener is closed")
+		return nil, 0, errors.New("collective: listener is closed")
 	}
 	if l.expected[k] != nil {
 		l.mu.Unlock()
-		return nil, fmt.Errorf("collective: another Join already waits for rank %d's connection in run %q generation %d", k.from, k.run, k.gen)
+		return nil, 0, fmt.Errorf("collective: another Join already waits for rank %d's connection in run %q generation %d", k.from, k.run, k.gen)
 	}
 	l.expected[k] = exp
 	var claimed []*helloConn
@@ -276,16 +279,16 @@ func (l *Listener) accept(ctx context.Context, k connKey, secret []byte) (net.Co
 	}()
 	select {
 	case <-exp.ready:
-		return exp.conn, nil
+		return exp.conn, exp.theirs, nil
 	case <-ctx.Done():
 		exp.mu.Lock()
 		exp.finished = true
-		c := exp.conn
+		c, theirs := exp.conn, exp.theirs
 		exp.mu.Unlock()
 		if c != nil {
-			return c, nil // it arrived as we gave up: take it
+			return c, theirs, nil // it arrived as we gave up: take it
 		}
-		return nil, ctx.Err()
+		return nil, 0, ctx.Err()
 	}
 }
 

@@ -184,6 +184,9 @@ func (g *Group) allReduceLocked(ctx context.Context, buf []float32) error {
 		return g.Err()
 	}
 	if g.gathers(len(buf)) {
+		if g.skips != nil {
+			return g.gatherOverLinks(ctx, buf)
+		}
 		return g.gatherSum(ctx, buf)
 	}
 	p := g.planFor(opAllReduce, buf, g.ringPlan)

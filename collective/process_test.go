@@ -47,10 +47,13 @@ type childGang struct {
 	// and waited for (allReduceStarted), instead of one AllReduce.
 	Progress string
 	Started  bool
+	// Gather is Options.GatherBytes: over TCP, 4 ranks then gather small
+	// all-reduces over skip links (skiplinks.go).
+	Gather int
 }
 
 func (cg childGang) options() Options {
-	return Options{Secret: testSecret, StallTimeout: cg.Stall, Transport: cg.Transport, hostCores: cg.HostCores, Progress: cg.Progress}
+	return Options{Secret: testSecret, StallTimeout: cg.Stall, Transport: cg.Transport, hostCores: cg.HostCores, Progress: cg.Progress, GatherBytes: cg.Gather, GatherLinks: cg.Gather > 0}
 }
 
 // allReduce is one operation of a rank of the chaos tests.
@@ -124,6 +127,7 @@ func TestRealPeerFailures(t *testing.T) {
 		{"TCP through the poller", childGang{Transport: TransportTCP, HostCores: 64}},
 		{"TCP outside the poller", childGang{Transport: TransportTCP, HostCores: 1}},
 		{"shared memory, operations driven by the caller", childGang{Progress: ProgressCaller, Started: true}},
+		{"TCP, small operations gathered over skip links", childGang{Transport: TransportTCP, HostCores: 64, Gather: 64 << 10}},
 	} {
 		for _, s := range []strike{
 			{"kill -9, 1 MiB", syscall.SIGKILL, 1 << 18, link.cg}, {"SIGSTOP (a hang), 1 MiB", syscall.SIGSTOP, 1 << 18, link.cg},
