@@ -19,7 +19,11 @@
 // both links are shared memory, an all-reduce can also be started
 // (StartAllReduce) and moved along by the caller between pieces of its
 // own computation (Progress, Wait): no thread beside the caller's
-// (driven.go).
+// (driven.go). A small all-reduce (Options.GatherBytes) gathers every
+// rank's buffer and sums them in the ring's order; where the gang asks
+// (Options.GatherLinks) and its ring is not shared memory all round, it
+// gathers over links to the ranks 2, 4, 8, ... away as well as the ring,
+// in ceil(log2(world)) steps instead of world-1 (skiplinks.go).
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join

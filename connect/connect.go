@@ -201,27 +201,43 @@ func SDKLogger(log *zap.Logger) sdklog.Logger {
 // activity whose workflow has closed.
 const runEnded = "workflow execution already completed"
 
+// cancelRequested is the error a heartbeat returns when the activity's
+// cancellation was requested (the SDK's CanceledError).
+const cancelRequested = "canceled"
+
 // quietEndings demotes to debug what the SDK logs when a slot's HoldSlot
-// heartbeats after its run has completed: the expected way a hold learns
-// that its run ended (the slot is then released at once), not a fault. Every
-// run's end used to log it once per slot as a warning.
+// heartbeats after its run has completed, or after the run asked it to
+// stop (at every run's end, and whenever a gang re-forms): the expected
+// ways a hold learns that it is done (the slot is then released at once),
+// not faults. Every run's end used to log one per slot as a warning.
 type quietEndings struct{ slog.Handler }
 
 func (q quietEndings) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level > slog.LevelDebug && (r.Message == "RecordActivityHeartbeat with error" || r.Message == "Task processing failed with error") {
-		ended := false
+		why := ""
 		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "Error" && strings.Contains(a.Value.String(), runEnded) {
-				ended = true
+			switch v := a.Value.String(); {
+			case a.Key != "Error":
+			case strings.Contains(v, runEnded):
+				why = " (its run has ended)"
+			case v == cancelRequested && r.Message == "RecordActivityHeartbeat with error":
+				why = " (its cancellation was requested)"
 			}
-			return !ended
+			return why == ""
 		})
-		if ended {
+		if why != "" {
 			if !q.Handler.Enabled(ctx, slog.LevelDebug) {
 				return nil
 			}
-			r = slog.NewRecord(r.Time, slog.LevelDebug, r.Message+" (its run has ended)", r.PC)
-			r.AddAttrs(slog.String("Error", runEnded))
+			var errText string
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "Error" {
+					errText = a.Value.String()
+				}
+				return errText == ""
+			})
+			r = slog.NewRecord(r.Time, slog.LevelDebug, r.Message+why, r.PC)
+			r.AddAttrs(slog.String("Error", errText))
 		}
 	}
 	return q.Handler.Handle(ctx, r)

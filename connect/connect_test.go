@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.temporal.io/sdk/temporal"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -95,17 +96,24 @@ func TestAPIKeyFromAnotherVariable(t *testing.T) {
 	}
 }
 
-// The SDK's warning about a heartbeat after the run completed is expected at
-// every run's end: debug, not warn. Other heartbeat errors stay warnings.
+// The SDK's warnings about a heartbeat after the run completed, or after it
+// asked the activity to stop, are expected at every run's end: debug, not
+// warn. Other heartbeat errors stay warnings.
 func TestRunEndIsNotAWarning(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	l := SDKLogger(zap.New(core)).(interface {
 		Warn(string, ...interface{})
 	})
 	l.Warn("RecordActivityHeartbeat with error", "Error", errors.New("workflow execution already completed"))
+	l.Warn("RecordActivityHeartbeat with error", "Error", temporal.NewCanceledError()) // the run asked the hold to stop
 	l.Warn("RecordActivityHeartbeat with error", "Error", errors.New("connection refused"))
+	l.Warn("Task processing failed with error", "Error", temporal.NewCanceledError()) // not a heartbeat: stays
 	all := logs.All()
-	if len(all) != 2 || all[0].Level != zapcore.DebugLevel || all[1].Level != zapcore.WarnLevel {
+	if len(all) != 4 || all[0].Level != zapcore.DebugLevel || all[1].Level != zapcore.DebugLevel ||
+		all[2].Level != zapcore.WarnLevel || all[3].Level != zapcore.WarnLevel {
 		t.Fatalf("logged %+v", all)
+	}
+	if all[1].ContextMap()["Error"] != "canceled" {
+		t.Fatalf("the demoted line lost its error: %+v", all[1])
 	}
 }
