@@ -61,3 +61,32 @@ func BenchmarkAddInto(b *testing.B) {
 		addInto(dst, src)
 	}
 }
+
+// BenchmarkGatherOverLinks is a 4 KiB all-reduce of 4 and 8 ranks in this
+// process over TCP, gathered around the ring and over skip links, side by
+// side (bench allreduce -gather-links measures it between processes).
+func BenchmarkGatherOverLinks(b *testing.B) {
+	for _, world := range []int{4, 8} {
+		for _, links := range []bool{false, true} {
+			b.Run(fmt.Sprintf("ranks=%d/links=%v", world, links), func(b *testing.B) {
+				groups := gang(b, world, Options{Transport: TransportTCP, GatherBytes: 64 << 10, GatherLinks: links})
+				b.SetBytes(4 << 10)
+				b.ResetTimer()
+				errs := each(groups, func(r int, g *Group) error {
+					buf := make([]float32, 1<<10)
+					for range b.N {
+						if err := g.AllReduce(context.Background(), buf); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				for _, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
