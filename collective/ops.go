@@ -347,7 +347,16 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 	// The segments are small (the whole buffer is at most GatherBytes over
 	// world-1): plain loops, not world² calls into BLAS (cgo with OpenBLAS);
 	// a float32 add rounds the same either way.
-	sum := got[(w-1)*n:]
+	sumInRingOrder(got[(w-1)*n:], w, of)
+	copy(buf, got[(w-1)*n:])
+	return nil
+}
+
+// sumInRingOrder puts into sum the sum of the world's buffers (rank q's is
+// of(q)) in the ring's order: segment k from rank k's values, then rank
+// k+1's, ... around the ring.
+func sumInRingOrder(sum []float32, w int, of func(q int) []float32) {
+	n := len(sum)
 	for k := range w {
 		lo, hi := k*n/w, (k+1)*n/w
 		seg := sum[lo:hi]
@@ -358,8 +367,6 @@ func (g *Group) gatherSum(ctx context.Context, buf []float32) error {
 			}
 		}
 	}
-	copy(buf, sum)
-	return nil
 }
 
 // Broadcast copies root's buf to every rank, pipelined along the ring.

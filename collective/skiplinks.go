@@ -211,20 +211,8 @@ func (g *Group) gatherOverLinks(ctx context.Context, buf []float32) error {
 			return err
 		}
 	}
-	// As gatherSum: segment k from rank k's values, then k+1's, ... around
-	// the ring.
-	sum := got[w*n:]
-	for k := range w {
-		lo, hi := k*n/w, (k+1)*n/w
-		seg := sum[lo:hi]
-		copy(seg, block(k)[lo:hi])
-		for j := 1; j < w; j++ {
-			for i, x := range block((k + j) % w)[lo:hi] {
-				seg[i] += x
-			}
-		}
-	}
-	copy(buf, sum)
+	sumInRingOrder(got[w*n:], w, block) // as gatherSum
+	copy(buf, got[w*n:])
 	return nil
 }
 
