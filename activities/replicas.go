@@ -301,6 +301,10 @@ func (a *Agent) joinHost(ctx context.Context, key replicaKey, in spec.EpochInput
 			ring.PublicKeys[i] = gang.PublicKeys[i*n]
 		}
 	}
+	// The host ring's small all-reduces gather as a flat gang's do, among
+	// the hosts (the same sums: the gather sums in the ring's order).
+	opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(ring.Peers))
+	opts.GatherLinks = in.GatherLinks
 	if err := h.Join(ctx, a.Listener, ring, opts); err != nil {
 		v.Close()
 		return nil, err
