@@ -92,9 +92,9 @@ type Options struct {
 	// ceil(log2(world)) steps instead of world-1, with the same sums
 	// (skiplinks.go): where the ring is not shared memory all the way round
 	// (every rank on one address). Join connects those links. Every rank
-	// must set the same value; Join fails naming a neighbour that differs.
-	// Ranks of releases before it never gather over links (a gang turns it
-	// on only when all its workers say they can).
+	// must set the same value; Join fails naming a neighbour that differs,
+	// and needs every rank's address in Gang.Peers. Ranks of releases
+	// before it never gather over links.
 	GatherLinks bool
 	// RefusedTimeout is how long the right neighbour's address may refuse
 	// connections (nothing listens there) before Join gives up on it with a
@@ -278,6 +278,15 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	}
 	if gathersOverLinks(opts, gang.Peers) {
 		g.flags |= flagGatherLinks
+	}
+	if opts.GatherLinks && opts.GatherBytes > 0 && world >= 3 {
+		// Every rank decides from every address, so every rank needs them all
+		// (a ring alone needs only its neighbours').
+		for r, p := range gang.Peers {
+			if p == "" {
+				return nil, fmt.Errorf("collective: gang.Peers[%d] is empty; options.GatherLinks needs every rank's address (or leave it off)", r)
+			}
+		}
 	}
 	var err error
 	if g.rightConn, g.leftConn, err = g.connect(ctx, ln, g.right, g.left); err != nil {

@@ -214,3 +214,16 @@ func TestHellosWithoutFlagsAreVersionOne(t *testing.T) {
 		t.Fatal("a version 2 hello with no flags was read")
 	}
 }
+
+// A gang that gathers over links needs every rank's address: a ring alone
+// needs only its neighbours', and a rank that knew fewer would decide
+// otherwise than the others. Join says which is missing.
+func TestGatherLinksNeedEveryAddress(t *testing.T) {
+	ln := listen(t)
+	peers := []string{ln.Addr(), "127.0.0.1:1", "", "127.0.0.1:3"}
+	_, err := Join(context.Background(), ln, Gang{Run: "partial", Generation: 1, Peers: peers}, 0,
+		Options{Secret: testSecret, Transport: TransportTCP, GatherBytes: 64 << 10, GatherLinks: true})
+	if err == nil || !strings.Contains(err.Error(), "gang.Peers[2] is empty") {
+		t.Fatalf("got %v; want gang.Peers[2] named", err)
+	}
+}

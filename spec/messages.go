@@ -75,10 +75,6 @@ type Placement struct {
 	// gang asks it to (EpochInput.SmallAllReduceBytes): a worker of an
 	// earlier release never does, and a gang must agree.
 	SmallAllReduce bool `json:"small_all_reduce,omitempty"`
-	// GatherLinks says the worker gathers those small all-reduces over
-	// links to the ranks 2, 4, 8, ... away as well as the ring when its
-	// gang asks it to (EpochInput.GatherLinks).
-	GatherLinks bool `json:"gather_links,omitempty"`
 }
 
 // LocalRanks is how many ranks the host runs.
@@ -199,11 +195,6 @@ type EpochInput struct {
 	// in fewer steps: collective.Options.GatherBytes). The run sets it only
 	// when every placement of the gang says SmallAllReduce; 0: the ring only.
 	SmallAllReduceBytes int `json:"small_all_reduce_bytes,omitempty"`
-	// GatherLinks: those small all-reduces gather over links to the ranks
-	// 2, 4, 8, ... away as well as the ring, in log2(world) steps instead of
-	// world-1 (collective.Options.GatherLinks). The run sets it only when
-	// every placement of the gang says GatherLinks.
-	GatherLinks bool `json:"gather_links,omitempty"`
 }
 
 // EpochResult is what a rank reports; rank 0's carries the checkpoint.

@@ -37,7 +37,6 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: smallAllReduceBytes(g.placements),
-			GatherLinks: gatherLinks(g.placements),
 		}
 		if !r.rankKeys { // the shared secret authenticates: no keys in placements
 			for i := range in.Hosts {
@@ -212,15 +211,4 @@ func smallAllReduceBytes(placements []spec.Placement) int {
 		}
 	}
 	return smallAllReduce
-}
-
-// gatherLinks is EpochInput.GatherLinks for a gang: whether every host's
-// worker can gather over skip links (ranks must agree).
-func gatherLinks(placements []spec.Placement) bool {
-	for _, p := range placements {
-		if !p.GatherLinks {
-			return false
-		}
-	}
-	return true
 }

@@ -111,7 +111,6 @@ func newHarness(t *testing.T) *harness {
 				Worker: fmt.Sprintf("host-%d", (in.Request+in.Generation)%3), HostQueue: fmt.Sprintf("q-%d-%d", in.Generation, in.Request),
 				Collective: fmt.Sprintf("10.0.%d.%d:7070", in.Request/256, in.Request%256), PublicKey: fakePublicKey(in.Generation, in.Request),
 				SmallAllReduce: h.earlierRelease == nil || !h.earlierRelease(in)}
-			pl.GatherLinks = pl.SmallAllReduce
 			for i := range in.Slots {
 				pl.Slots = append(pl.Slots, i)
 			}
@@ -1004,9 +1003,6 @@ func TestSmallAllReduceOnlyWhenEveryHostCan(t *testing.T) {
 		for _, in := range ins {
 			if in.SmallAllReduceBytes != want {
 				t.Fatalf("a worker of an earlier release in the gang: %v; rank %d was told to gather up to %d bytes; want %d", old, in.Rank, in.SmallAllReduceBytes, want)
-			}
-			if in.GatherLinks != !old {
-				t.Fatalf("a worker of an earlier release in the gang: %v; rank %d was told to gather over links: %v", old, in.Rank, in.GatherLinks)
 			}
 		}
 	}
