@@ -2,7 +2,6 @@ package collective
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -81,11 +80,7 @@ func (g *Group) StartAllReduce(ctx context.Context, buf []float32) error {
 	g.seq++
 	op := &drivenOp{sends: p.sends, recv: shmReceiver{g: g, job: &recvJob{seq: g.seq, op: opAllReduce, items: p.recvs}}}
 	seq := g.seq
-	op.stop = context.AfterFunc(ctx, func() {
-		reason := fmt.Sprintf("operation #%d cancelled: %v", seq, context.Cause(ctx))
-		pe := &PeerError{Rank: -1, Reporter: g.rank, Reason: reason}
-		g.fail(pe, pe)
-	})
+	op.stop = g.abortWhenDone(ctx, seq)
 	g.started = append(g.started, op)
 	_, err := g.advanceStarted()
 	return err

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -37,6 +38,17 @@ func (g *Group) addrOf(rank int) string {
 		return g.gang.Peers[rank]
 	}
 	return ""
+}
+
+// abortWhenDone aborts the group, naming nobody, if ctx ends before the
+// returned stop is called: a caller that cancels operation seq ends it on
+// every rank.
+func (g *Group) abortWhenDone(ctx context.Context, seq uint32) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
+		reason := fmt.Sprintf("operation #%d cancelled: %v", seq, context.Cause(ctx))
+		pe := &PeerError{Rank: -1, Reporter: g.rank, Reason: reason}
+		g.fail(pe, pe)
+	})
 }
 
 // failPeer fails the group blaming a neighbour, unless that neighbour's own

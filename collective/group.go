@@ -276,9 +276,6 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if world == 1 {
 		return g, nil
 	}
-	if gathersOverLinks(opts, gang.Peers) {
-		g.flags |= flagGatherLinks
-	}
 	if opts.GatherLinks && opts.GatherBytes > 0 && world >= 3 {
 		// Every rank decides from every address, so every rank needs them all
 		// (a ring alone needs only its neighbours').
@@ -287,6 +284,9 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 				return nil, fmt.Errorf("collective: gang.Peers[%d] is empty; options.GatherLinks needs every rank's address (or leave it off)", r)
 			}
 		}
+	}
+	if gathersOverLinks(opts, gang.Peers) {
+		g.flags |= flagGatherLinks
 	}
 	var err error
 	if g.rightConn, g.leftConn, err = g.connect(ctx, ln, g.right, g.left); err != nil {
@@ -417,7 +417,7 @@ func (g *Group) connect(ctx context.Context, ln *Listener, to, from int) (out, i
 			// The other half goes on: its peer learns of the difference from
 			// this rank's flags, at once, rather than wait for its context.
 			if firstErr == nil {
-				firstErr = fmt.Errorf("collective: rank %d (%s) %s small all-reduces over links to the ranks 2, 4, 8, ... away and rank %d %s: every rank needs the same options.GatherLinks, GatherBytes and Transport",
+				firstErr = fmt.Errorf("collective: rank %d (%s) %s small all-reduces over links to the ranks 2, 4, 8, ... away and rank %d %s: every rank needs the same options.GatherLinks, GatherBytes and Transport, and a release that has GatherLinks (0.6.0 or later)",
 					peer, g.gang.Peers[peer], gathersWord(r.flags), g.rank, gathersWord(g.flags))
 			}
 			continue

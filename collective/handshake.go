@@ -21,9 +21,10 @@ import (
 // which the acceptor answers with its own after its OK. A hello without
 // flags is sent as version 1, byte for byte what ranks of earlier releases
 // send and accept.
-var handshakeMagic = [8]byte{'d', 't', 'c', 'o', 'l', 'l', 0, 1}
-
-const flagsVersion = 2
+var (
+	handshakeMagic      = [8]byte{'d', 't', 'c', 'o', 'l', 'l', 0, 1}
+	handshakeMagicFlags = [8]byte{'d', 't', 'c', 'o', 'l', 'l', 0, 2}
+)
 
 const (
 	maxRunLen        = 255
@@ -62,9 +63,10 @@ type connKey struct {
 
 func (h hello) encode() []byte {
 	b := make([]byte, 0, 8+2+len(h.Run)+8+12+1+nonceLen)
-	b = append(b, handshakeMagic[:]...)
 	if h.Flags != 0 {
-		b[len(b)-1] = flagsVersion
+		b = append(b, handshakeMagicFlags[:]...)
+	} else {
+		b = append(b, handshakeMagic[:]...)
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Run)))
 	b = append(b, h.Run...)
@@ -84,7 +86,7 @@ func readHello(r io.Reader) (hello, error) {
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return h, fmt.Errorf("reading handshake: %w", err)
 	}
-	withFlags := [8]byte(head[:8]) == [8]byte(append(handshakeMagic[:7:7], flagsVersion))
+	withFlags := [8]byte(head[:8]) == handshakeMagicFlags
 	if [8]byte(head[:8]) != handshakeMagic && !withFlags {
 		return h, errors.New("not a durabletrain collective connection (bad magic or protocol version)")
 	}

@@ -41,12 +41,7 @@ func (g *Group) run(ctx context.Context, op byte, bytes int, sends []sendItem, r
 			defer g.inOp.Store(false)
 		}
 	}
-	stop := context.AfterFunc(ctx, func() {
-		reason := fmt.Sprintf("operation #%d cancelled: %v", job.seq, context.Cause(ctx))
-		pe := &PeerError{Rank: -1, Reporter: g.rank, Reason: reason}
-		g.fail(pe, pe)
-	})
-	defer stop()
+	defer g.abortWhenDone(ctx, job.seq)()
 	if shm == nil && len(recvs) > 0 {
 		if first, ok := g.forwardsInline(sends, len(recvs)); ok {
 			// A small operation over TCP: send what needs no receipt, then read

@@ -168,9 +168,6 @@ func watchClosed(conn net.Conn, closed func(error)) (stop func()) {
 // runtime's poller where ranks outnumber cores (see Join).
 func (g *Group) readySkipLinks(spin time.Duration) {
 	for _, l := range g.skips {
-		if tc, ok := l.out.(*net.TCPConn); ok {
-			tc.SetNoDelay(true)
-		}
 		var r io.Reader = newSpinReader(l.in, spin, &g.inOp)
 		if g.yield != nil {
 			if c, err := newFDConn(l.in, pollPolicy{active: &g.inOp, window: g.opts.SpinWindow, yield: g.yield}); err == nil && c != l.in {
@@ -221,12 +218,7 @@ func (g *Group) gatherOverLinks(ctx context.Context, buf []float32) error {
 // first min(d, w-d) of them; it receives as many, ending at rank r-d's.
 func (g *Group) skipSteps(ctx context.Context, seq uint32, got []float32, n int) error {
 	w := g.world
-	stop := context.AfterFunc(ctx, func() {
-		reason := fmt.Sprintf("operation #%d cancelled: %v", seq, context.Cause(ctx))
-		pe := &PeerError{Rank: -1, Reporter: g.rank, Reason: reason}
-		g.fail(pe, pe)
-	})
-	defer stop()
+	defer g.abortWhenDone(ctx, seq)()
 	if 4*n <= g.opts.SpinMaxBytes {
 		g.inOp.Store(true)
 		defer g.inOp.Store(false)

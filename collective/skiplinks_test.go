@@ -198,7 +198,7 @@ func TestHellosWithoutFlagsAreVersionOne(t *testing.T) {
 	}
 	h.Flags = flagGatherLinks
 	v2 := h.encode()
-	if v2[7] != flagsVersion || len(v2) != len(v1)+1 {
+	if v2[7] != handshakeMagicFlags[7] || len(v2) != len(v1)+1 {
 		t.Fatalf("a hello with flags: version %d, %d bytes", v2[7], len(v2))
 	}
 	for _, b := range [][]byte{v1, v2} {
@@ -208,7 +208,7 @@ func TestHellosWithoutFlagsAreVersionOne(t *testing.T) {
 		}
 	}
 	bad := slices.Clone(v1)
-	bad[7] = flagsVersion
+	bad[7] = handshakeMagicFlags[7]
 	bad = slices.Insert(bad, len(bad)-nonceLen, 0)
 	if _, err := readHello(bytes.NewReader(bad)); err == nil {
 		t.Fatal("a version 2 hello with no flags was read")

@@ -214,28 +214,23 @@ type quietEndings struct{ slog.Handler }
 
 func (q quietEndings) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level > slog.LevelDebug && (r.Message == "RecordActivityHeartbeat with error" || r.Message == "Task processing failed with error") {
-		why := ""
+		why, errText := "", ""
 		r.Attrs(func(a slog.Attr) bool {
-			switch v := a.Value.String(); {
-			case a.Key != "Error":
-			case strings.Contains(v, runEnded):
+			if a.Key != "Error" {
+				return true
+			}
+			switch errText = a.Value.String(); {
+			case strings.Contains(errText, runEnded):
 				why = " (its run has ended)"
-			case v == cancelRequested && r.Message == "RecordActivityHeartbeat with error":
+			case errText == cancelRequested && r.Message == "RecordActivityHeartbeat with error":
 				why = " (its cancellation was requested)"
 			}
-			return why == ""
+			return false
 		})
 		if why != "" {
 			if !q.Handler.Enabled(ctx, slog.LevelDebug) {
 				return nil
 			}
-			var errText string
-			r.Attrs(func(a slog.Attr) bool {
-				if a.Key == "Error" {
-					errText = a.Value.String()
-				}
-				return errText == ""
-			})
 			r = slog.NewRecord(r.Time, slog.LevelDebug, r.Message+why, r.PC)
 			r.AddAttrs(slog.String("Error", errText))
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	commonpb "go.temporal.io/api/common/v1"
@@ -50,8 +49,8 @@ type Report struct {
 	// continue-as-new started (its overhead includes the crossing).
 	Boundary    []bool
 	EpochEvents int // events from the first RunEpoch on, over all executions
-	// EpochEventTypes: EpochEvents by type (EVENT_TYPE_ dropped), to say
-	// which kind of event a run spent them on.
+	// EpochEventTypes: EpochEvents by type ("ActivityTaskScheduled", ...),
+	// to say which kind of event a run spent them on.
 	EpochEventTypes map[string]int
 	MaxPayloadBytes int
 	PeakPending     int // activities pending at once, at most
@@ -64,7 +63,7 @@ func (r *Report) countEpochEvent(t enumspb.EventType) {
 	if r.EpochEventTypes == nil {
 		r.EpochEventTypes = map[string]int{}
 	}
-	r.EpochEventTypes[strings.TrimPrefix(t.String(), "EVENT_TYPE_")]++
+	r.EpochEventTypes[t.String()]++
 }
 
 // EventsPerEpoch is the history events an epoch costs.
