@@ -144,9 +144,13 @@ func (h *hashList) record(i int, d [32]byte) {
 	h.digests[i] = d
 }
 
-// root waits for the blocks and returns the hex hash list root over blocks 0..n-1.
+// root waits for the blocks and returns the hex hash list root over blocks
+// 0..n-1. No block may start hashing once root is called (a WaitGroup's
+// Add must not race its Wait).
 func (h *hashList) root(n int) string {
 	h.wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	r := h.algo.new()
 	for i := range n {
 		if i < len(h.digests) {

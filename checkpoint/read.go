@@ -335,6 +335,7 @@ type verifyingReader struct {
 	n       int64
 	err     error
 	closed  bool
+	stopped bool // the read-ahead has ended (stopReadAhead)
 }
 
 // readStream is one read-ahead goroutine's queue and buffers.
@@ -544,8 +545,12 @@ func (v *verifyingReader) advance() error {
 	return v.err
 }
 
-// finish checks the whole object once storage has reported its end (or an error).
+// finish checks the whole object once storage has reported its end (or an
+// error). The other streams may still be reading blocks past that end (an
+// object that shrank or vanished ends early on one stream only): they stop
+// before the root is taken, so that no block starts hashing while it is.
 func (v *verifyingReader) finish(readErr error) error {
+	v.stopReadAhead()
 	got := v.hashes.root(v.blocks)
 	switch {
 	case readErr != io.EOF:
@@ -561,12 +566,21 @@ func (v *verifyingReader) finish(readErr error) error {
 func (v *verifyingReader) Close() error {
 	if !v.closed {
 		v.closed = true
-		close(v.stop)
-		v.cancel() // a range read in flight ends now
-		v.reading.Wait()
+		v.stopReadAhead()
 		v.hashes.wait()
 	}
 	return nil
+}
+
+// stopReadAhead ends the read-ahead goroutines and waits for them: none
+// starts a hash after it returns.
+func (v *verifyingReader) stopReadAhead() {
+	if !v.stopped {
+		v.stopped = true
+		close(v.stop)
+		v.cancel() // a range read in flight ends now
+		v.reading.Wait()
+	}
 }
 
 func isNotFound(err error) bool { return gcerrors.Code(err) == gcerrors.NotFound }
