@@ -197,6 +197,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		rep.group, err = a.joinHost(jctx, key, in, place, gang, opts)
 	} else {
 		opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(in.Peers))
+		opts.GatherLinks = in.GatherLinks
 		var g *collective.Group
 		// Set only on success: a nil *Group in the interface is not a nil
 		// interface, and rep.close would close it (a panic, 2026-11-24).
@@ -303,6 +304,7 @@ func (a *Agent) joinHost(ctx context.Context, key replicaKey, in spec.EpochInput
 	// The host ring's small all-reduces gather as a flat gang's do, among
 	// the hosts (the same sums: the gather sums in the ring's order).
 	opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(ring.Peers))
+	opts.GatherLinks = in.GatherLinks
 	if err := h.Join(ctx, a.Listener, ring, opts); err != nil {
 		v.Close()
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -402,13 +403,15 @@ func TestGatherBytes(t *testing.T) {
 // A gang told to gather small all-reduces trains to the same weights, bit
 // for bit, as one that runs the ring for all of them: 3 ranks (where the
 // order of additions matters) and 4 KiB buckets, whose last one is small
-// enough to gather.
+// enough to gather; gathered around the ring, and over skip links (ranks
+// over TCP, told GatherLinks).
 func TestSmallAllReduceTrainsTheSameWeights(t *testing.T) {
 	hashes := map[string]string{}
 	for _, c := range []struct {
 		name  string
 		small int
-	}{{"ring", 0}, {"gathered", 4096}} {
+		links bool
+	}{{"ring", 0, false}, {"gathered", 4096, false}, {"gathered over links", 4096, true}} {
 		small := c.small
 		s := spec.Training{
 			Model:      spec.Model{Hidden: []int{32}},
@@ -421,7 +424,12 @@ func TestSmallAllReduceTrainsTheSameWeights(t *testing.T) {
 			t.Fatal(err)
 		}
 		agents, peers := newAgents(t, 3)
-		in := spec.EpochInput{Run: "small", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s, SmallAllReduceBytes: small}
+		if c.links {
+			for _, a := range agents {
+				a.Transport = collective.TransportTCP
+			}
+		}
+		in := spec.EpochInput{Run: "small", Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s, SmallAllReduceBytes: small, GatherLinks: c.links}
 		trainEpochs(t, agents, &in, 1)
 		hashes[c.name] = finalStateHash(t, s, "small")
 	}

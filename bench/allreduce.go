@@ -75,7 +75,7 @@ func benchAllReduce(args []string) error {
 	loadFlag := fs.String("load", "idle,loaded", "idle, loaded (a CPU-bound process on every core beside every implementation) or both")
 	perHost := fs.Int("per-host", 1, "ranks per simulated host (one process each): compares our flat ring and hierarchical all-reduce")
 	gather := fs.Int("gather", 0, "also measure ours with Options.GatherBytes set to this (the small all-reduce: gather in world-1 steps, sum in the ring's order), interleaved with the ring; 0: not measured")
-	gatherLinks := fs.Bool("gather-links", true, "the gathered column gathers over links to the ranks 2, 4, ... away where the gang has them (Options.GatherLinks: 3 ranks or more, over TCP); false: around the ring")
+	gatherLinks := fs.Bool("gather-links", true, "over TCP, the gathered column gathers over links to the ranks 2, 4, ... away (Options.GatherLinks: 3 ranks or more); false: around the ring. Shared memory rows gather around the ring")
 	chunk := fs.String("chunk", "", "ours: Options.ChunkBytes, the chunk over TCP (K, M suffixes); empty: the default")
 	shmChunk := fs.String("shm-chunk", "", "ours: Options.ShmChunkBytes, the chunk over shared memory; empty: the default")
 	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
@@ -182,7 +182,7 @@ func benchAllReduce(args []string) error {
 					case "ours-tcp-gather":
 						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportTCP, "gather="+strconv.Itoa(*gather), "links="+strconv.FormatBool(*gatherLinks)))
 					case "ours-shm-gather":
-						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "gather="+strconv.Itoa(*gather), "links="+strconv.FormatBool(*gatherLinks)))
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "gather="+strconv.Itoa(*gather))) // shared memory all round: no links
 					default:
 						r, err = runPeerAllReduce(ctx, impl, dir, mpiBin, world, sizes)
 					}

@@ -21,7 +21,7 @@
 // own computation (Progress, Wait): no thread beside the caller's
 // (driven.go). A small all-reduce (Options.GatherBytes) gathers every
 // rank's buffer and sums them in the ring's order; where the gang asks
-// (Options.GatherLinks) and its ring is not shared memory all round, it
+// (Options.GatherLinks: for rings that are not shared memory all round), it
 // gathers over links to the ranks 2, 4, 8, ... away as well as the ring,
 // in ceil(log2(world)) steps instead of world-1 (skiplinks.go).
 //

@@ -90,11 +90,13 @@ type Options struct {
 	// GatherLinks gathers those small all-reduces of 3 ranks or more over
 	// links to the ranks 2, 4, 8, ... away as well as the ring, in
 	// ceil(log2(world)) steps instead of world-1, with the same sums
-	// (skiplinks.go): where the ring is not shared memory all the way round
-	// (every rank on one address). Join connects those links. Every rank
-	// must set the same value; Join fails naming a neighbour that differs,
-	// and needs every rank's address in Gang.Peers. Ranks of releases
-	// before it never gather over links.
+	// (skiplinks.go). Join connects those links, and needs the addresses of
+	// those ranks in Gang.Peers. Set it where the ring is not shared memory
+	// all the way round: a gang over TCP, or spread over hosts; on one host
+	// with shared memory a step around the ring costs microseconds and a
+	// link is loopback TCP. Every rank must set the same value; Join fails
+	// naming a neighbour that differs. Ranks of releases before it never
+	// gather over links.
 	GatherLinks bool
 	// RefusedTimeout is how long the right neighbour's address may refuse
 	// connections (nothing listens there) before Join gives up on it with a
@@ -120,7 +122,8 @@ type Options struct {
 	// Progress says who moves an operation started by StartAllReduce:
 	// ProgressAuto (default), ProgressCaller or ProgressNever (driven.go).
 	Progress string
-	// Logger receives one line per connection refused and per group failure. Default: none.
+	// Logger receives one line per connection refused and per group failure,
+	// and at debug level one per join (transports, skip links). Default: none.
 	Logger *zap.Logger
 
 	// hostCores is the cores Join counts on this host; 0: runtime.NumCPU().
@@ -276,16 +279,16 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if world == 1 {
 		return g, nil
 	}
-	if opts.GatherLinks && opts.GatherBytes > 0 && world >= 3 {
-		// Every rank decides from every address, so every rank needs them all
-		// (a ring alone needs only its neighbours').
-		for r, p := range gang.Peers {
-			if p == "" {
-				return nil, fmt.Errorf("collective: gang.Peers[%d] is empty; options.GatherLinks needs every rank's address (or leave it off)", r)
+	if gathersOverLinks(opts, world) {
+		// A ring needs only its neighbours' addresses; the links need their
+		// far ends' too.
+		for _, d := range skipDistances(world) {
+			for _, r := range []int{(rank + d) % world, (rank - d + world) % world} {
+				if gang.Peers[r] == "" {
+					return nil, fmt.Errorf("collective: gang.Peers[%d] is empty; options.GatherLinks needs the addresses of the ranks 2, 4, 8, ... away on both sides of rank %d (or leave it off)", r, rank)
+				}
 			}
 		}
-	}
-	if gathersOverLinks(opts, gang.Peers) {
 		g.flags |= flagGatherLinks
 	}
 	var err error
@@ -368,6 +371,9 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	for _, l := range g.skips {
 		go g.watchSkip(l)
 	}
+	send, receive := g.Transports()
+	g.log.Debug("joined the gang", zap.Int("world", world), zap.String("send", send), zap.String("receive", receive),
+		zap.Int("skip_links", len(g.skips)), zap.Bool("caller_driven", g.driven))
 	return g, nil
 }
 

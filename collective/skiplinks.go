@@ -56,16 +56,11 @@ const pingFlag = 1
 
 // gathersOverLinks decides, alike on every rank that shares the options,
 // whether a gang gathers its small all-reduces over skip links: where it
-// asks to (GatherLinks), gathers at all, has 3 ranks or more, and its ring
-// is not shared memory all the way round (every rank on one address, with
-// shared memory allowed), where a step around the ring costs a few
-// microseconds and a skip link would be loopback TCP. Ranks that decide
-// differently fail Join naming each other (connect).
-func gathersOverLinks(opts Options, peers []string) bool {
-	if !opts.GatherLinks || opts.GatherBytes <= 0 || len(peers) < 3 {
-		return false
-	}
-	return opts.Transport == TransportTCP || ranksOnHost(peers, 0) < len(peers)
+// asks to (GatherLinks), gathers at all, and has 3 ranks or more. It reads
+// the options only, never the addresses, which a rank may know only some
+// of. Ranks that decide differently fail Join naming each other (connect).
+func gathersOverLinks(opts Options, world int) bool {
+	return opts.GatherLinks && opts.GatherBytes > 0 && world >= 3
 }
 
 // skipDistances are the distances of the skip links of a gang of world ranks.

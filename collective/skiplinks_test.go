@@ -215,15 +215,68 @@ func TestHellosWithoutFlagsAreVersionOne(t *testing.T) {
 	}
 }
 
-// A gang that gathers over links needs every rank's address: a ring alone
-// needs only its neighbours', and a rank that knew fewer would decide
-// otherwise than the others. Join says which is missing.
-func TestGatherLinksNeedEveryAddress(t *testing.T) {
+// A rank that gathers over links needs the addresses of its links' far
+// ends as well as its neighbours': Join says which is missing. It needs no
+// others: 8 ranks, each knowing only its neighbours and the ranks 2 and 4
+// away (as a training run's epoch input gives them), join and sum as the
+// ring does.
+func TestGatherLinksNeedTheirEndsAddressesOnly(t *testing.T) {
 	ln := listen(t)
 	peers := []string{ln.Addr(), "127.0.0.1:1", "", "127.0.0.1:3"}
 	_, err := Join(context.Background(), ln, Gang{Run: "partial", Generation: 1, Peers: peers}, 0,
 		Options{Secret: testSecret, Transport: TransportTCP, GatherBytes: 64 << 10, GatherLinks: true})
 	if err == nil || !strings.Contains(err.Error(), "gang.Peers[2] is empty") {
 		t.Fatalf("got %v; want gang.Peers[2] named", err)
+	}
+
+	const n = 8
+	lns := make([]*Listener, n)
+	all := make([]string, n)
+	for i := range n {
+		lns[i] = listen(t)
+		all[i] = lns[i].Addr()
+	}
+	opts := Options{Secret: testSecret, Transport: TransportTCP, GatherBytes: 64 << 10, GatherLinks: true}
+	groups := make([]*Group, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r, err := range each(groups, func(r int, _ *Group) error {
+		known := make([]string, n)
+		for _, d := range append([]int{0, 1}, skipDistances(n)...) {
+			known[(r+d)%n], known[(r-d+n)%n] = all[(r+d)%n], all[(r-d+n)%n]
+		}
+		if known[(r+3)%n] != "" {
+			return fmt.Errorf("rank %d knows rank %d: the test shows nothing", r, (r+3)%n)
+		}
+		var err error
+		groups[r], err = Join(ctx, lns[r], Gang{Run: "ends-only", Generation: 1, Peers: known}, r, opts)
+		return err
+	}) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	})
+	inputs, want := ringOrderSums(n, 257, 3)
+	for r, err := range each(groups, func(r int, g *Group) error {
+		if len(g.skips) != 2 {
+			return fmt.Errorf("%d skip links; want 2", len(g.skips))
+		}
+		return g.AllReduce(ctx, inputs[r])
+	}) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := range n {
+		for i := range want {
+			if math.Float32bits(inputs[r][i]) != math.Float32bits(want[i]) {
+				t.Fatalf("rank %d, element %d: %v; the ring's order gives %v", r, i, inputs[r][i], want[i])
+			}
+		}
 	}
 }

@@ -11,25 +11,71 @@ type LocalPlace struct {
 	GroupWorld int
 }
 
+// RingLinks says which ranks a host's ranks connect to beyond their ring
+// neighbours, and so which placements its epoch input carries.
+type RingLinks int
+
+const (
+	// RingOnly: the neighbours in the ring.
+	RingOnly RingLinks = iota
+	// RankSkipLinks: a ring of ranks whose small all-reduces gather over
+	// links to the ranks 2, 4, 8, ... away on both sides (EpochInput.GatherLinks).
+	RankSkipLinks
+	// HostSkipLinks: a ring of hosts (a hierarchical run) whose small
+	// all-reduces gather over links to the hosts 2, 4, 8, ... away.
+	HostSkipLinks
+)
+
+// MaxRingHosts bounds RingHosts: rank 0's host, the host and its two
+// neighbours, and for each distance of a skip link (2, 4, ..., 4096 in the
+// largest gang) the hosts of the ranks that far away on either side: two
+// per side where a host's ranks straddle two hosts there.
+const MaxRingHosts = 4 + 4*12
+
 // RingHosts are the placements a host's ranks talk to: rank 0's host (the
-// rendezvous of exec programs), the host itself, and its neighbours in the
-// ring; self is the host's index among them. The list has at most four
-// entries however large the gang: an epoch's input does not grow with it.
-func RingHosts(gang []Placement, host int) (hosts []Placement, self int) {
+// rendezvous of exec programs), the host itself, its neighbours in the
+// ring and, with skip links, the hosts at their far ends; self is the
+// host's index among them. Without skip links the list has at most four
+// entries however large the gang; with them it grows with the log of the
+// gang (MaxRingHosts), and the far ends' entries carry what the collective
+// needs only (ranks, address, key and grant), so that an epoch's input
+// stays small.
+func RingHosts(gang []Placement, host int, links RingLinks) (hosts []Placement, self int) {
 	n := len(gang)
-	for _, h := range []int{0, (host + n - 1) % n, host, (host + 1) % n} {
-		seen := false
+	add := func(h int, whole bool) {
 		for _, p := range hosts {
-			seen = seen || p.Rank == gang[h].Rank
+			if p.Rank == gang[h].Rank {
+				return
+			}
 		}
-		if !seen {
-			hosts = append(hosts, gang[h])
+		p := gang[h]
+		if !whole {
+			p = Placement{Rank: p.Rank, Collective: p.Collective, Slot: p.Slot, Slots: p.Slots, PublicKey: p.PublicKey, Grant: p.Grant}
 		}
-		if h == host {
-			for i, p := range hosts {
-				if p.Rank == gang[h].Rank {
-					self = i
-				}
+		hosts = append(hosts, p)
+	}
+	for _, h := range []int{0, (host + n - 1) % n, host, (host + 1) % n} {
+		add(h, true)
+	}
+	for i, p := range hosts {
+		if p.Rank == gang[host].Rank {
+			self = i
+		}
+	}
+	switch links {
+	case HostSkipLinks:
+		for d := 2; d < n; d *= 2 {
+			add((host+d)%n, false)
+			add((host-d%n+n)%n, false)
+		}
+	case RankSkipLinks:
+		per := gang[host].LocalRanks()
+		world := n * per
+		for d := 2; d < world; d *= 2 {
+			for l := range per {
+				r := gang[host].Rank + l
+				add((r+d)%world/per, false)
+				add((r-d%world+world)%world/per, false)
 			}
 		}
 	}
@@ -49,8 +95,8 @@ func (in EpochInput) RankInputs() ([]EpochInput, []LocalPlace, error) {
 	if in.World < 0 || in.World > MaxWorkers {
 		return nil, nil, fmt.Errorf("epoch input: world is %d; want 1 to %d ranks", in.World, MaxWorkers)
 	}
-	if in.Host < 0 || in.Host >= len(in.Hosts) || len(in.Hosts) > 4 {
-		return nil, nil, fmt.Errorf("epoch input: host %d of %d placements; want one of at most 4", in.Host, len(in.Hosts))
+	if in.Host < 0 || in.Host >= len(in.Hosts) || len(in.Hosts) > MaxRingHosts {
+		return nil, nil, fmt.Errorf("epoch input: host %d of %d placements; want one of at most %d", in.Host, len(in.Hosts), MaxRingHosts)
 	}
 	peers := make([]string, in.World)
 	keys := make([][]byte, in.World)

@@ -75,6 +75,10 @@ type Placement struct {
 	// gang asks it to (EpochInput.SmallAllReduceBytes): a worker of an
 	// earlier release never does, and a gang must agree.
 	SmallAllReduce bool `json:"small_all_reduce,omitempty"`
+	// GatherLinks says the worker gathers those small all-reduces over
+	// links to the ranks 2, 4, 8, ... away as well as the ring when its
+	// gang asks it to (EpochInput.GatherLinks).
+	GatherLinks bool `json:"gather_links,omitempty"`
 }
 
 // LocalRanks is how many ranks the host runs.
@@ -158,8 +162,9 @@ type EpochInput struct {
 	Rank       int    `json:"rank"` // the host's first rank
 	// World is the gang's ranks, when Hosts describes the gang.
 	World int `json:"world,omitempty"`
-	// Hosts are the placements of this host, of rank 0's host and of the
-	// hosts before and after it in the ring.
+	// Hosts are the placements of this host, of rank 0's host, of the
+	// hosts before and after it in the ring and, with GatherLinks, of the
+	// hosts at the far ends of its skip links (RingHosts).
 	Hosts []Placement `json:"hosts,omitempty"`
 	// Host is the index of this host's placement in Hosts.
 	Host  int      `json:"host,omitempty"`
@@ -195,6 +200,15 @@ type EpochInput struct {
 	// in fewer steps: collective.Options.GatherBytes). The run sets it only
 	// when every placement of the gang says SmallAllReduce; 0: the ring only.
 	SmallAllReduceBytes int `json:"small_all_reduce_bytes,omitempty"`
+	// GatherLinks: those small all-reduces gather over links to the ranks
+	// (in a hierarchical run, the hosts) 2, 4, 8, ... away as well as the
+	// ring, in log2(world) steps instead of world-1
+	// (collective.Options.GatherLinks); Hosts then has the placements at
+	// the links' far ends. The run sets it only when every placement of
+	// the gang says GatherLinks, the ring has 3 members or more, and the
+	// placements are on more than one machine (on one, the ring is shared
+	// memory all round and a link would be loopback TCP).
+	GatherLinks bool `json:"gather_links,omitempty"`
 }
 
 // EpochResult is what a rank reports; rank 0's carries the checkpoint.

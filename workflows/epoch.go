@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -24,6 +25,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	batch := rankBatch(r.spec, world)
 	resume := r.p.Attempts > 0
 	r.p.Attempts++
+	links := ringLinks(r.spec, g.placements)
 	futures := make([]workflow.Future, len(g.placements))
 	for host, pl := range g.placements {
 		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
@@ -32,11 +34,12 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			HeartbeatTimeout:    time.Duration(r.spec.Failure.HeartbeatTimeout),
 			RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 1},
 		})
-		hosts, self := spec.RingHosts(g.placements, host)
+		hosts, self := spec.RingHosts(g.placements, host, links)
 		in := spec.EpochInput{
 			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: smallAllReduceBytes(g.placements),
+			GatherLinks: links != spec.RingOnly,
 		}
 		if !r.rankKeys { // the shared secret authenticates: no keys in placements
 			for i := range in.Hosts {
@@ -211,4 +214,38 @@ func smallAllReduceBytes(placements []spec.Placement) int {
 		}
 	}
 	return smallAllReduce
+}
+
+// ringLinks says whether a gang's small all-reduces gather over skip links
+// (EpochInput.GatherLinks), and so which placements each host's input
+// names: where every host's worker can (ranks must agree), the ring has 3
+// members or more (ranks, or hosts in a hierarchical run), and the hosts
+// are on more than one machine (on one, the ring is shared memory all
+// round, where a step costs microseconds and a link would be loopback TCP).
+func ringLinks(s spec.Training, placements []spec.Placement) spec.RingLinks {
+	if smallAllReduceBytes(placements) == 0 {
+		return spec.RingOnly
+	}
+	machines := map[string]bool{}
+	for _, p := range placements {
+		if !p.GatherLinks {
+			return spec.RingOnly
+		}
+		host, _, err := net.SplitHostPort(p.Collective)
+		if err != nil {
+			host = p.Collective
+		}
+		machines[host] = true
+	}
+	if len(machines) < 2 {
+		return spec.RingOnly
+	}
+	links, members := spec.RankSkipLinks, len(placements)*placements[0].LocalRanks()
+	if s.Scaling.Hierarchical() && placements[0].LocalRanks() > 1 {
+		links, members = spec.HostSkipLinks, len(placements)
+	}
+	if members < 3 {
+		return spec.RingOnly
+	}
+	return links
 }

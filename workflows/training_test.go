@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -111,6 +112,7 @@ func newHarness(t *testing.T) *harness {
 				Worker: fmt.Sprintf("host-%d", (in.Request+in.Generation)%3), HostQueue: fmt.Sprintf("q-%d-%d", in.Generation, in.Request),
 				Collective: fmt.Sprintf("10.0.%d.%d:7070", in.Request/256, in.Request%256), PublicKey: fakePublicKey(in.Generation, in.Request),
 				SmallAllReduce: h.earlierRelease == nil || !h.earlierRelease(in)}
+			pl.GatherLinks = pl.SmallAllReduce
 			for i := range in.Slots {
 				pl.Slots = append(pl.Slots, i)
 			}
@@ -721,8 +723,14 @@ func TestHostsAreTheUnitOfScheduling(t *testing.T) {
 		for _, in := range h.runs {
 			b, _ := json.Marshal(in)
 			biggest = max(biggest, len(b))
-			if len(in.Hosts) > 4 || in.World != c.ranks || in.Rank%c.perHost != 0 {
-				t.Fatalf("host input: world %d, first rank %d, %d placements; want %d, a multiple of %d, at most 4", in.World, in.Rank, len(in.Hosts), c.ranks, c.perHost)
+			// Rank 0's host, the host, its neighbours, and the two hosts at
+			// each distance of a skip link of the host ring (2, 4, ...).
+			most := 4
+			if in.GatherLinks {
+				most += 2 * (bits.Len(uint(hosts-1)) - 1)
+			}
+			if len(in.Hosts) > most || in.World != c.ranks || in.Rank%c.perHost != 0 || in.GatherLinks != (hosts >= 3) {
+				t.Fatalf("host input: world %d, first rank %d, %d placements, gather links %v; want %d, a multiple of %d, at most %d, %v", in.World, in.Rank, len(in.Hosts), in.GatherLinks, c.ranks, c.perHost, most, hosts >= 3)
 			}
 		}
 		if biggest > 8<<10 {
@@ -739,6 +747,13 @@ func TestHostsAreTheUnitOfScheduling(t *testing.T) {
 				left, right := (r.Rank+c.ranks-1)%c.ranks, (r.Rank+1)%c.ranks
 				if r.Peers[0] == "" || r.Peers[left] == "" || r.Peers[right] == "" || len(r.Peers) != c.ranks {
 					t.Fatalf("rank %d does not know rank 0 or its neighbours %d and %d", r.Rank, left, right)
+				}
+				for d := 2; d < hosts; d *= 2 { // the host ring's skip links
+					for _, h := range []int{(r.Rank/c.perHost + d) % hosts, (r.Rank/c.perHost - d + hosts) % hosts} {
+						if r.Peers[h*c.perHost] == "" {
+							t.Fatalf("rank %d does not know the host %d away (rank %d)", r.Rank, d, h*c.perHost)
+						}
+					}
 				}
 				want := spec.LocalPlace{LocalRank: l, LocalWorld: c.perHost, GroupRank: r.Rank / c.perHost, GroupWorld: hosts}
 				if places[l] != want || r.Slot != l {
@@ -1004,6 +1019,55 @@ func TestSmallAllReduceOnlyWhenEveryHostCan(t *testing.T) {
 			if in.SmallAllReduceBytes != want {
 				t.Fatalf("a worker of an earlier release in the gang: %v; rank %d was told to gather up to %d bytes; want %d", old, in.Rank, in.SmallAllReduceBytes, want)
 			}
+			if in.GatherLinks != !old {
+				t.Fatalf("a worker of an earlier release in the gang: %v; rank %d was told to gather over links: %v", old, in.Rank, in.GatherLinks)
+			}
+		}
+	}
+}
+
+// A gang gathers over skip links only where every host's worker can, its
+// ring has 3 members or more, and it is on more than one machine; a
+// hierarchical gang's ring is of hosts, a flat one's of ranks.
+func TestRingLinksWhereTheyPay(t *testing.T) {
+	gang := func(hosts, perHost int, addr func(i int) string) []spec.Placement {
+		ps := make([]spec.Placement, hosts)
+		for i := range ps {
+			ps[i] = spec.Placement{Rank: i * perHost, Collective: addr(i), SmallAllReduce: true, GatherLinks: true}
+			if perHost > 1 {
+				ps[i].Slots = make([]int, perHost)
+			}
+		}
+		return ps
+	}
+	spread := func(i int) string { return fmt.Sprintf("10.0.0.%d:7070", i) }
+	oneMachine := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", 7000+i) }
+	flat := spec.Training{Scaling: spec.Scaling{WorkersPerHost: 1}}
+	hier := spec.Training{Scaling: spec.Scaling{WorkersPerHost: 4}}
+	ringOf4 := spec.Training{Scaling: spec.Scaling{WorkersPerHost: 4, AllReduce: spec.AllReduceRing}}
+	earlier := gang(4, 1, spread)
+	earlier[2].GatherLinks = false
+	noSmall := gang(4, 1, spread)
+	noSmall[1].SmallAllReduce = false
+	v6 := gang(3, 1, func(i int) string { return fmt.Sprintf("[fd00::%d]:7070", i) })
+	for _, c := range []struct {
+		name string
+		s    spec.Training
+		ps   []spec.Placement
+		want spec.RingLinks
+	}{
+		{"3 ranks on 3 machines", flat, gang(3, 1, spread), spec.RankSkipLinks},
+		{"3 ranks on IPv6 machines", flat, v6, spec.RankSkipLinks},
+		{"2 ranks on 2 machines", flat, gang(2, 1, spread), spec.RingOnly},
+		{"4 ranks on one machine", flat, gang(4, 1, oneMachine), spec.RingOnly},
+		{"a worker of an earlier release", flat, earlier, spec.RingOnly},
+		{"a worker that does not gather", flat, noSmall, spec.RingOnly},
+		{"3 hosts of 4, hierarchical", hier, gang(3, 4, spread), spec.HostSkipLinks},
+		{"2 hosts of 4, hierarchical", hier, gang(2, 4, spread), spec.RingOnly},
+		{"2 hosts of 4 on one ring", ringOf4, gang(2, 4, spread), spec.RankSkipLinks},
+	} {
+		if got := ringLinks(c.s, c.ps); got != c.want {
+			t.Errorf("%s: %v; want %v", c.name, got, c.want)
 		}
 	}
 }
