@@ -232,27 +232,9 @@ func TestKilledWorkerIsReplacedAndTheRunCompletes(t *testing.T) {
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 6)
 	run := startRun(t, c, "it-kill-1", queue, s)
-	// Wait until epoch 2 is done, then kill whichever of a and b holds a rank.
-	deadline := time.Now().Add(2 * time.Minute)
-	var victim *workerProc
-	for victim == nil && time.Now().Before(deadline) {
-		p := progress(t, c, "it-kill-1")
-		if p != nil && p.Epoch >= 2 && len(p.Gang) == 2 {
-			for _, w := range []*workerProc{a, b} {
-				for _, pl := range p.Gang {
-					if pl.Worker == w.name && victim == nil {
-						victim = w
-					}
-				}
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if victim == nil {
-		t.Fatal("the run never reached epoch 2 on agents a and b")
-	}
+	// Once epoch 2 is done, kill whichever of a and b holds a rank.
+	victim := killRankWorker(t, c, "it-kill-1", []*workerProc{a, b}, 2)
 	killed := time.Now()
-	victim.cmd.Process.Signal(syscall.SIGKILL)
 	t.Logf("killed %s", victim.name)
 	// How long until the workflow notices and a new gang trains?
 	var detected, resumed time.Duration
