@@ -66,16 +66,17 @@ func RingHosts(gang []Placement, host int, links RingLinks) (hosts []Placement, 
 	case HostSkipLinks:
 		for d := 2; d < n; d *= 2 {
 			add((host+d)%n, false)
-			add((host-d%n+n)%n, false)
+			add((host-d+n)%n, false)
 		}
 	case RankSkipLinks:
+		// The host's ranks, d away, are per consecutive ranks: on the
+		// hosts of the first and the last of them.
 		per := gang[host].LocalRanks()
 		world := n * per
 		for d := 2; d < world; d *= 2 {
-			for l := range per {
-				r := gang[host].Rank + l
+			for _, r := range []int{gang[host].Rank, gang[host].Rank + per - 1} {
 				add((r+d)%world/per, false)
-				add((r-d%world+world)%world/per, false)
+				add((r-d+world)%world/per, false)
 			}
 		}
 	}
