@@ -165,8 +165,8 @@ func TestSmallAllReducesGatherOverSkipLinksAcrossMachines(t *testing.T) {
 		runs[true].Generation, runs[true].Metrics[epochs-1].TestAccuracy)
 }
 
-// killRankWorker kills with SIGKILL, once the run has completed epoch
-// epochs, whichever of agents holds one of its ranks.
+// killRankWorker kills with SIGKILL, once the run has completed the given
+// epoch, whichever of agents holds one of its ranks, and returns it.
 func killRankWorker(t *testing.T, c client.Client, id string, agents []*workerProc, epoch int) *workerProc {
 	t.Helper()
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {

@@ -25,7 +25,8 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	batch := rankBatch(r.spec, world)
 	resume := r.p.Attempts > 0
 	r.p.Attempts++
-	links := ringLinks(r.spec, g.placements)
+	small := smallAllReduceBytes(g.placements)
+	links := ringLinks(r.spec, g.placements, small)
 	futures := make([]workflow.Future, len(g.placements))
 	for host, pl := range g.placements {
 		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
@@ -38,7 +39,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 		in := spec.EpochInput{
 			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
-			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: smallAllReduceBytes(g.placements),
+			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: small,
 			GatherLinks: links != spec.RingOnly,
 		}
 		if !r.rankKeys { // the shared secret authenticates: no keys in placements
@@ -222,8 +223,9 @@ func smallAllReduceBytes(placements []spec.Placement) int {
 // members or more (ranks, or hosts in a hierarchical run), and the hosts
 // are on more than one machine (on one, the ring is shared memory all
 // round, where a step costs microseconds and a link would be loopback TCP).
-func ringLinks(s spec.Training, placements []spec.Placement) spec.RingLinks {
-	if smallAllReduceBytes(placements) == 0 {
+// small is the gang's smallAllReduceBytes.
+func ringLinks(s spec.Training, placements []spec.Placement, small int) spec.RingLinks {
+	if small == 0 {
 		return spec.RingOnly
 	}
 	machines := map[string]bool{}

@@ -1066,7 +1066,7 @@ func TestRingLinksWhereTheyPay(t *testing.T) {
 		{"2 hosts of 4, hierarchical", hier, gang(2, 4, spread), spec.RingOnly},
 		{"2 hosts of 4 on one ring", ringOf4, gang(2, 4, spread), spec.RankSkipLinks},
 	} {
-		if got := ringLinks(c.s, c.ps); got != c.want {
+		if got := ringLinks(c.s, c.ps, smallAllReduceBytes(c.ps)); got != c.want {
 			t.Errorf("%s: %v; want %v", c.name, got, c.want)
 		}
 	}
