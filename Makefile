@@ -10,7 +10,7 @@ export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
 RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -53,6 +53,16 @@ test: deps-test
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need gofmt -w"; exit 1; }
+
+## fuzz: every fuzz test in turn for FUZZTIME each (default 60s): a stranger's handshake, damaged
+## checkpoints, hostile specs, ... (`make test` runs their seed corpora; this searches past them)
+fuzz:
+	@set -e; for f in $$(grep -l '^func Fuzz' $$(git ls-files '*_test.go')); do \
+		for t in $$(grep -o '^func Fuzz[A-Za-z0-9_]*' $$f | cut -c6-); do \
+			echo "== $$t ./$$(dirname $$f)"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $${FUZZTIME:-60s} ./$$(dirname $$f); \
+		done; \
+	done
 
 ## chaos: 24 faults of six kinds injected into real training runs, with the table of what they cost,
 ## twice: new gangs restoring from survivors' memory, then from storage (RECOVERY=survivor|storage|both)

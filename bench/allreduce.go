@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -99,8 +100,8 @@ func benchAllReduce(args []string) error {
 	var sizes []int
 	for _, s := range strings.Split(*sizesFlag, ",") {
 		n, err := parseSize(s)
-		if err != nil || n < 4 {
-			return fmt.Errorf("-sizes: %q is not a size like 4K or 16M", s)
+		if err != nil || n < 4 || n%4 != 0 {
+			return fmt.Errorf("-sizes: %q is not a size like 4K or 16M (bytes of float32s: a multiple of 4)", s)
 		}
 		sizes = append(sizes, n)
 	}
@@ -330,11 +331,16 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, options []stri
 // [transport=T] [gather=BYTES] [links=BOOL] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
 // [spin=DURATION] SIZE:ITERS...
 func allReduceRank(args []string) error {
-	rank, _ := strconv.Atoi(args[0])
+	if len(args) < 3 {
+		return errors.New("usage: allreduce-rank RANK ADDR,ADDR,... [KEY=VALUE...] SIZE:ITERS... (a child process of bench allreduce)")
+	}
 	peers := strings.Split(args[1], ",")
+	rank, err := indexArg("RANK", args[0], len(peers))
+	if err != nil {
+		return err
+	}
 	opts := collective.Options{Secret: benchSecret}
 	specs := args[2:]
-	var err error
 	for len(specs) > 0 && strings.Contains(specs[0], "=") {
 		key, value, _ := strings.Cut(specs[0], "=")
 		n, _ := strconv.Atoi(value)
@@ -360,6 +366,11 @@ func allReduceRank(args []string) error {
 		}
 		specs = specs[1:]
 	}
+	for _, spec := range specs {
+		if _, _, err := sizeSpec(spec); err != nil {
+			return err
+		}
+	}
 	ln, err := collective.Listen(peers[rank], nil)
 	if err != nil {
 		return err
@@ -373,8 +384,10 @@ func allReduceRank(args []string) error {
 	}
 	defer g.Close()
 	for _, spec := range specs {
-		var size, iters int
-		fmt.Sscanf(spec, "%d:%d", &size, &iters)
+		size, iters, err := sizeSpec(spec)
+		if err != nil {
+			return err
+		}
 		buf := make([]float32, size/4)
 		for i := range buf {
 			buf[i] = 1
@@ -420,4 +433,26 @@ func torchVersion() string {
 		return "(not installed)"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// indexArg parses a child process's argument that indexes n things (a
+// rank among its peers, a host among the hosts).
+func indexArg(name, value string, n int) (int, error) {
+	i, err := strconv.Atoi(value)
+	if err != nil || i < 0 || i >= n {
+		return 0, fmt.Errorf("%s %q; want 0..%d", name, value, n-1)
+	}
+	return i, nil
+}
+
+// sizeSpec parses SIZE:ITERS, a buffer of SIZE bytes (a multiple of 4)
+// all-reduced ITERS times.
+func sizeSpec(spec string) (size, iters int, err error) {
+	a, b, ok := strings.Cut(spec, ":")
+	size, err1 := strconv.Atoi(a)
+	iters, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || size < 0 || size%4 != 0 || iters < 1 {
+		return 0, 0, fmt.Errorf("size spec %q; want SIZE:ITERS, SIZE bytes (a multiple of 4), ITERS at least 1", spec)
+	}
+	return size, iters, nil
 }

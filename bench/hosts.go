@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -155,10 +156,27 @@ func runHostsAllReduce(ctx context.Context, mode string, hosts, perHost int, siz
 // MODE(ring|hier) HOST PER_HOST ADDRS SIZE:ITERS...; it prints one JSON line
 // per size for each of its ranks.
 func allReduceHost(args []string) error {
+	if len(args) < 5 {
+		return errors.New("usage: allreduce-host ring|hier HOST RANKS-PER-HOST ADDR,ADDR,... SIZE:ITERS... (a child process of bench allreduce -per-host)")
+	}
 	mode := args[0]
-	host, _ := strconv.Atoi(args[1])
-	per, _ := strconv.Atoi(args[2])
 	hostAddrs := strings.Split(args[3], ",")
+	host, err := indexArg("HOST", args[1], len(hostAddrs))
+	if err != nil {
+		return err
+	}
+	per, err := strconv.Atoi(args[2])
+	if err != nil || per < 1 || per > 64 {
+		return fmt.Errorf("RANKS-PER-HOST %q; want 1..64", args[2])
+	}
+	if mode != "ring" && mode != "hier" {
+		return fmt.Errorf("mode %q; want ring or hier", mode)
+	}
+	for _, spec := range args[4:] {
+		if _, _, err := sizeSpec(spec); err != nil {
+			return err
+		}
+	}
 	for i, a := range hostAddrs { // host i on 127.0.0.(i+2): an address of its own, as a host has
 		_, port, _ := net.SplitHostPort(a)
 		hostAddrs[i] = net.JoinHostPort(fmt.Sprintf("127.0.%d.%d", (i+2)/256, (i+2)%256), port)
@@ -224,8 +242,7 @@ func allReduceHost(args []string) error {
 	}()
 	var mu sync.Mutex
 	for _, spec := range args[4:] {
-		var size, iters int
-		fmt.Sscanf(spec, "%d:%d", &size, &iters)
+		size, iters, _ := sizeSpec(spec) // checked above
 		for l := range per {
 			wg.Go(func() {
 				errs[l] = func() error {

@@ -171,6 +171,9 @@ func trainRank(args []string) error {
 	spinWindow := fs.Duration("spin-window", 0, "")
 	progress := fs.String("progress", collective.ProgressAuto, "")
 	fs.Parse(args)
+	if n := len(strings.Split(*peers, ",")); *rank < 0 || *rank >= n {
+		return fmt.Errorf("-rank %d; want 0..%d, one of -peers", *rank, n-1)
+	}
 	ctx := context.Background()
 	train, err := dataset.Load(ctx, *data, dataset.Train)
 	if err != nil {
