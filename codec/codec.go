@@ -94,8 +94,12 @@ func (c *Codec) DataConverter() converter.DataConverter {
 // Handler is the codec server the Temporal UI and CLI call
 // (--codec-endpoint) to show encrypted payloads; it answers only to the
 // origins allowed (the UI's address), or to none for the CLI alone.
+//
+// A request's body is read whole before it is decoded (the SDK's handler):
+// one larger than MaxRequestBytes is refused with 413, so no caller can make
+// the server hold more than that for it.
 func (c *Codec) Handler(allowOrigins ...string) http.Handler {
-	h := converter.NewPayloadCodecHTTPHandler(c)
+	h := http.MaxBytesHandler(converter.NewPayloadCodecHTTPHandler(c), MaxRequestBytes)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if origin := r.Header.Get("Origin"); origin != "" {
 			allowed := false
@@ -117,6 +121,11 @@ func (c *Codec) Handler(allowOrigins ...string) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 }
+
+// MaxRequestBytes bounds the body of a request to Handler: Temporal caps a
+// payload at 2 MiB and a gRPC message at 4 MiB, and the UI decodes a page
+// of events at a time, all of it base64 in JSON (4/3 larger).
+const MaxRequestBytes = 64 << 20
 
 // Encode encrypts each payload whole (metadata and data), bound to the key's ID.
 func (c *Codec) Encode(payloads []*commonpb.Payload) ([]*commonpb.Payload, error) {

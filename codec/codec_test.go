@@ -3,6 +3,7 @@ package codec
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -95,6 +96,39 @@ func TestHandlerDecodesForTheUIAndCLI(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("a page from another origin got %d; want 403", resp.StatusCode)
 	}
+}
+
+// A body past MaxRequestBytes is refused before it is held in memory whole,
+// and the server goes on decoding.
+func TestHandlerRefusesABodyPastItsBound(t *testing.T) {
+	c, _ := New(secret)
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	huge := io.MultiReader(strings.NewReader(`{"payloads":[{"data":"`), endlessA{}) // never ends
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/decode", huge)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge && resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("an endless body got %d; want it refused", resp.StatusCode)
+		}
+	}
+	remote := converter.NewRemotePayloadCodec(converter.RemotePayloadCodecOptions{Endpoint: srv.URL})
+	enc, _ := c.Encode([]*commonpb.Payload{{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`"after"`)}})
+	if dec, err := remote.Decode(enc); err != nil || string(dec[0].Data) != `"after"` {
+		t.Fatalf("after the endless body: %v %v", dec, err)
+	}
+}
+
+// endlessA reads as 'A' forever.
+type endlessA struct{}
+
+func (endlessA) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'A'
+	}
+	return len(p), nil
 }
 
 // TestRotation: a codec given a new key and the old one encrypts with the new

@@ -52,7 +52,7 @@ func codecServer(args []string) {
 		fail(exitUsage, "codec-server: -listen: %v", err)
 	}
 	fmt.Printf("codec server for key %s on http://%s (temporal ... --codec-endpoint http://%s)\n", c.KeyID(), ln.Addr(), ln.Addr())
-	srv := &http.Server{Handler: c.Handler(allow...), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	srv := &http.Server{Handler: c.Handler(allow...), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		fail(exitFailed, "codec-server: %v", err)
 	}
