@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"slices"
 
 	"go.temporal.io/sdk/workflow"
 
@@ -39,7 +40,7 @@ func (r *run) growGang(ctx workflow.Context) {
 			break
 		}
 		r.signals++
-		if s.Generation == pr.generation {
+		if s.Generation == pr.generation && slices.Contains(pr.requests, s.Request) {
 			pr.placements[s.Request] = s.Placement
 		}
 	}

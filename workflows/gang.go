@@ -257,7 +257,9 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
 			var s spec.SlotGranted
-			c.Receive(ctx, &s)
+			if !c.ReceiveAsync(&s) {
+				return // it did not decode (the SDK logs and drops it): not a grant
+			}
 			r.signals++
 			if s.Generation != gen || s.Request < 0 || s.Request >= len(holds) || granted[s.Request] || ended[s.Request] ||
 				r.askAgain && s.Attempt != asked[s.Request] {

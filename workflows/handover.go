@@ -78,7 +78,9 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
 			var s spec.SlotGranted
-			c.Receive(ctx, &s)
+			if !c.ReceiveAsync(&s) {
+				return // it did not decode (the SDK logs and drops it): not a grant
+			}
 			r.signals++
 			i, ok := pos[holdID{s.Generation, s.Request}]
 			if !ok || granted[i] {

@@ -607,6 +607,35 @@ func TestElasticGangShrinksAndGrowsBack(t *testing.T) {
 	}
 }
 
+// A grant for a request the probe never made (a forged or mistaken signal
+// of the probe's generation) does not count toward the probe: the gang
+// grows only with the slots it asked for.
+func TestElasticProbeCountsOnlyTheRequestsItMade(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 1, 0) // one of two slots at first
+	h.grant(2, 1, 0) // the probe (generation 2, request 1) never gets its slot
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 0 {
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: 2, Request: 7,
+				Placement: spec.Placement{Worker: "forged", HostQueue: "q-forged", Collective: "10.9.9.9:7070"}})
+		}
+		time.Sleep(100 * time.Millisecond)
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 3, "batch_size": 64}, "scaling": {"workers": 2, "min_workers": 1, "gang_timeout": "1s"}, "checkpoint": {"every_epochs": 3}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Epoch != 3 {
+		t.Fatalf("progress %+v", p)
+	}
+	for _, in := range h.inputs() {
+		if len(in.Peers) != 1 {
+			t.Fatalf("epoch %d ran with %d ranks; the probe never held its slot, so the gang stays at 1", in.Epoch, len(in.Peers))
+		}
+	}
+}
+
 // Without min_workers a partial gang is never taken.
 func TestPartialGangIsNotTakenWithoutMinWorkers(t *testing.T) {
 	h := newHarness(t)
@@ -643,6 +672,27 @@ func TestGangTimeoutBacksOffAndRetries(t *testing.T) {
 	}
 	if p.Waiting != "" {
 		t.Fatalf("a run whose gang formed still says it waits: %q", p.Waiting)
+	}
+}
+
+// Anyone who may signal the namespace's workflows can send a slot grant
+// that does not decode: the SDK drops it, and the gang goes on forming as
+// if it never came (here its timeout still fires and the run retries),
+// rather than waiting inside the selector for the next good grant.
+func TestACorruptGrantNeitherWedgesNorJoinsTheGang(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 1, time.Second) // one of two slots in generation 1: the gang times out
+	h.grant(2, 2, 0)
+	h.env.RegisterDelayedCallback(func() {
+		h.env.SignalWorkflow(spec.SignalSlotGranted, "not a grant")
+		h.env.SignalWorkflow(spec.SignalSlotGranted, map[string]any{"generation": "one", "request": []int{1}})
+	}, 100*time.Millisecond)
+	p, err := h.start(`{"hyper": {"epochs": 1}, "scaling": {"workers": 2, "gang_timeout": "1s"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 2 || len(p.Incidents) != 1 || p.Incidents[0].Kind != spec.IncidentGangTimeout {
+		t.Fatalf("progress %+v; want completed by generation 2 after one gang timeout", p)
 	}
 }
 

@@ -315,7 +315,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	}
 	sel.AddReceive(reports, func(c workflow.ReceiveChannel, _ bool) {
 		var r spec.TrialReport
-		c.Receive(ctx, &r)
+		if !c.ReceiveAsync(&r) {
+			return // it did not decode (the SDK logs and drops it): not a report
+		}
 		signals++
 		i, ok := byID(r.WorkflowID)
 		if !ok {

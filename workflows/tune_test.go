@@ -170,6 +170,29 @@ func TestTuneCancelledClosesItsTrials(t *testing.T) {
 	}
 }
 
+// A trial report that does not decode, sent by anyone who may signal the
+// namespace, is dropped: the search does not wait for the next good report
+// inside its selector, and here closes at once when cancelled before any
+// trial has reported.
+func TestTuneCorruptReportDoesNotWedgeTheSearch(t *testing.T) {
+	env, writtenTo, _ := searchEnv()
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(spec.SignalTrialReport, "not a report")
+	}, 500*time.Millisecond)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 700*time.Millisecond)
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{
+		"train": {"hyper": {"epochs": 8}},
+		"param_space": {"hyper.lr": {"grid_search": [0.006, 0.008]}},
+		"max_concurrent_trials": 2}`))
+	var canceled *temporal.CanceledError
+	if err := env.GetWorkflowError(); !errors.As(err, &canceled) {
+		t.Fatalf("got %v; want the search cancelled", err)
+	}
+	if written := *writtenTo; written == nil || written.State != spec.TuneCancelled {
+		t.Fatalf("results written: %+v", written)
+	}
+}
+
 // TestTuneContinuesAsNewAndMovesRows: a search of more trials than it
 // lists continues as new whenever the server suggests it (here at every
 // chance: each execution drains the trials it started, then continues),
