@@ -88,6 +88,9 @@ func TestBadFilesAreNamedWithWhatWasExpected(t *testing.T) {
 		{"count mismatch", "train-labels-idx1-ubyte.gz", idxFile(idxLabelsMagic, []uint32{2}, []byte{0, 1}), []string{"3 images", "2 labels", "want the same count"}},
 		{"label out of range", "train-labels-idx1-ubyte.gz", idxFile(idxLabelsMagic, []uint32{3}, []byte{0, 10, 1}), []string{"label 10 of example 1", "want 0..9"}},
 		{"not gzip", "train-images-idx3-ubyte.gz", []byte("hello"), []string{"not a gzip file"}},
+		{"dimensions past the bound", "train-images-idx3-ubyte.gz", idxFile(idxImagesMagic, []uint32{2_100_000, 2_100_000, 2_100_000}, nil), []string{"more than the 7840000000 values"}},
+		{"dimensions whose product wraps to 0", "train-images-idx3-ubyte.gz", idxFile(idxImagesMagic, []uint32{1 << 22, 1 << 22, 1 << 20}, nil), []string{"dimensions [4194304 4194304] hold more"}},
+		{"dimensions whose product wraps past the bound", "train-images-idx3-ubyte.gz", idxFile(idxImagesMagic, []uint32{3, 1 << 22, 1 << 22}, nil), []string{"dimensions [3 4194304 4194304] hold more"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			url := "mem://"

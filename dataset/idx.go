@@ -25,6 +25,7 @@ const (
 	idxImagesMagic = 0x00000803 // unsigned bytes, 3 dimensions
 	idxLabelsMagic = 0x00000801 // unsigned bytes, 1 dimension
 	maxExamples    = 10_000_000
+	maxValues      = maxExamples * 28 * 28 // bytes of one IDX file's data
 )
 
 // Split names one half of the data set.
@@ -141,10 +142,12 @@ func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32
 		if dims[i] <= 0 || dims[i] > maxExamples {
 			return fail("dimension %d is %d; want 1..%d", i, dims[i], maxExamples)
 		}
+		// Checked before each product, which would otherwise wrap: three
+		// dimensions of 2^22, 2^22 and 2^20 multiply to 0 in an int.
+		if total > maxValues/dims[i] {
+			return fail("dimensions %v hold more than the %d values this reader accepts", dims[:i+1], maxValues)
+		}
 		total *= dims[i]
-	}
-	if total > maxExamples*28*28 {
-		return fail("%d values is more than this reader accepts", total)
 	}
 	data := make([]byte, total)
 	if n, err := io.ReadFull(z, data); err != nil {
