@@ -377,6 +377,20 @@ func TestBadNamesAreRefused(t *testing.T) {
 	if _, err := Open(ctx, "nosuch://x", nil); err == nil || !strings.Contains(err.Error(), "s3://") {
 		t.Errorf("unknown scheme: %v", err)
 	}
+	// A '#' starts the URL's fragment: the store would be the path before it.
+	dir := t.TempDir()
+	if _, err := Open(ctx, "file://"+dir+"/runs#2?create_dir=1", nil); err == nil || !strings.Contains(err.Error(), "%23") || !strings.Contains(err.Error(), `"file://`+dir+`/runs"`) {
+		t.Errorf("a path with '#': %v", err)
+	}
+	s2, err := Open(ctx, "file://"+dir+"/runs%232?create_dir=1", nil)
+	if err != nil {
+		t.Fatalf("a path with %%23: %v", err)
+	}
+	defer s2.Close()
+	put(t, s2, "r", 1, map[string][]byte{"o": []byte("x")}, nil)
+	if _, err := os.Stat(filepath.Join(dir, "runs#2", "r")); err != nil {
+		t.Errorf("the store with %%23 in its URL is not in the folder runs#2: %v", err)
+	}
 }
 
 func truncate(t *testing.T, path string, n int64) {
