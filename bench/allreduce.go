@@ -384,10 +384,7 @@ func allReduceRank(args []string) error {
 	}
 	defer g.Close()
 	for _, spec := range specs {
-		size, iters, err := sizeSpec(spec)
-		if err != nil {
-			return err
-		}
+		size, iters, _ := sizeSpec(spec) // checked before the gang formed
 		buf := make([]float32, size/4)
 		for i := range buf {
 			buf[i] = 1

@@ -107,10 +107,6 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w", url, err)
 	}
-	if u, err := neturl.Parse(url); err == nil && (u.Fragment != "" || strings.HasSuffix(url, "#")) {
-		// Every store would open the path before the '#' and ignore the rest.
-		return nil, fmt.Errorf("checkpoint: storage %q holds a '#', which starts a URL's fragment: the store would be %q; write a '#' in a path as %%23", url, strings.SplitN(url, "#", 2)[0])
-	}
 	b, err := blob.OpenBucket(ctx, withFileDefaults(bucketURL))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)

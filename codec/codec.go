@@ -95,12 +95,17 @@ func (c *Codec) DataConverter() converter.DataConverter {
 // (--codec-endpoint) to show encrypted payloads; it answers only to the
 // origins allowed (the UI's address), or to none for the CLI alone.
 //
-// A request's body is read whole before it is decoded (the SDK's handler):
-// one larger than MaxRequestBytes is refused with 413, so no caller can make
-// the server hold more than that for it.
+// A request's body is read whole before it is decoded (the SDK's handler),
+// so no body past MaxRequestBytes is read: one that says its length up front
+// is refused with 413, one sent in chunks ends with 400 "http: request body
+// too large" once it passes the bound.
 func (c *Codec) Handler(allowOrigins ...string) http.Handler {
 	h := http.MaxBytesHandler(converter.NewPayloadCodecHTTPHandler(c), MaxRequestBytes)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > MaxRequestBytes {
+			http.Error(w, fmt.Sprintf("a request body of %d bytes; the codec server reads at most %d", r.ContentLength, MaxRequestBytes), http.StatusRequestEntityTooLarge)
+			return
+		}
 		if origin := r.Header.Get("Origin"); origin != "" {
 			allowed := false
 			for _, o := range allowOrigins {

@@ -98,26 +98,43 @@ func TestHandlerDecodesForTheUIAndCLI(t *testing.T) {
 	}
 }
 
-// A body past MaxRequestBytes is refused before it is held in memory whole,
-// and the server goes on decoding.
+// A body past MaxRequestBytes is refused, whether it says its length up
+// front (413) or comes in chunks (400 once it passes the bound; without the
+// bound the handler reads it all and fails on its JSON instead), and the
+// server goes on decoding.
 func TestHandlerRefusesABodyPastItsBound(t *testing.T) {
 	c, _ := New(secret)
 	srv := httptest.NewServer(c.Handler())
 	defer srv.Close()
-	huge := io.MultiReader(strings.NewReader(`{"payloads":[{"data":"`), endlessA{}) // never ends
-	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/decode", huge)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err == nil {
+	body := func() io.Reader {
+		return io.MultiReader(strings.NewReader(`{"payloads":[{"data":"`), io.LimitReader(endlessA{}, MaxRequestBytes))
+	}
+	for _, c := range []struct {
+		name    string
+		length  int64 // -1: chunked, no length up front
+		status  int
+		message string
+	}{
+		{"with its length", MaxRequestBytes + 22, http.StatusRequestEntityTooLarge, "reads at most"},
+		{"in chunks", -1, http.StatusBadRequest, "request body too large"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/decode", body())
+		req.ContentLength = c.length
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		msg, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusRequestEntityTooLarge && resp.StatusCode != http.StatusBadRequest {
-			t.Fatalf("an endless body got %d; want it refused", resp.StatusCode)
+		if resp.StatusCode != c.status || !strings.Contains(string(msg), c.message) {
+			t.Fatalf("%s: a body past the bound got %d %q; want %d naming %q", c.name, resp.StatusCode, msg, c.status, c.message)
 		}
 	}
 	remote := converter.NewRemotePayloadCodec(converter.RemotePayloadCodecOptions{Endpoint: srv.URL})
 	enc, _ := c.Encode([]*commonpb.Payload{{Metadata: map[string][]byte{"encoding": []byte("json/plain")}, Data: []byte(`"after"`)}})
 	if dec, err := remote.Decode(enc); err != nil || string(dec[0].Data) != `"after"` {
-		t.Fatalf("after the endless body: %v %v", dec, err)
+		t.Fatalf("after the large bodies: %v %v", dec, err)
 	}
 }
 

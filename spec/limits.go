@@ -176,8 +176,10 @@ func CheckURL(field, raw string) error {
 	if u.User != nil {
 		return bad("no user or password in the URL (credentials come from the worker's environment)")
 	}
-	if u.Fragment != "" {
-		return bad("no #fragment")
+	if strings.Contains(raw, "#") {
+		// A '#' starts the URL's fragment, which every store ignores: the
+		// store would be the path before it.
+		return bad("no '#' (it starts a URL's fragment; write a '#' in a path as %23)")
 	}
 	switch u.Scheme {
 	case "file":

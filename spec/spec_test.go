@@ -75,6 +75,8 @@ func TestValidateNamesFieldValueAndWhatIsAccepted(t *testing.T) {
 		{func(s *Training) { s.Hyper.LR = 12 }, "hyper.lr is 12; want a number in (0, 10)"},
 		{func(s *Training) { s.Model.Hidden = []int{64, 0} }, "model.hidden[1] is 0"},
 		{func(s *Training) { s.Checkpoint.URL = "/tmp/x" }, `checkpoint.url is "/tmp/x"; want a blob URL: file:///absolute/path`},
+		{func(s *Training) { s.Checkpoint.URL = "file:///runs#2" }, `checkpoint.url is "file:///runs#2"; want no '#' (it starts a URL's fragment; write a '#' in a path as %23)`},
+		{func(s *Training) { s.Dataset.URL = "file:///data#" }, `dataset.url is "file:///data#"; want no '#'`},
 		{func(s *Training) { s.Checkpoint.Mode = "up" }, `checkpoint.mode is "up"`},
 		{func(s *Training) { s.Failure.HeartbeatTimeout = Duration(time.Hour) }, "failure.heartbeat_timeout is 1h0m0s; want 1s to 10m"},
 		{func(s *Training) { s.Name = "a/b" }, `name is "a/b"`},
