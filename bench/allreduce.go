@@ -80,6 +80,7 @@ func benchAllReduce(args []string) error {
 	chunk := fs.String("chunk", "", "ours: Options.ChunkBytes, the chunk over TCP (K, M suffixes); empty: the default")
 	shmChunk := fs.String("shm-chunk", "", "ours: Options.ShmChunkBytes, the chunk over shared memory; empty: the default")
 	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
+	windows := fs.Bool("windows", true, "also measure ours through host windows on shared memory (Options.HostWindows), interleaved with the ring")
 	spinWindow := fs.Duration("spin", 0, "ours: Options.SpinWindow, how long a small operation polls before it sleeps (negative: never); 0: the default")
 	fs.Parse(args)
 	var tuning []string // key=value arguments of every rank of ours
@@ -147,6 +148,10 @@ func benchAllReduce(args []string) error {
 	fmt.Printf("# median of %d interleaved runs per implementation; ±: (max-min)/median over the runs\n", *repeat)
 	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); like with like: ours over TCP against gloo (torch %s)\n", torchVersion())
 	fmt.Printf("# and OpenMPI over TCP (--mca btl tcp,self); ours over shared memory against OpenMPI's (--mca btl vader,self)\n")
+	if *windows {
+		fmt.Printf("# windows: ours over shared memory through host windows (collective.Options.HostWindows): every rank maps every\n")
+		fmt.Printf("# other's window and reads their data where it lies, two barriers per piece; the ring's sums, bit for bit\n")
+	}
 	if *peers {
 		fmt.Printf("# ring ceiling over TCP: every rank streams a ring all-reduce's 2(n-1)/n*size bytes per operation to its\n")
 		fmt.Printf("# right neighbour and reads as much from its left, no sums, no framing, no waits (bench/peers/tcp_stream.c);\n")
@@ -166,6 +171,9 @@ func benchAllReduce(args []string) error {
 			if *gather > 0 {
 				impls = append(impls, "ours-tcp-gather", "ours-shm-gather")
 			}
+			if *windows {
+				impls = append(impls, "ours-windows")
+			}
 			if *peers {
 				impls = append(impls, "gloo", "mpi-tcp", "mpi-shm", "tcp-ceiling")
 			}
@@ -182,6 +190,8 @@ func benchAllReduce(args []string) error {
 						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto))
 					case "ours-tcp-gather":
 						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportTCP, "gather="+strconv.Itoa(*gather), "links="+strconv.FormatBool(*gatherLinks)))
+					case "ours-windows":
+						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "windows=true"))
 					case "ours-shm-gather":
 						r, err = runOurAllReduce(ctx, world, sizes, append(tuning, "transport="+collective.TransportAuto, "gather="+strconv.Itoa(*gather))) // shared memory all round: no links
 					default:
@@ -220,6 +230,12 @@ func benchAllReduce(args []string) error {
 					shm = append(shm, us("mpi-shm", size), fmt.Sprintf("%.2f", bus("mpi-shm", size)),
 						fmt.Sprintf("%.2fx", bus("ours-shm", size)/bus("mpi-shm", size)), fmt.Sprintf("%.2fx", med["ours-shm"][size]/med["mpi-shm"][size]))
 				}
+				if *windows {
+					shm = append(shm, us("ours-windows", size), fmt.Sprintf("%.2f", bus("ours-windows", size)))
+					if *peers {
+						shm = append(shm, fmt.Sprintf("%.2fx", bus("ours-windows", size)/bus("mpi-shm", size)), fmt.Sprintf("%.2fx", med["ours-windows"][size]/med["mpi-shm"][size]))
+					}
+				}
 				tcpRows, shmRows = append(tcpRows, tcp), append(shmRows, shm)
 			}
 		}
@@ -241,6 +257,12 @@ func benchAllReduce(args []string) error {
 		}
 		if *peers {
 			header = append(header, "mpi µs", "mpi busbw", "busbw vs mpi", "time vs mpi")
+		}
+		if *windows {
+			header = append(header, "windows µs", "windows busbw")
+			if *peers {
+				header = append(header, "windows busbw vs mpi", "windows time vs mpi")
+			}
 		}
 		table(header, shmRows)
 	}
@@ -328,7 +350,7 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, options []stri
 }
 
 // allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS
-// [transport=T] [gather=BYTES] [links=BOOL] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
+// [transport=T] [gather=BYTES] [links=BOOL] [windows=BOOL] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
 // [spin=DURATION] SIZE:ITERS...
 func allReduceRank(args []string) error {
 	if len(args) < 3 {
@@ -351,6 +373,8 @@ func allReduceRank(args []string) error {
 			opts.GatherBytes = n
 		case "links":
 			opts.GatherLinks = value == "true"
+		case "windows":
+			opts.HostWindows = value == "true"
 		case "chunk":
 			opts.ChunkBytes = n
 		case "shmchunk":

@@ -90,6 +90,9 @@ func (g *Group) fail(local error, pe *PeerError) {
 			g.waker.wake() // a progress loop waiting in poll(2)
 		}
 		g.wakeRings()
+		if g.windows != nil {
+			g.wakeWindows()
+		}
 		if local != ErrClosed && pe.Reason != closedReason {
 			g.log.Warn("collective group failed", zap.Int("culprit", pe.Rank), zap.Int("reporter", pe.Reporter), zap.String("reason", pe.Reason))
 		}

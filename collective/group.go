@@ -119,6 +119,22 @@ type Options struct {
 	// Transport is TransportAuto (shared memory with neighbours on the same
 	// host, TCP otherwise), TransportTCP or TransportSameIP.
 	Transport string
+	// HostWindows, where every rank of the gang is on one host (both of
+	// every rank's links shared memory), has each rank expose a window of
+	// shared memory that every other maps, and runs AllReduce, Broadcast and
+	// Barrier through the windows: two barriers per piece instead of the
+	// ring's 2(world-1) steps, the same sums bit for bit (windows.go).
+	// Measured on 2 cores, 1 MiB: 4 ranks ... (BENCHMARKS.md). Join falls
+	// back to the ring, quietly, where any rank cannot map every window (a
+	// gang spread over hosts). Every rank must set the same value; Join
+	// fails naming a neighbour that differs. Ranks of releases before it
+	// never use windows. Operations started by StartAllReduce still run
+	// around the ring.
+	HostWindows bool
+	// WindowBytes is each half of a rank's window: an all-reduce moves at
+	// most this much per rank between two barriers. Default 1 MiB; at least
+	// 4 KiB, and the same on every rank (else no windows).
+	WindowBytes int
 	// Progress says who moves an operation started by StartAllReduce:
 	// ProgressAuto (default), ProgressCaller or ProgressNever (driven.go).
 	Progress string
@@ -165,6 +181,9 @@ func (o Options) withDefaults() Options {
 	if o.SpinMaxBytes == 0 {
 		o.SpinMaxBytes = 256 << 10
 	}
+	if o.WindowBytes <= 0 {
+		o.WindowBytes = defaultWindowBytes
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -180,7 +199,7 @@ type Group struct {
 	opts        Options
 	log         *zap.Logger
 	// flags are this rank's choices that every link's two ends must share
-	// (hello.Flags): flagGatherLinks.
+	// (hello.Flags): flagGatherLinks, flagHostWindows.
 	flags byte
 	// skips are the links the small all-reduce gathers over besides the
 	// ring's, one per distance 2, 4, 8, ... below the world (skiplinks.go);
@@ -239,6 +258,9 @@ type Group struct {
 	// while the caller passes the same buffers (at most maxPlans of them).
 	gathered []float32
 	plans    map[planKey]plan
+	// windows, where the gang reduces through host windows (windows.go);
+	// set at Join, then read only.
+	windows *hostWindows
 
 	failOnce   sync.Once
 	closeRings sync.Once
@@ -266,6 +288,8 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		return nil, errors.New("collective: a Listener is required for more than one rank")
 	case opts.Transport != TransportAuto && opts.Transport != TransportTCP && opts.Transport != TransportSameIP:
 		return nil, fmt.Errorf("collective: options.Transport %q; want %q (automatic), %q or %q", opts.Transport, TransportAuto, TransportTCP, TransportSameIP)
+	case opts.WindowBytes < minWindowBytes || opts.WindowBytes%4 != 0 || opts.WindowBytes > maxWindowBytes:
+		return nil, fmt.Errorf("collective: options.WindowBytes %d; want a multiple of 4 from %d to %d (0: %d)", opts.WindowBytes, minWindowBytes, maxWindowBytes, defaultWindowBytes)
 	case opts.Progress != ProgressAuto && opts.Progress != ProgressCaller && opts.Progress != ProgressNever:
 		return nil, fmt.Errorf("collective: options.Progress %q; want %q (automatic), %q or %q", opts.Progress, ProgressAuto, ProgressCaller, ProgressNever)
 	}
@@ -291,6 +315,9 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 		}
 		g.flags |= flagGatherLinks
 	}
+	if opts.HostWindows {
+		g.flags |= flagHostWindows
+	}
 	var err error
 	if g.rightConn, g.leftConn, err = g.connect(ctx, ln, g.right, g.left); err != nil {
 		return nil, err
@@ -308,6 +335,9 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 				if r != nil {
 					r.close()
 				}
+			}
+			if g.windows != nil {
+				g.unmapWindows()
 			}
 			return nil, fmt.Errorf("collective: rank %d: connecting the links the small all-reduce gathers over: %w", rank, err)
 		}
@@ -423,8 +453,7 @@ func (g *Group) connect(ctx context.Context, ln *Listener, to, from int) (out, i
 			// The other half goes on: its peer learns of the difference from
 			// this rank's flags, at once, rather than wait for its context.
 			if firstErr == nil {
-				firstErr = fmt.Errorf("collective: rank %d (%s) %s small all-reduces over links to the ranks 2, 4, 8, ... away and rank %d %s: every rank needs the same options.GatherLinks, GatherBytes and Transport, and a release that has GatherLinks (0.6.0 or later)",
-					peer, g.gang.Peers[peer], gathersWord(r.flags), g.rank, gathersWord(g.flags))
+				firstErr = flagsDiffer(peer, g.gang.Peers[peer], r.flags, g.rank, g.flags)
 			}
 			continue
 		}
@@ -442,6 +471,23 @@ func (g *Group) connect(ctx context.Context, ln *Listener, to, from int) (out, i
 		return nil, nil, firstErr
 	}
 	return out, in, nil
+}
+
+// flagsDiffer is Join's error for a neighbour whose flags differ from this
+// rank's, naming the first option that differs.
+func flagsDiffer(peer int, addr string, theirs byte, rank int, ours byte) error {
+	if (theirs^ours)&flagGatherLinks != 0 {
+		return fmt.Errorf("collective: rank %d (%s) %s small all-reduces over links to the ranks 2, 4, 8, ... away and rank %d %s: every rank needs the same options.GatherLinks, GatherBytes and Transport, and a release that has GatherLinks (0.6.0 or later)",
+			peer, addr, gathersWord(theirs), rank, gathersWord(ours))
+	}
+	word := func(f byte) string {
+		if f&flagHostWindows != 0 {
+			return "reduces through host windows"
+		}
+		return "does not reduce through host windows"
+	}
+	return fmt.Errorf("collective: rank %d (%s) %s and rank %d %s: every rank needs the same options.HostWindows, and a release that has it (0.7.0 or later)",
+		peer, addr, word(theirs), rank, word(ours))
 }
 
 func gathersWord(flags byte) string {
@@ -554,6 +600,9 @@ func (g *Group) Err() error {
 
 // Close leaves the group; neighbours still in an operation get a PeerError naming this rank.
 func (g *Group) Close() error {
+	if g.windows != nil {
+		g.markWindowClosed()
+	}
 	g.fail(ErrClosed, &PeerError{Rank: g.rank, Reporter: g.rank, Reason: closedReason})
 	g.wg.Wait()
 	// An operation in progress returns now that the group failed; it may
@@ -570,6 +619,9 @@ func (g *Group) Close() error {
 		}
 		if g.recvRing != nil {
 			g.recvRing.close()
+		}
+		if g.windows != nil {
+			g.unmapWindows()
 		}
 	})
 	return nil

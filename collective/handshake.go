@@ -50,6 +50,10 @@ type hello struct {
 // ranks 2, 4, 8, ... away as well as the ring (skiplinks.go).
 const flagGatherLinks = 1
 
+// flagHostWindows: the rank reduces through host windows where every rank
+// can map every other's (Options.HostWindows, windows.go).
+const flagHostWindows = 2
+
 // key routes an incoming connection to the Join waiting for it.
 func (h hello) key() connKey {
 	return connKey{run: h.Run, gen: h.Generation, from: h.From, to: h.To, world: h.World}

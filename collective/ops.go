@@ -178,6 +178,9 @@ func (g *Group) allReduceLocked(ctx context.Context, buf []float32) error {
 	if g.world == 1 {
 		return g.Err()
 	}
+	if g.windows != nil {
+		return g.allReduceWindows(ctx, buf)
+	}
 	if g.gathers(len(buf)) {
 		if g.skips != nil {
 			return g.gatherOverLinks(ctx, buf)
@@ -376,6 +379,9 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 	}
 	if g.world == 1 {
 		return g.Err()
+	}
+	if g.windows != nil {
+		return g.broadcastWindows(ctx, buf, root)
 	}
 	var sends []sendItem
 	var recvs []recvItem

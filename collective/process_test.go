@@ -50,10 +50,12 @@ type childGang struct {
 	// Gather is Options.GatherBytes: over TCP, 4 ranks then gather small
 	// all-reduces over skip links (skiplinks.go).
 	Gather int
+	// Windows is Options.HostWindows.
+	Windows bool
 }
 
 func (cg childGang) options() Options {
-	return Options{Secret: testSecret, StallTimeout: cg.Stall, Transport: cg.Transport, hostCores: cg.HostCores, Progress: cg.Progress, GatherBytes: cg.Gather, GatherLinks: cg.Gather > 0}
+	return Options{Secret: testSecret, StallTimeout: cg.Stall, Transport: cg.Transport, hostCores: cg.HostCores, Progress: cg.Progress, GatherBytes: cg.Gather, GatherLinks: cg.Gather > 0, HostWindows: cg.Windows}
 }
 
 // allReduce is one operation of a rank of the chaos tests.
@@ -128,6 +130,7 @@ func TestRealPeerFailures(t *testing.T) {
 		{"TCP outside the poller", childGang{Transport: TransportTCP, HostCores: 1}},
 		{"shared memory, operations driven by the caller", childGang{Progress: ProgressCaller, Started: true}},
 		{"TCP, small operations gathered over skip links", childGang{Transport: TransportTCP, HostCores: 64, Gather: 64 << 10}},
+		{"shared memory through host windows", childGang{Windows: true}},
 	} {
 		for _, s := range []strike{
 			{"kill -9, 1 MiB", syscall.SIGKILL, 1 << 18, link.cg}, {"SIGSTOP (a hang), 1 MiB", syscall.SIGSTOP, 1 << 18, link.cg},
@@ -189,6 +192,12 @@ func TestRealPeerFailures(t *testing.T) {
 						return
 					}
 					defer g.Close()
+					if cg.Windows && g.windows == nil {
+						mu.Lock()
+						errs[r] = errors.New("joined without host windows")
+						mu.Unlock()
+						return
+					}
 					buf := make([]float32, tc.floats)
 					for {
 						if err = cg.allReduce(ctx, g, buf); err != nil {

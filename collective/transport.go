@@ -126,6 +126,9 @@ func (g *Group) negotiateShm(ctx context.Context) (err error) {
 			offered.close()
 		}
 	}
+	if g.flags&flagHostWindows != 0 {
+		return g.exchangeWindows()
+	}
 	return nil
 }
 
