@@ -198,6 +198,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 	} else {
 		opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(in.Peers))
 		opts.GatherLinks = in.GatherLinks
+		opts.HostWindows = in.HostWindows
 		var g *collective.Group
 		// Set only on success: a nil *Group in the interface is not a nil
 		// interface, and rep.close would close it (a panic, 2026-11-24).

@@ -175,7 +175,7 @@ func (a *Agent) HoldSlot(ctx context.Context, in spec.HoldSlotInput) error {
 		return err
 	}
 	placement := spec.Placement{Rank: in.Request, Worker: a.Identity, HostQueue: a.HostQueue, Collective: a.advertise(), Slot: slots[0].Index, GPU: slots[0].GPU,
-		PublicKey: key.private.PublicKey().Bytes(), SmallAllReduce: true, GatherLinks: true}
+		PublicKey: key.private.PublicKey().Bytes(), SmallAllReduce: true, GatherLinks: true, HostWindows: true}
 	for _, s := range slots {
 		a.slots.setKey(s.Index, key)
 		if n > 1 {

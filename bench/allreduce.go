@@ -79,12 +79,13 @@ func benchAllReduce(args []string) error {
 	gatherLinks := fs.Bool("gather-links", true, "over TCP, the gathered column gathers over links to the ranks 2, 4, ... away (Options.GatherLinks: 3 ranks or more); false: around the ring. Shared memory rows gather around the ring")
 	chunk := fs.String("chunk", "", "ours: Options.ChunkBytes, the chunk over TCP (K, M suffixes); empty: the default")
 	shmChunk := fs.String("shm-chunk", "", "ours: Options.ShmChunkBytes, the chunk over shared memory; empty: the default")
+	windowBytes := fs.String("window", "", "ours through host windows: Options.WindowBytes, each half of a rank's window; empty: the default")
 	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
 	windows := fs.Bool("windows", true, "also measure ours through host windows on shared memory (Options.HostWindows), interleaved with the ring")
 	spinWindow := fs.Duration("spin", 0, "ours: Options.SpinWindow, how long a small operation polls before it sleeps (negative: never); 0: the default")
 	fs.Parse(args)
 	var tuning []string // key=value arguments of every rank of ours
-	for _, f := range []struct{ flag, key, value string }{{"-chunk", "chunk", *chunk}, {"-shm-chunk", "shmchunk", *shmChunk}, {"-shm-ring", "shmring", *shmRing}} {
+	for _, f := range []struct{ flag, key, value string }{{"-chunk", "chunk", *chunk}, {"-shm-chunk", "shmchunk", *shmChunk}, {"-shm-ring", "shmring", *shmRing}, {"-window", "window", *windowBytes}} {
 		if f.value == "" {
 			continue
 		}
@@ -350,7 +351,7 @@ func runOurAllReduce(ctx context.Context, world int, sizes []int, options []stri
 }
 
 // allReduceRank is one rank of our all-reduce benchmark: RANK ADDRS
-// [transport=T] [gather=BYTES] [links=BOOL] [windows=BOOL] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES]
+// [transport=T] [gather=BYTES] [links=BOOL] [windows=BOOL] [chunk=BYTES] [shmchunk=BYTES] [shmring=BYTES] [window=BYTES]
 // [spin=DURATION] SIZE:ITERS...
 func allReduceRank(args []string) error {
 	if len(args) < 3 {
@@ -381,6 +382,8 @@ func allReduceRank(args []string) error {
 			opts.ShmChunkBytes = n
 		case "shmring":
 			opts.ShmRingBytes = n
+		case "window":
+			opts.WindowBytes = n
 		case "spin":
 			if opts.SpinWindow, err = time.ParseDuration(value); err != nil {
 				return fmt.Errorf("allreduce-rank: %q: %w", specs[0], err)

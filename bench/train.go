@@ -28,6 +28,7 @@ type trainFlags struct {
 	gomaxprocs                             int // GOMAXPROCS of our rank processes; 0: the runtime's default
 	spinWindow                             time.Duration
 	progress                               string // collective.Options.Progress of our ranks
+	windows                                bool   // collective.Options.HostWindows of our ranks
 	scalingRepeats, scalingEpochs          int
 }
 
@@ -45,6 +46,7 @@ func benchTrain(args []string) error {
 	fs.IntVar(&f.bucketBytes, "bucket-bytes", 0, "gradient per all-reduce bucket, overlapped with backward (scaling.bucket_bytes); 0: the default")
 	fs.IntVar(&f.gomaxprocs, "gomaxprocs", 2, "GOMAXPROCS of each rank process: the training thread and the one that all-reduces beside it (PyTorch DDP also all-reduces on a thread of its own); 0: the runtime's default")
 	fs.DurationVar(&f.spinWindow, "spin-window", 0, "collective.Options.SpinWindow of our ranks: how long a small all-reduce polls before it sleeps; 0: the default, negative: never")
+	fs.BoolVar(&f.windows, "windows", false, "collective.Options.HostWindows of our ranks: all-reduce through host windows (a run's ranks on one machine do); a group with windows runs each bucket's all-reduce to its end, on a goroutine beside backward")
 	fs.StringVar(&f.progress, "progress", collective.ProgressAuto, "collective.Options.Progress of our ranks: who moves a step's bucket all-reduces; empty: automatic (backward's own thread where the ranks fill the cores), \"caller\" or \"never\" (a goroutine beside backward)")
 	fs.IntVar(&f.scalingRepeats, "scaling-repeats", 3, "rounds of the scaling table (1 rank, 2 ranks overlapped, 2 ranks all-reducing after backward), interleaved; 0: no table")
 	fs.IntVar(&f.scalingEpochs, "scaling-epochs", 3, "epochs of each scaling run; the first is a warm-up and not counted")
@@ -111,7 +113,7 @@ func runOurTraining(ctx context.Context, f trainFlags, ranks, epochs int, show b
 	cmds, err := selfRanks(ctx, ranks, func(rank int, peers string) []string {
 		return []string{"train-rank", "-rank", strconv.Itoa(rank), "-peers", peers, "-bucket-bytes", strconv.Itoa(f.bucketBytes),
 			"-epochs", strconv.Itoa(epochs), "-batch", strconv.Itoa(f.batch), "-lr", fmt.Sprint(f.lr), "-seed", fmt.Sprint(f.seed), "-data", f.data,
-			"-spin-window", f.spinWindow.String(), "-progress", f.progress}
+			"-spin-window", f.spinWindow.String(), "-progress", f.progress, "-windows=" + strconv.FormatBool(f.windows)}
 	})
 	if err != nil {
 		return nil, err
@@ -170,6 +172,7 @@ func trainRank(args []string) error {
 	bucketBytes := fs.Int("bucket-bytes", 0, "")
 	spinWindow := fs.Duration("spin-window", 0, "")
 	progress := fs.String("progress", collective.ProgressAuto, "")
+	windows := fs.Bool("windows", false, "")
 	fs.Parse(args)
 	if n := len(strings.Split(*peers, ",")); *rank < 0 || *rank >= n {
 		return fmt.Errorf("-rank %d; want 0..%d, one of -peers", *rank, n-1)
@@ -193,7 +196,7 @@ func trainRank(args []string) error {
 		defer ln.Close()
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench-train", Generation: 1, Peers: addrs}, *rank, collective.Options{Secret: benchSecret, SpinWindow: *spinWindow, Progress: *progress})
+		g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench-train", Generation: 1, Peers: addrs}, *rank, collective.Options{Secret: benchSecret, SpinWindow: *spinWindow, Progress: *progress, HostWindows: *windows})
 		if err != nil {
 			return err
 		}

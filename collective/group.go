@@ -124,17 +124,26 @@ type Options struct {
 	// shared memory that every other maps, and runs AllReduce, Broadcast and
 	// Barrier through the windows: two barriers per piece instead of the
 	// ring's 2(world-1) steps, the same sums bit for bit (windows.go).
-	// Measured on 2 cores, 1 MiB: 4 ranks ... (BENCHMARKS.md). Join falls
-	// back to the ring, quietly, where any rank cannot map every window (a
-	// gang spread over hosts). Every rank must set the same value; Join
+	// Measured on 2 cores, 1 MiB, against OpenMPI's shared memory: 1.72x
+	// its bus bandwidth with 2 ranks and 1.44x with 4, where the ring gave
+	// 1.40x and 0.84x (BENCHMARKS.md). Join falls back to the ring,
+	// quietly, where any rank cannot map every window (a gang spread over
+	// hosts, a full /dev/shm). Every rank must set the same value; Join
 	// fails naming a neighbour that differs. Ranks of releases before it
-	// never use windows. Operations started by StartAllReduce still run
-	// around the ring.
+	// never use windows. A group with windows is never CallerDriven:
+	// StartAllReduce completes its operation through them.
 	HostWindows bool
 	// WindowBytes is each half of a rank's window: an all-reduce moves at
 	// most this much per rank between two barriers. Default 1 MiB; at least
 	// 4 KiB, and the same on every rank (else no windows).
 	WindowBytes int
+	// WindowMaxBytes is the largest all-reduce or broadcast that goes
+	// through the windows; a larger one runs around the ring, after one
+	// barrier through the windows that checks every rank began the same
+	// operation. Default 4 MiB: beside a CPU-bound process per core the
+	// ring was faster from 8 MiB up (BENCHMARKS.md). Every rank must use
+	// the same value.
+	WindowMaxBytes int
 	// Progress says who moves an operation started by StartAllReduce:
 	// ProgressAuto (default), ProgressCaller or ProgressNever (driven.go).
 	Progress string
@@ -183,6 +192,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.WindowBytes <= 0 {
 		o.WindowBytes = defaultWindowBytes
+	}
+	if o.WindowMaxBytes <= 0 {
+		o.WindowMaxBytes = defaultWindowMaxBytes
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -366,7 +378,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if g.yield == nil && opts.SpinWindow > 0 {
 		g.largeSpin = new(coreYielder)
 	}
-	g.driven = callerDriven(opts.Progress, g.sendRing != nil && g.recvRing != nil, ranksOnHost(gang.Peers, rank), cores)
+	g.driven = g.windows == nil && callerDriven(opts.Progress, g.sendRing != nil && g.recvRing != nil, ranksOnHost(gang.Peers, rank), cores)
 	var left io.Reader = newSpinReader(g.leftConn, spin, &g.inOp)
 	if g.recvRing == nil && g.yield != nil {
 		// Data comes over TCP to a host with more ranks than cores: read it

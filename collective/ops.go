@@ -179,7 +179,12 @@ func (g *Group) allReduceLocked(ctx context.Context, buf []float32) error {
 		return g.Err()
 	}
 	if g.windows != nil {
-		return g.allReduceWindows(ctx, buf)
+		if 4*len(buf) <= g.opts.WindowMaxBytes {
+			return g.allReduceWindows(ctx, buf)
+		}
+		if err := g.agreeOnWindows(ctx, opAllReduce, len(buf), 0); err != nil {
+			return err
+		}
 	}
 	if g.gathers(len(buf)) {
 		if g.skips != nil {
@@ -381,7 +386,12 @@ func (g *Group) Broadcast(ctx context.Context, buf []float32, root int) error {
 		return g.Err()
 	}
 	if g.windows != nil {
-		return g.broadcastWindows(ctx, buf, root)
+		if 4*len(buf) <= g.opts.WindowMaxBytes {
+			return g.broadcastWindows(ctx, buf, root)
+		}
+		if err := g.agreeOnWindows(ctx, opBroadcast, len(buf), root); err != nil {
+			return err
+		}
 	}
 	var sends []sendItem
 	var recvs []recvItem

@@ -74,7 +74,11 @@ func createShmRing(slots, slotBytes int) (ring *shmRing, path string, token []by
 	}
 	defer f.Close()
 	size := shmHeader + slots*slotBytes
-	if err := f.Truncate(int64(size)); err != nil {
+	// Allocated now, not as it is first written: a full /dev/shm (a
+	// container's is often 64 MiB) then refuses the ring here, and the link
+	// runs over TCP, where pages touched later would kill the process with
+	// SIGBUS.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
 		os.Remove(f.Name())
 		return nil, "", nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 	"sync"
 )
 
@@ -52,8 +53,25 @@ const (
 
 // defaultWindowBytes is Options.WindowBytes by default: each half of a
 // rank's window, so a window is twice this and a page.
+// windowSpin is how long a rank polls for a peer at a barrier (where
+// Options.SpinWindow is positive) before it sleeps: a peer comes from a
+// piece's copies and sums, which take longer than a ring step's, and where
+// ranks outnumber cores it comes only once the rank gave it the core.
+// Polling stops early once the system takes the core for other work
+// (coreYielder). Measured, 4 ranks on 2 cores, 1 MiB: 367-382 µs polling
+// up to 5 ms, 415-423 µs up to 200 µs (sitting of 2026-11-27 14:40).
+const windowSpin = 5 * time.Millisecond
+
 const (
 	defaultWindowBytes = 1 << 20
+	// defaultWindowMaxBytes is Options.WindowMaxBytes by default: measured
+	// with a CPU-bound process per core beside 2 and 4 ranks on 2 cores,
+	// windows took 0.77-0.96x the ring's time at 1 and 4 MiB, 0.95-1.26x at
+	// 8 MiB and 1.12-1.42x at 16 MiB, where ranks kept in step by a barrier
+	// per piece wait out each other's lost time slices and the ring's
+	// slots let them run ahead (idle, windows were faster at every size;
+	// BENCHMARKS.md).
+	defaultWindowMaxBytes = 4 << 20
 	minWindowBytes     = 4 << 10
 	maxWindowBytes     = 1 << 30
 )
@@ -248,7 +266,10 @@ func (g *Group) awaitAll(first bool) error {
 		q := (g.rank + i) % g.world
 		win := h.wins[q]
 		arrived := win.word(winArrivedOffset)
-		wait := spinWait{window: g.spin}
+		wait := spinWait{yield: g.largeSpin}
+		if g.spin > 0 {
+			wait.window = windowSpin
+		}
 		for int32(arrived.Load()-h.epoch) < 0 {
 			if err := g.Err(); err != nil {
 				return err
@@ -309,6 +330,15 @@ func (g *Group) windowsOp(ctx context.Context, run func() error) error {
 	}
 	defer stop()
 	return run()
+}
+
+// agreeOnWindows is one barrier through the windows before an operation
+// too large for them runs around the ring: there every rank checks that all
+// began the same operation, so that ranks that disagree (one through the
+// windows, one around the ring) fail with a protocol error instead of each
+// waiting for the other.
+func (g *Group) agreeOnWindows(ctx context.Context, op byte, n, root int) error {
+	return g.windowsOp(ctx, func() error { return g.barrierWindows(op, n, root) })
 }
 
 // allReduceWindows is AllReduce over the host windows (see the top of

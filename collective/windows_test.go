@@ -27,11 +27,13 @@ func windowGang(t *testing.T, n int, opts Options) []*Group {
 // Through host windows an all-reduce sums as the ring does, bit for bit,
 // at every world size, for buffers of every shape: empty, shorter than the
 // world, and of many pieces (windows of 4 KiB), segments of unequal
-// lengths; broadcasts from every root and barriers interleave with them.
+// lengths, and past WindowMaxBytes (around the ring); broadcasts from
+// every root and barriers interleave with them.
 func TestHostWindowsSumAsTheRingDoes(t *testing.T) {
 	for _, n := range []int{2, 3, 4, 5} {
 		t.Run(strings.Repeat("r", n), func(t *testing.T) {
-			groups := windowGang(t, n, Options{WindowBytes: 4096})
+			// 10007 floats pass WindowMaxBytes: they go around the ring.
+			groups := windowGang(t, n, Options{WindowBytes: 4096, WindowMaxBytes: 16 << 10})
 			for _, length := range []int{0, 1, 3, 7, 1003, 10007} {
 				inputs, want := ringOrderSums(n, length, uint64(length*n))
 				bufs := make([][]float32, n)
@@ -138,6 +140,20 @@ func TestHostWindowsRanksThatDisagreeFailTheOperation(t *testing.T) {
 			return g.AllReduce(context.Background(), make([]float32, 100))
 		},
 		"roots": func(r int, g *Group) error { return g.Broadcast(context.Background(), make([]float32, 100), r%2) },
+		"one around the ring": func(r int, g *Group) error {
+			n := 100
+			if r == 1 {
+				n = 1 << 20 // past WindowMaxBytes
+			}
+			return g.AllReduce(context.Background(), make([]float32, n))
+		},
+		"one broadcasts around the ring": func(r int, g *Group) error {
+			n := 100
+			if r == 3 {
+				n = 1 << 20
+			}
+			return g.Broadcast(context.Background(), make([]float32, n), 0)
+		},
 	}
 	for name, op := range cases {
 		t.Run(name, func(t *testing.T) {

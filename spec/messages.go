@@ -79,6 +79,9 @@ type Placement struct {
 	// links to the ranks 2, 4, 8, ... away as well as the ring when its
 	// gang asks it to (EpochInput.GatherLinks).
 	GatherLinks bool `json:"gather_links,omitempty"`
+	// HostWindows says the worker reduces through host windows when its
+	// gang asks it to (EpochInput.HostWindows).
+	HostWindows bool `json:"host_windows,omitempty"`
 }
 
 // LocalRanks is how many ranks the host runs.
@@ -209,6 +212,14 @@ type EpochInput struct {
 	// placements are on more than one machine (on one, the ring is shared
 	// memory all round and a link would be loopback TCP).
 	GatherLinks bool `json:"gather_links,omitempty"`
+	// HostWindows: the ranks, all on one machine, reduce through windows of
+	// shared memory that each maps of every other
+	// (collective.Options.HostWindows): two barriers per piece instead of
+	// the ring's 2(world-1) steps, the ring's sums bit for bit. The run
+	// sets it only when every placement of the gang says HostWindows, the
+	// gang runs one rank per slot (not hierarchically), and every
+	// placement's collective address is on one machine.
+	HostWindows bool `json:"host_windows,omitempty"`
 }
 
 // EpochResult is what a rank reports; rank 0's carries the checkpoint.

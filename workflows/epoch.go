@@ -27,6 +27,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 	r.p.Attempts++
 	small := smallAllReduceBytes(g.placements)
 	links := ringLinks(r.spec, g.placements, small)
+	windows := hostWindows(r.spec, g.placements)
 	futures := make([]workflow.Future, len(g.placements))
 	for host, pl := range g.placements {
 		actx := workflow.WithActivityOptions(epochCtx, workflow.ActivityOptions{
@@ -40,7 +41,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
 			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: small,
-			GatherLinks: links != spec.RingOnly,
+			GatherLinks: links != spec.RingOnly, HostWindows: windows,
 		}
 		if !r.rankKeys { // the shared secret authenticates: no keys in placements
 			for i := range in.Hosts {
@@ -215,6 +216,33 @@ func smallAllReduceBytes(placements []spec.Placement) int {
 		}
 	}
 	return smallAllReduce
+}
+
+// hostWindows says whether a gang reduces through host windows
+// (EpochInput.HostWindows): where every placement's worker can (ranks must
+// agree), each holds one rank (a hierarchical run reduces within a host in
+// its own memory), and all are on one machine. Elsewhere the collective
+// would find it cannot map every window and run its ring anyway, after an
+// exchange at every join.
+func hostWindows(s spec.Training, placements []spec.Placement) bool {
+	if len(placements) < 2 || (s.Scaling.Hierarchical() && placements[0].LocalRanks() > 1) {
+		return false
+	}
+	machine := ""
+	for i, p := range placements {
+		if !p.HostWindows {
+			return false
+		}
+		host, _, err := net.SplitHostPort(p.Collective)
+		if err != nil {
+			return false
+		}
+		if i > 0 && host != machine {
+			return false
+		}
+		machine = host
+	}
+	return true
 }
 
 // ringLinks says whether a gang's small all-reduces gather over skip links

@@ -1121,3 +1121,47 @@ func TestRingLinksWhereTheyPay(t *testing.T) {
 		}
 	}
 }
+
+// A gang reduces through host windows only where every placement's worker
+// can, each holds one rank, and all are on one machine.
+func TestHostWindowsWhereEveryRankIsOnOneMachine(t *testing.T) {
+	gang := func(n, perHost int, addr func(i int) string) []spec.Placement {
+		ps := make([]spec.Placement, n)
+		for i := range ps {
+			ps[i] = spec.Placement{Rank: i * perHost, Collective: addr(i), HostWindows: true}
+			if perHost > 1 {
+				ps[i].Slots = make([]int, perHost)
+			}
+		}
+		return ps
+	}
+	oneMachine := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", 7000+i) }
+	spread := func(i int) string { return fmt.Sprintf("10.0.0.%d:7070", i) }
+	flat := spec.Training{Scaling: spec.Scaling{WorkersPerHost: 1}}
+	hier := spec.Training{Scaling: spec.Scaling{WorkersPerHost: 4}}
+	earlier := gang(3, 1, oneMachine)
+	earlier[1].HostWindows = false
+	lastElsewhere := gang(3, 1, oneMachine)
+	lastElsewhere[2].Collective = "127.0.0.2:7002"
+	unparsed := gang(2, 1, oneMachine)
+	unparsed[0].Collective = "127.0.0.1"
+	for _, c := range []struct {
+		name string
+		s    spec.Training
+		ps   []spec.Placement
+		want bool
+	}{
+		{"4 ranks on one machine", flat, gang(4, 1, oneMachine), true},
+		{"2 ranks on one machine", flat, gang(2, 1, oneMachine), true},
+		{"1 rank", flat, gang(1, 1, oneMachine), false},
+		{"3 ranks on 3 machines", flat, gang(3, 1, spread), false},
+		{"the last rank on another address", flat, lastElsewhere, false},
+		{"a worker of an earlier release", flat, earlier, false},
+		{"an address without a port", flat, unparsed, false},
+		{"2 hosts of 4, hierarchical, one machine", hier, gang(2, 4, oneMachine), false},
+	} {
+		if got := hostWindows(c.s, c.ps); got != c.want {
+			t.Errorf("%s: %v; want %v", c.name, got, c.want)
+		}
+	}
+}
