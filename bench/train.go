@@ -46,7 +46,7 @@ func benchTrain(args []string) error {
 	fs.IntVar(&f.bucketBytes, "bucket-bytes", 0, "gradient per all-reduce bucket, overlapped with backward (scaling.bucket_bytes); 0: the default")
 	fs.IntVar(&f.gomaxprocs, "gomaxprocs", 2, "GOMAXPROCS of each rank process: the training thread and the one that all-reduces beside it (PyTorch DDP also all-reduces on a thread of its own); 0: the runtime's default")
 	fs.DurationVar(&f.spinWindow, "spin-window", 0, "collective.Options.SpinWindow of our ranks: how long a small all-reduce polls before it sleeps; 0: the default, negative: never")
-	fs.BoolVar(&f.windows, "windows", false, "collective.Options.HostWindows of our ranks: all-reduce through host windows (a run's ranks on one machine do); a group with windows runs each bucket's all-reduce to its end, on a goroutine beside backward")
+	fs.BoolVar(&f.windows, "windows", false, "collective.Options.HostWindows of our ranks: all-reduce through host windows, as a run's ranks on one machine do (buckets moved by backward's own thread still go around the ring)")
 	fs.StringVar(&f.progress, "progress", collective.ProgressAuto, "collective.Options.Progress of our ranks: who moves a step's bucket all-reduces; empty: automatic (backward's own thread where the ranks fill the cores), \"caller\" or \"never\" (a goroutine beside backward)")
 	fs.IntVar(&f.scalingRepeats, "scaling-repeats", 3, "rounds of the scaling table (1 rank, 2 ranks overlapped, 2 ranks all-reducing after backward), interleaved; 0: no table")
 	fs.IntVar(&f.scalingEpochs, "scaling-epochs", 3, "epochs of each scaling run; the first is a warm-up and not counted")

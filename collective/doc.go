@@ -24,6 +24,10 @@
 // (Options.GatherLinks: for rings that are not shared memory all round), it
 // gathers over links to the ranks 2, 4, 8, ... away as well as the ring,
 // in ceil(log2(world)) steps instead of world-1 (skiplinks.go).
+// Where every rank is on one host and the gang asks (Options.HostWindows),
+// each rank maps every other's window of shared memory, and AllReduce,
+// Broadcast and Barrier read peers' data where it lies, two barriers per
+// piece, with the ring's sums bit for bit (windows.go).
 //
 // A gang is described by a Gang value (run, generation, one listener address
 // per rank). Every rank calls Join with the same Gang and its own rank; Join
@@ -54,5 +58,5 @@
 // operations and their plans), progress.go (the progress loop), driven.go
 // (operations the caller drives), shmlink.go and shm_linux.go (shared
 // memory), transport.go (choosing it), listener.go and handshake.go
-// (accepting and authenticating neighbours).
+// (accepting and authenticating neighbours), windows.go (host windows).
 package collective

@@ -130,8 +130,13 @@ type Options struct {
 	// quietly, where any rank cannot map every window (a gang spread over
 	// hosts, a full /dev/shm). Every rank must set the same value; Join
 	// fails naming a neighbour that differs. Ranks of releases before it
-	// never use windows. A group with windows is never CallerDriven:
-	// StartAllReduce completes its operation through them.
+	// never use windows. Operations that StartAllReduce leaves to the
+	// caller (CallerDriven) still run around the ring, moved by the
+	// caller's own thread: training 2 ranks on 2 cores, buckets so moved
+	// gave 90.7% of twice one rank's throughput, through windows (each
+	// bucket's all-reduce on a goroutine) 79.6% (BENCHMARKS.md). Every
+	// rank must make the same calls, as always: a rank that started an
+	// operation where another called AllReduce waits for it.
 	HostWindows bool
 	// WindowBytes is each half of a rank's window: an all-reduce moves at
 	// most this much per rank between two barriers. Default 1 MiB; at least
@@ -378,7 +383,7 @@ func Join(ctx context.Context, ln *Listener, gang Gang, rank int, opts Options) 
 	if g.yield == nil && opts.SpinWindow > 0 {
 		g.largeSpin = new(coreYielder)
 	}
-	g.driven = g.windows == nil && callerDriven(opts.Progress, g.sendRing != nil && g.recvRing != nil, ranksOnHost(gang.Peers, rank), cores)
+	g.driven = callerDriven(opts.Progress, g.sendRing != nil && g.recvRing != nil, ranksOnHost(gang.Peers, rank), cores)
 	var left io.Reader = newSpinReader(g.leftConn, spin, &g.inOp)
 	if g.recvRing == nil && g.yield != nil {
 		// Data comes over TCP to a host with more ranks than cores: read it

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 	"sync"
+	"time"
 )
 
 // Host windows: where every rank of a gang is on one host, each rank
@@ -72,8 +72,8 @@ const (
 	// slots let them run ahead (idle, windows were faster at every size;
 	// BENCHMARKS.md).
 	defaultWindowMaxBytes = 4 << 20
-	minWindowBytes     = 4 << 10
-	maxWindowBytes     = 1 << 30
+	minWindowBytes        = 4 << 10
+	maxWindowBytes        = 1 << 30
 )
 
 // Operation kinds in a window's descriptor (the ring's opAllReduce and
