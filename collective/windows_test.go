@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -225,4 +227,64 @@ func TestWindowBytesOutOfRangeIsRefused(t *testing.T) {
 			t.Errorf("WindowBytes %d: %v; want it refused by name", bad, err)
 		}
 	}
+}
+
+// A /dev/shm too small for every ring and window (a container's is often
+// 64 MiB) refuses what does not fit when it is made: those links run over
+// TCP, the gang runs its ring, and the sums are right. Pages of shared
+// memory only reserved, not allocated, would kill the process with SIGBUS
+// when first written (as they did before 0.7.0). The test reruns itself in
+// a mount namespace with a 6 MiB /dev/shm, which needs root.
+func TestAFullDevShmRefusesRingsAndWindows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	if os.Getenv("DT_SMALL_SHM") == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("mounting a small /dev/shm needs root")
+		}
+		if _, err := exec.LookPath("unshare"); err != nil {
+			t.Skip("no unshare(1)")
+		}
+		cmd := exec.Command("unshare", "-m", "sh", "-c",
+			`mount -t tmpfs -o size=6m tmpfs /dev/shm || exit 77; exec "$0" -test.run '^TestAFullDevShmRefusesRingsAndWindows$' -test.count=1 -test.v`, os.Args[0])
+		cmd.Env = append(os.Environ(), "DT_SMALL_SHM=1")
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) && exit.ExitCode() == 77 || strings.Contains(string(out), "unshare failed") {
+			t.Skipf("cannot mount a small /dev/shm here: %s", out)
+		}
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestAFullDevShmRefusesRingsAndWindows") {
+			t.Fatalf("in a 6 MiB /dev/shm: %v\n%s", err, out)
+		}
+		t.Logf("%s", out)
+		return
+	}
+	groups := gang(t, 4, Options{HostWindows: true})
+	tcp := 0
+	for r, g := range groups {
+		if g.windows != nil {
+			t.Fatalf("rank %d has host windows in a /dev/shm with room for one ring", r)
+		}
+		if send, _ := g.Transports(); send == "tcp" {
+			tcp++
+		}
+	}
+	if tcp == 0 {
+		t.Fatal("every link is shared memory in a /dev/shm with room for one ring")
+	}
+	for op := range 5 {
+		inputs, want := ringOrderSums(4, 1<<18, uint64(op))
+		for r, err := range each(groups, func(r int, g *Group) error { return g.AllReduce(context.Background(), inputs[r]) }) {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
+		}
+		for r := range 4 {
+			if !slices.Equal(inputs[r], want) {
+				t.Fatalf("operation %d, rank %d: not the ring's sums", op, r)
+			}
+		}
+	}
+	t.Logf("%d of 4 links over TCP", tcp)
 }
