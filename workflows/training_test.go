@@ -1165,3 +1165,50 @@ func TestHostWindowsWhereEveryRankIsOnOneMachine(t *testing.T) {
 		}
 	}
 }
+
+// A signal that does not decode, sent while a continued run waits for its
+// gang's hosts to hand their holds over, is passed over: the handover's
+// timeout still fires, and the run forms a gang anew and completes.
+func TestACorruptGrantDuringHandoverDoesNotWedgeTheRun(t *testing.T) {
+	first := newHarness(t)
+	first.env.SetContinueAsNewSuggested(true)
+	first.grant(1, 1, time.Second)
+	first.env.ExecuteWorkflow(spec.WorkflowTraining, json.RawMessage(`{"name": "handed", "hyper": {"epochs": 3}, "scaling": {"gang_timeout": "1s"}}`))
+	var can *workflow.ContinueAsNewError
+	if err := first.env.GetWorkflowError(); !errors.As(err, &can) {
+		t.Fatalf("got %v, want continue-as-new", err)
+	}
+	var next json.RawMessage
+	if err := converterDecode(can, &next); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, kept, err := decodeInput(next, true); err != nil || kept == nil {
+		t.Fatalf("kept gang %+v, %v; want one to take over", kept, err)
+	}
+
+	h := newHarness(t)
+	h.env.SetContinuedExecutionRunID("the-run-before")
+	h.grant(2, 1, 0) // generation 1's host never hands over; generation 2 forms
+	h.env.RegisterDelayedCallback(func() {
+		h.env.SignalWorkflow(spec.SignalSlotGranted, "not a grant")
+		h.env.SignalWorkflow(spec.SignalSlotGranted, map[string]any{"generation": "one", "request": []int{0}})
+	}, 100*time.Millisecond)
+	h.env.ExecuteWorkflow(spec.WorkflowTraining, next)
+	if !h.env.IsWorkflowCompleted() {
+		t.Fatal("the continued run did not complete")
+	}
+	var p *spec.Progress
+	if err := h.env.GetWorkflowResult(&p); err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 2 || p.Epoch != 3 {
+		t.Fatalf("progress %+v; want completed by generation 2 after the handover timed out", p)
+	}
+	handedOver := false
+	for _, in := range h.holds {
+		handedOver = handedOver || in.Handover != nil && in.Generation == 1
+	}
+	if !handedOver {
+		t.Fatal("the continued run never asked generation 1's host to hand over")
+	}
+}
