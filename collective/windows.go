@@ -111,7 +111,9 @@ func (g *Group) exchangeWindows() error {
 	var path string
 	var token []byte
 	desc := binary.BigEndian.AppendUint16(nil, 0)
-	if g.sendRing != nil && g.recvRing != nil { // both neighbours are here: maybe all are
+	// Both neighbours are here (maybe all are), and a half holds a float
+	// of every rank's segment.
+	if g.sendRing != nil && g.recvRing != nil && half/4/w >= 1 {
 		var err error
 		if own, path, token, err = createShmRing(2, half); err == nil {
 			defer os.Remove(path)
