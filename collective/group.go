@@ -503,7 +503,7 @@ func flagsDiffer(peer int, addr string, theirs byte, rank int, ours byte) error 
 		}
 		return "does not reduce through host windows"
 	}
-	return fmt.Errorf("collective: rank %d (%s) %s and rank %d %s: every rank needs the same options.HostWindows, and a release that has it (0.7.0 or later)",
+	return fmt.Errorf("collective: rank %d (%s) %s and rank %d %s: every rank needs the same options.HostWindows, and a release that has it (0.6.0 or later)",
 		peer, addr, word(theirs), rank, word(ours))
 }
 

@@ -233,7 +233,7 @@ func TestWindowBytesOutOfRangeIsRefused(t *testing.T) {
 // 64 MiB) refuses what does not fit when it is made: those links run over
 // TCP, the gang runs its ring, and the sums are right. Pages of shared
 // memory only reserved, not allocated, would kill the process with SIGBUS
-// when first written (as they did before 0.7.0). The test reruns itself in
+// when first written (as they did before 0.6.0). The test reruns itself in
 // a mount namespace with a 6 MiB /dev/shm, which needs root.
 func TestAFullDevShmRefusesRingsAndWindows(t *testing.T) {
 	if testing.Short() {
