@@ -110,6 +110,32 @@ func ringOrderSums(n, length int, seed uint64) (inputs [][]float32, want []float
 	return inputs, want
 }
 
+// allReduceInRingOrder all-reduces copies of ringOrderSums' inputs on
+// every rank of groups and fails the test unless each rank holds the
+// ring's sums, bit for bit; it returns the inputs.
+func allReduceInRingOrder(t *testing.T, groups []*Group, length int, seed uint64) [][]float32 {
+	t.Helper()
+	n := len(groups)
+	inputs, want := ringOrderSums(n, length, seed)
+	bufs := make([][]float32, n)
+	for r := range n {
+		bufs[r] = slices.Clone(inputs[r])
+	}
+	for r, err := range each(groups, func(r int, g *Group) error { return g.AllReduce(context.Background(), bufs[r]) }) {
+		if err != nil {
+			t.Fatalf("length %d, rank %d: %v", length, r, err)
+		}
+	}
+	for r := range n {
+		for i := range length {
+			if math.Float32bits(bufs[r][i]) != math.Float32bits(want[i]) {
+				t.Fatalf("length %d, rank %d, element %d: %v; the ring's order gives %v", length, r, i, bufs[r][i], want[i])
+			}
+		}
+	}
+	return inputs
+}
+
 // each runs f on every rank concurrently and returns the errors by rank.
 func each(groups []*Group, f func(rank int, g *Group) error) []error {
 	errs := make([]error, len(groups))

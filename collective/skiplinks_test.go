@@ -47,23 +47,7 @@ func TestSkipLinksGatherWhatTheRingSums(t *testing.T) {
 				t.Fatalf("%d skip links; want %d", len(groups[0].skips), want)
 			}
 			for _, length := range []int{0, 1, 7, 1003} {
-				inputs, want := ringOrderSums(n, length, uint64(length))
-				bufs := make([][]float32, n)
-				for r := range n {
-					bufs[r] = slices.Clone(inputs[r])
-				}
-				for r, err := range each(groups, func(r int, g *Group) error { return g.AllReduce(context.Background(), bufs[r]) }) {
-					if err != nil {
-						t.Fatalf("length %d, rank %d: %v", length, r, err)
-					}
-				}
-				for r := range n {
-					for i := range length {
-						if math.Float32bits(bufs[r][i]) != math.Float32bits(want[i]) {
-							t.Fatalf("length %d, rank %d, element %d: %v; the ring's order gives %v", length, r, i, bufs[r][i], want[i])
-						}
-					}
-				}
+				allReduceInRingOrder(t, groups, length, uint64(length))
 			}
 		})
 	}
