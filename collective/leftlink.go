@@ -7,6 +7,8 @@ import (
 	"os"
 	"runtime"
 	"time"
+
+	"github.com/durabletrain/durabletrain/internal/race"
 )
 
 // recvJob is the receiving half of one operation: served by the operation's
@@ -120,6 +122,9 @@ func (g *Group) serveLeft(job *recvJob) leftEnd {
 			g.readAbort(g.leftReader, h)
 			return leftFailed
 		case frameData:
+			if race.Enabled {
+				raceShmSends.Load() // after every shared-memory send this frame's data came round after
+			}
 		default:
 			g.failPeer(g.left, "protocol error", fmt.Errorf("unknown frame type %d", h.typ))
 			return leftFailed

@@ -3,7 +3,10 @@ package collective
 import (
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
+
+	"github.com/durabletrain/durabletrain/internal/race"
 )
 
 // A link between neighbours on one host carries its data through shared
@@ -173,6 +176,9 @@ func (g *Group) trySendShm(op byte, seq uint32, src []float32) bool {
 	slot := int(g.shmSent % uint64(ring.slots))
 	payload := asBytes(src)
 	copy(ring.slot(slot), payload)
+	if race.Enabled {
+		raceShmSends.Add(1)
+	}
 	seqW, opW, lenW := ring.desc(slot)
 	seqW.Store(seq)
 	opW.Store(uint32(op))
@@ -185,6 +191,16 @@ func (g *Group) trySendShm(op byte, seq uint32, src []float32) bool {
 	}
 	return true
 }
+
+// raceShmSends orders, for the race detector only (race.Enabled), what an
+// operation read of its buffer to send through shared memory before what
+// its left TCP link later writes there: the data that comes back went
+// around the ring after it. Over TCP the sender's write(2) and the
+// reader's read(2) order them (the syscall package tells the detector);
+// shared memory tells it nothing, so a rank whose right link is shared
+// memory and whose left is TCP looked like a race (a gang where
+// /dev/shm had room for one ring, 2026-11-27).
+var raceShmSends atomic.Uint64
 
 // spinWait polls a ring for a window before its loop sleeps on the futex.
 type spinWait struct {
