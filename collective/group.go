@@ -124,9 +124,9 @@ type Options struct {
 	// shared memory that every other maps, and runs AllReduce, Broadcast and
 	// Barrier through the windows: two barriers per piece instead of the
 	// ring's 2(world-1) steps, the same sums bit for bit (windows.go).
-	// Measured on 2 cores, 1 MiB, against OpenMPI's shared memory: 1.72x
-	// its bus bandwidth with 2 ranks and 1.44x with 4, where the ring gave
-	// 1.40x and 0.84x (BENCHMARKS.md). Join falls back to the ring,
+	// Measured on 2 cores, 1 MiB, against OpenMPI's shared memory, two
+	// sittings: 1.72-1.73x its bus bandwidth with 2 ranks and 1.23-1.44x
+	// with 4, where the ring gave 1.40x and 0.82-0.84x (BENCHMARKS.md). Join falls back to the ring,
 	// quietly, where any rank cannot map every window (a gang spread over
 	// hosts, a full /dev/shm). Every rank must set the same value; Join
 	// fails naming a neighbour that differs. Ranks of releases before it
