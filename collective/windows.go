@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Host windows: where every rank of a gang is on one host, each rank
@@ -59,14 +61,14 @@ const (
 // ranks outnumber cores it comes only once the rank gave it the core.
 // Polling stops early once the system takes the core for other work
 // (coreYielder). Measured, 4 ranks on 2 cores, 1 MiB: 367-382 µs polling
-// up to 5 ms, 415-423 µs up to 200 µs (sitting of 2026-11-27 14:40).
+// up to 5 ms, 415-423 µs up to 200 µs (2026-11-27, about 14:05 UTC).
 const windowSpin = 5 * time.Millisecond
 
 const (
 	defaultWindowBytes = 1 << 20
 	// defaultWindowMaxBytes is Options.WindowMaxBytes by default: measured
 	// with a CPU-bound process per core beside 2 and 4 ranks on 2 cores,
-	// windows took 0.77-0.96x the ring's time at 1 and 4 MiB, 0.95-1.26x at
+	// windows took 0.71-0.96x the ring's time at 1 and 4 MiB, 0.95-1.26x at
 	// 8 MiB and 1.12-1.42x at 16 MiB, where ranks kept in step by a barrier
 	// per piece wait out each other's lost time slices and the ring's
 	// slots let them run ahead (idle, windows were faster at every size;
@@ -122,7 +124,7 @@ func (g *Group) exchangeWindows() error {
 			desc = binary.BigEndian.AppendUint32(desc, uint32(half))
 			desc = append(desc, token...)
 		} else {
-			g.log.Sugar().Infof("collective: rank %d runs its ring without host windows: %v", r, err)
+			g.log.Info("no host window: the gang runs its ring", zap.Error(err))
 		}
 	}
 	descs := make([][]byte, w)
