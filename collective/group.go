@@ -126,9 +126,9 @@ type Options struct {
 	// ring's 2(world-1) steps, the same sums bit for bit (windows.go).
 	// Measured on 2 cores, 1 MiB, against OpenMPI's shared memory, two
 	// sittings: 1.72-1.73x its bus bandwidth with 2 ranks and 1.23-1.44x
-	// with 4, where the ring gave 1.40x and 0.82-0.84x (BENCHMARKS.md). Join falls back to the ring,
-	// quietly, where any rank cannot map every window (a gang spread over
-	// hosts, a full /dev/shm). Every rank must set the same value; Join
+	// with 4, where the ring gave 1.40x and 0.82-0.84x (BENCHMARKS.md).
+	// Join falls back to the ring, quietly, where any rank cannot map every
+	// window (a gang spread over hosts, a full /dev/shm). Every rank must set the same value; Join
 	// fails naming a neighbour that differs. Ranks of releases before it
 	// never use windows. Operations that StartAllReduce leaves to the
 	// caller (CallerDriven) still run around the ring, moved by the
@@ -147,7 +147,8 @@ type Options struct {
 	// barrier through the windows that checks every rank began the same
 	// operation. Default 4 MiB: beside a CPU-bound process per core the
 	// ring was faster from 8 MiB up (BENCHMARKS.md). Every rank must use
-	// the same value.
+	// the same value: where they differ, the operation fails with a
+	// protocol error.
 	WindowMaxBytes int
 	// Progress says who moves an operation started by StartAllReduce:
 	// ProgressAuto (default), ProgressCaller or ProgressNever (driven.go).

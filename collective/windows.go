@@ -78,9 +78,13 @@ const (
 	maxWindowBytes        = 1 << 30
 )
 
-// Operation kinds in a window's descriptor (the ring's opAllReduce and
-// opBroadcast, and a barrier).
-const winBarrier = 0xff
+// Operation kinds in a window's descriptor: the ring's opAllReduce and
+// opBroadcast, either marked winAroundRing (too large for the windows: it
+// runs the ring after the barrier), and a barrier.
+const (
+	winAroundRing = 0x80
+	winBarrier    = 0xff
+)
 
 // hostWindows is this rank's view of every rank's window, by rank.
 type hostWindows struct {
@@ -298,9 +302,8 @@ func (g *Group) awaitAll(first bool) error {
 			for off := d; off <= d+16; off += 4 {
 				if win.word(off).Load() != own.word(off).Load() {
 					g.failPeer(q, "protocol error", fmt.Errorf(
-						"rank %d began operation #%d kind %d of %d floats from rank %d, this rank #%d kind %d of %d floats from rank %d: ranks called collectives in different orders or with different lengths",
-						q, win.word(d).Load(), win.word(d+4).Load(), descLen(win, d), win.word(d+16).Load(),
-						g.seq, own.word(d+4).Load(), descLen(own, d), own.word(d+16).Load()))
+						"rank %d began operation #%d, %s, and this rank #%d, %s: ranks called collectives in different orders or with different lengths (or options.WindowMaxBytes)",
+						q, win.word(d).Load(), describedOp(win, d), g.seq, describedOp(own, d)))
 					return g.err
 				}
 			}
@@ -309,8 +312,24 @@ func (g *Group) awaitAll(first bool) error {
 	return nil
 }
 
-func descLen(win *shmRing, d int) uint64 {
-	return uint64(win.word(d+8).Load()) | uint64(win.word(d+12).Load())<<32
+// describedOp says in words what a window's descriptor at d describes.
+func describedOp(win *shmRing, d int) string {
+	n := uint64(win.word(d+8).Load()) | uint64(win.word(d+12).Load())<<32
+	kind, root := win.word(d+4).Load(), win.word(d+16).Load()
+	how := "through the windows"
+	if kind != winBarrier && kind&winAroundRing != 0 {
+		kind &^= winAroundRing
+		how = "around the ring (past WindowMaxBytes)"
+	}
+	switch kind {
+	case winBarrier:
+		return "a barrier"
+	case opAllReduce:
+		return fmt.Sprintf("an all-reduce of %d floats %s", n, how)
+	case opBroadcast:
+		return fmt.Sprintf("a broadcast of %d floats from rank %d %s", n, root, how)
+	}
+	return fmt.Sprintf("an operation of unknown kind %d", kind)
 }
 
 // barrierWindows is one barrier, checked as an operation's first.
@@ -341,8 +360,10 @@ func (g *Group) windowsOp(ctx context.Context, run func() error) error {
 // began the same operation, so that ranks that disagree (one through the
 // windows, one around the ring) fail with a protocol error instead of each
 // waiting for the other.
+// The kind it describes is op|winAroundRing: a rank whose WindowMaxBytes
+// sent the same operation through the windows sees another kind.
 func (g *Group) agreeOnWindows(ctx context.Context, op byte, n, root int) error {
-	return g.windowsOp(ctx, func() error { return g.barrierWindows(op, n, root) })
+	return g.windowsOp(ctx, func() error { return g.barrierWindows(op|winAroundRing, n, root) })
 }
 
 // allReduceWindows is AllReduce over the host windows (see the top of
@@ -370,16 +391,11 @@ func (g *Group) allReduceWindows(ctx context.Context, buf []float32) error {
 					copy(slot(r, s), part(s))
 				}
 			}
-			var err error
 			if lo == 0 {
 				g.describe(opAllReduce, n, 0)
-				g.arrive()
-				err = g.awaitAll(true)
-			} else {
-				g.arrive()
-				err = g.awaitAll(false)
 			}
-			if err != nil {
+			g.arrive()
+			if err := g.awaitAll(lo == 0); err != nil {
 				return err
 			}
 			mine := part(r)

@@ -117,29 +117,43 @@ func TestRanksThatDisagreeOnHostWindowsFail(t *testing.T) {
 // lengths, fail with a protocol error rather than wait on each other or
 // sum what does not match.
 func TestHostWindowsRanksThatDisagreeFailTheOperation(t *testing.T) {
-	cases := map[string]func(r int, g *Group) error{
-		"lengths": func(r int, g *Group) error { return g.AllReduce(context.Background(), make([]float32, 100+r)) },
-		"kinds": func(r int, g *Group) error {
+	cases := map[string]func(ctx context.Context, r int, g *Group) error{
+		"lengths": func(ctx context.Context, r int, g *Group) error { return g.AllReduce(ctx, make([]float32, 100+r)) },
+		"kinds": func(ctx context.Context, r int, g *Group) error {
 			if r == 2 {
-				return g.Broadcast(context.Background(), make([]float32, 100), 0)
+				return g.Broadcast(ctx, make([]float32, 100), 0)
 			}
-			return g.AllReduce(context.Background(), make([]float32, 100))
+			return g.AllReduce(ctx, make([]float32, 100))
 		},
-		"roots": func(r int, g *Group) error { return g.Broadcast(context.Background(), make([]float32, 100), r%2) },
-		"one around the ring": func(r int, g *Group) error {
+		"roots": func(ctx context.Context, r int, g *Group) error { return g.Broadcast(ctx, make([]float32, 100), r%2) },
+		"one around the ring": func(ctx context.Context, r int, g *Group) error {
 			n := 100
 			if r == 1 {
 				n = 1 << 20 // past WindowMaxBytes
 			}
-			return g.AllReduce(context.Background(), make([]float32, n))
+			return g.AllReduce(ctx, make([]float32, n))
 		},
-		"one broadcasts around the ring": func(r int, g *Group) error {
+		"one broadcasts around the ring": func(ctx context.Context, r int, g *Group) error {
 			n := 100
 			if r == 3 {
 				n = 1 << 20
 			}
-			return g.Broadcast(context.Background(), make([]float32, n), 0)
+			return g.Broadcast(ctx, make([]float32, n), 0)
 		},
+	}
+	// Same lengths, but rank 2's WindowMaxBytes sends them around the ring
+	// where the others take the windows.
+	cases["WindowMaxBytes"] = func(ctx context.Context, r int, g *Group) error {
+		if r == 2 {
+			g.opts.WindowMaxBytes = 64
+		}
+		return g.AllReduce(ctx, make([]float32, 100))
+	}
+	cases["WindowMaxBytes, broadcast"] = func(ctx context.Context, r int, g *Group) error {
+		if r == 0 {
+			g.opts.WindowMaxBytes = 64
+		}
+		return g.Broadcast(ctx, make([]float32, 100), 1)
 	}
 	for name, op := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -147,7 +161,7 @@ func TestHostWindowsRanksThatDisagreeFailTheOperation(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			for r, err := range each(groups, func(r int, g *Group) error {
-				if err := op(r, g); err != nil {
+				if err := op(ctx, r, g); err != nil {
 					return err
 				}
 				return g.AllReduce(ctx, make([]float32, 10))
