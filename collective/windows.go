@@ -60,8 +60,9 @@ const (
 // piece's copies and sums, which take longer than a ring step's, and where
 // ranks outnumber cores it comes only once the rank gave it the core.
 // Polling stops early once the system takes the core for other work
-// (coreYielder). Measured, 4 ranks on 2 cores, 1 MiB: 367-382 µs polling
-// up to 5 ms, 415-423 µs up to 200 µs (2026-11-27, about 14:05 UTC).
+// (coreYielder). Measured, 4 ranks on 2 cores, 1 MiB, one run each: 382
+// µs polling up to 5 ms, 415 up to 1 ms, 424 up to 200 µs (2026-11-27,
+// about 14:05 UTC; BENCHMARKS.md).
 const windowSpin = 5 * time.Millisecond
 
 const (
