@@ -24,8 +24,12 @@
 #   WORKERS=n     ranks of the reference run, on this one worker (default: 4, as the reference, or every GPU where fewer)
 #   EVERY_STEPS=n checkpoint.every_steps of the reference run (default 200; 0: at epoch ends only)
 #   DIRECT_EPOCHS=n  epochs of the same program launched by hand afterwards (default 2; 0: none)
+#   DIRECT_FIRST=n   epochs of it by hand before anything else (default 0): on a fresh machine
+#                 the first CUDA process pays for loading the libraries from disk
 #   RUN_TIMEOUT=s how long the reference run may take (default 1800)
-#   ARGS="..."    more arguments for the program, such as "--limit 1024" for a short try on a CPU
+#   ARGS="..."    more arguments for the program, such as "--limit 1024" for a short try on a CPU,
+#                 or "--trace-steps 40 --trace-stacks 1" to see where a slow first epoch goes
+# While it runs, nvidia-smi dmon samples the GPU's utilisation and memory every second (dmon.log).
 # Exit status: 0 when every check passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,9 +59,53 @@ since() { "$PYTHON" -c "import sys,time; print('%.1f s' % (time.time()-float(sys
 for b in devserver worker starter; do
   [ -x "$BIN/$b" ] || go build -o "$BIN/$b" "./cmd/$b" || { echo "gpu-check: cannot build $b" >&2; exit 1; }
 done
-[ -x "$BIN/gpuworker.test" ] || go test -c -o "$BIN/gpuworker.test" ./gpuworker || exit 1
+# gpuworker.test is optional where no go can build it (a lent machine whose
+# working tree has no room for it): check 2 is then skipped.
+if [ ! -x "$BIN/gpuworker.test" ] && command -v go >/dev/null; then
+  go test -c -o "$BIN/gpuworker.test" ./gpuworker || exit 1
+fi
 
+# The same program launched by hand on one GPU, no durabletrain: check 5 runs
+# it for DIRECT_EPOCHS epochs, twice: while the worker is still up (its NVML
+# open, sampled every 2 s) and after it stopped, and DIRECT_FIRST runs it
+# before everything. Its epoch times beside the run's (0 skips it).
+by_hand() { # label, log name, epochs
+  mkdir -p "$OUTDIR/scratch"
+  (cd "$OUTDIR/scratch" && RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((PORT + 7)) \
+    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=4 PYTHONPATH=$root/python DURABLETRAIN_EPOCHS=$3 \
+    timeout 600 "$PYTHON" "$root/examples/pytorch/resnet18_fashion_mnist.py" --data "$DATA" --checkpoint-dir direct-ckpt ${ARGS:-}) \
+    >"$OUTDIR/$2" 2>&1
+  local direct
+  direct=$("$PYTHON" - "$OUTDIR/$2" "$OUTDIR/progress.json" <<'EOF'
+import json, sys
+d = [json.loads(l.split(": ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("epoch ")]
+try:
+    r = json.load(open(sys.argv[2]))["metrics"]
+except Exception:
+    r = []
+if not d:
+    print("FAIL\tthe program launched by hand reported no epoch"); sys.exit()
+n = min(len(d), len(r))
+med = lambda xs: sorted(xs)[len(xs) // 2]
+epochs = lambda ms, first: ", ".join("%.1f (%.1f)" % (m["seconds"], first(m)) for m in ms)
+line = "%d epoch(s) by hand, seconds (first step): %s" % (len(d), epochs(d, lambda m: m.get("first_step_seconds", 0)))
+if n:
+    line += "; the run's first %d: %s; ratio of medians %.3f" % (
+        n, epochs(r[:n], lambda m: (m.get("other") or {}).get("first_step_seconds", 0)),
+        med([m["seconds"] for m in r[:n]]) / med([m["seconds"] for m in d]))
+print("pass\t" + line)
+EOF
+)
+  row "$1" "${direct%%$'\t'*}" "${direct#*$'\t'}"
+}
 # 1. The GPUs.
+dmon=
+stop_dmon() { [ -n "$dmon" ] && kill "$dmon" 2>/dev/null; dmon=; }
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi dmon -s um -d 1 -o T >"$OUTDIR/dmon.log" 2>&1 &
+  dmon=$!
+  trap stop_dmon EXIT
+fi
 if smi=$(nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader 2>&1); then
   gpus=$(printf '%s\n' "$smi" | grep -c .)
   row "GPUs (nvidia-smi)" pass "$gpus: $(printf '%s\n' "$smi" | cut -d, -f2,4,5 | sort | uniq -c | tr -s ' ' | paste -sd';')"
@@ -66,17 +114,25 @@ else
   row "GPUs (nvidia-smi)" FAIL "nvidia-smi: $(printf '%s' "$smi" | head -1)"
 fi
 
+if [ "${DIRECT_FIRST:-0}" -gt 0 ] && [ "$gpus" -gt 0 ]; then
+  by_hand "by hand, before anything else" direct-first.log "$DIRECT_FIRST"
+fi
+
 # 2. NVML through the worker's code.
-"$BIN/gpuworker.test" -test.run '^TestOnRealGPU$' -test.v >"$OUTDIR/nvml.log" 2>&1
-rc=$?
-slots=$(grep -c 'slot [0-9]*: ' "$OUTDIR/nvml.log")
-detail=$(grep -o 'slot 0: .*' "$OUTDIR/nvml.log" | head -1)
-if grep -q -- '--- SKIP' "$OUTDIR/nvml.log"; then
-  row "NVML slots, readings, health" FAIL "NVML found no GPU ($(grep -o '"reason": "[^"]*' "$OUTDIR/nvml.log" | head -1 | cut -d'"' -f4))"
-elif [ $rc = 0 ] && [ "$slots" = "$gpus" ]; then
-  row "NVML slots, readings, health" pass "$slots slot(s), all healthy; $detail"
+if [ ! -x "$BIN/gpuworker.test" ]; then
+  row "NVML slots, readings, health" skip "no $BIN/gpuworker.test, and no go to build it"
 else
-  row "NVML slots, readings, health" FAIL "exit $rc, $slots slot(s) for $gpus GPU(s); see nvml.log"
+  "$BIN/gpuworker.test" -test.run '^TestOnRealGPU$' -test.v >"$OUTDIR/nvml.log" 2>&1
+  rc=$?
+  slots=$(grep -c 'slot [0-9]*: ' "$OUTDIR/nvml.log")
+  detail=$(grep -o 'slot 0: .*' "$OUTDIR/nvml.log" | head -1)
+  if grep -q -- '--- SKIP' "$OUTDIR/nvml.log"; then
+    row "NVML slots, readings, health" FAIL "NVML found no GPU ($(grep -o '"reason": "[^"]*' "$OUTDIR/nvml.log" | head -1 | cut -d'"' -f4))"
+  elif [ $rc = 0 ] && [ "$slots" = "$gpus" ]; then
+    row "NVML slots, readings, health" pass "$slots slot(s), all healthy; $detail"
+  else
+    row "NVML slots, readings, health" FAIL "exit $rc, $slots slot(s) for $gpus GPU(s); see nvml.log"
+  fi
 fi
 
 # 3. NCCL.
@@ -91,7 +147,7 @@ fi
 # 4. The reference run through durabletrain.
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
-trap cleanup EXIT
+trap 'cleanup; stop_dmon' EXIT
 "$BIN/devserver" -db "" -port "$PORT" -ui-port 0 >"$OUTDIR/devserver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 200); do grep -q "frontend on" "$OUTDIR/devserver.log" && break; sleep 0.1; done
@@ -164,44 +220,13 @@ EOF
 )
 result=$(printf '%s\n' "$summary" | head -1)
 row "reference ResNet-18 run (exit $rc)" "${result%%$'\t'*}" "${result#*$'\t'}, wall $run_time"
-# 5. The same program launched by hand on one GPU, no durabletrain, for
-# DIRECT_EPOCHS epochs, twice: while the worker is still up (its NVML open,
-# sampled every 2 s) and after it stopped. Its epoch times beside the run's
-# (0 skips it).
-by_hand() { # label, log name
-  (cd "$OUTDIR/scratch" && RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((PORT + 7)) \
-    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=4 PYTHONPATH=$root/python DURABLETRAIN_EPOCHS=$DIRECT_EPOCHS \
-    timeout 600 "$PYTHON" "$root/examples/pytorch/resnet18_fashion_mnist.py" --data "$DATA" --checkpoint-dir direct-ckpt ${ARGS:-}) \
-    >"$OUTDIR/$2" 2>&1
-  local direct
-  direct=$("$PYTHON" - "$OUTDIR/$2" "$OUTDIR/progress.json" <<'EOF'
-import json, sys
-d = [json.loads(l.split(": ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("epoch ")]
-try:
-    r = json.load(open(sys.argv[2]))["metrics"]
-except Exception:
-    r = []
-if not d:
-    print("FAIL\tthe program launched by hand reported no epoch"); sys.exit()
-n = min(len(d), len(r))
-med = lambda xs: sorted(xs)[len(xs) // 2]
-epochs = lambda ms, first: ", ".join("%.1f (%.1f)" % (m["seconds"], first(m)) for m in ms)
-line = "%d epoch(s) by hand, seconds (first step): %s" % (len(d), epochs(d, lambda m: m.get("first_step_seconds", 0)))
-if n:
-    line += "; the run's first %d: %s; ratio of medians %.3f" % (
-        n, epochs(r[:n], lambda m: (m.get("other") or {}).get("first_step_seconds", 0)),
-        med([m["seconds"] for m in r[:n]]) / med([m["seconds"] for m in d]))
-print("pass\t" + line)
-EOF
-)
-  row "$1" "${direct%%$'\t'*}" "${direct#*$'\t'}"
-}
 DIRECT_EPOCHS=${DIRECT_EPOCHS:-2}
 run_by_hand=$([ "$DIRECT_EPOCHS" -gt 0 ] && [ "$gpus" -gt 0 ] && echo 1)
-[ -n "$run_by_hand" ] && by_hand "by hand, the worker still up" direct-worker-up.log
+[ -n "$run_by_hand" ] && by_hand "by hand, the worker still up" direct-worker-up.log "$DIRECT_EPOCHS"
 cleanup
-trap - EXIT
-[ -n "$run_by_hand" ] && by_hand "by hand, no worker" direct.log
+trap stop_dmon EXIT
+[ -n "$run_by_hand" ] && by_hand "by hand, no worker" direct.log "$DIRECT_EPOCHS"
+stop_dmon
 
 {
   echo "# scripts/gpu-check.sh on $(hostname), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"

@@ -20,11 +20,15 @@ hand: RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500
 PYTHONPATH=../../python DURABLETRAIN_EPOCHS=1 python3 resnet18_fashion_mnist.py
 
 --limit trains on the first N training images (the CI's one short epoch on
-CPU); the run's config (durabletrain.config()) may set lr, batch_size, seed.
+CPU); --trace-steps N prints how long the start-up's phases and each
+epoch's first N steps took (rank 0), and --trace-stacks S also prints every
+thread's Python stack every S seconds until then, to find where a slow start
+goes; the run's config (durabletrain.config()) may set lr, batch_size, seed.
 Needs torch, torchvision (Debian's python3-torchvision) and the standard library.
 """
 
 import argparse
+import faulthandler
 import gzip
 import json
 import os
@@ -41,6 +45,20 @@ from torchvision.models import resnet18
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import durabletrain as dt  # noqa: E402
+
+BEGAN = time.time()  # after the imports: torch's is most of a start-up
+
+
+def process_began():
+    """When this process started (Linux's /proc), else when the imports ended."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return time.time() - up + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return BEGAN
 
 
 def read_idx(path):
@@ -70,7 +88,16 @@ def main():
     p.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all)")
     p.add_argument("--checkpoint-dir", default="resnet18-ckpt-%(rank)s")
     p.add_argument("--report-every", type=int, default=50)
+    p.add_argument("--trace-steps", type=int, default=0, help="print the times of each epoch's first N steps (rank 0)")
+    p.add_argument("--trace-stacks", type=float, default=0, help="and dump every thread's stack every S seconds until then")
     a = p.parse_args()
+    phases = [("imports", BEGAN)]
+
+    def phase(name):  # the start-up's phases, for --trace-steps
+        phases.append((name, time.time()))
+
+    if a.trace_stacks > 0:
+        faulthandler.dump_traceback_later(a.trace_stacks, repeat=True, file=sys.stderr)
     config = dt.config()
     lr = float(config.get("lr", a.lr))
     batch_size = int(config.get("batch_size", a.batch_size))
@@ -78,6 +105,7 @@ def main():
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group(dt.backend())  # NCCL on a GPU slot, gloo on a CPU one
+    phase("init_process_group")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = dt.device()
     cuda = device.type == "cuda"
@@ -95,11 +123,13 @@ def main():
     model.conv1 = nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
     model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    phase("model on the device")
 
     xtr, ytr = load(a.data, "train")
     if a.limit:
         xtr, ytr = xtr[:a.limit], ytr[:a.limit]
     xte, yte = load(a.data, "test")
+    phase("data loaded")
     sampler = dt.ShardSampler(len(xtr), batch_size=batch_size, seed=seed)
     out_dir = a.checkpoint_dir % {"rank": rank}
     run = {"loss_sum": 0.0, "loss_steps": 0}
@@ -118,6 +148,8 @@ def main():
             run["loss_sum"], run["loss_steps"] = meta["loss_sum"], meta["loss_steps"]
         print("rank %d: resumed from %s at epoch %d step %d" % (rank, ckpt, ckpt.epoch, ckpt.step), file=sys.stderr)
     ddp = DDP(model)
+    phase("DDP")
+    trace = a.trace_steps > 0 and rank == 0
 
     def save_at(epoch, step):
         os.makedirs(out_dir, exist_ok=True)
@@ -139,6 +171,13 @@ def main():
 
     for epoch in dt.epochs():
         start = time.time()
+        if trace and phases:
+            phase("epoch %d given" % epoch)
+            began = process_began()
+            print("trace: start-up, seconds since the process began: %s" % (
+                ", ".join("%s %.2f" % (n, t - began) for n, t in phases)), file=sys.stderr)
+            phases = None
+        step_times, last = [], start
         sampler.set_epoch(epoch)
         shard = list(sampler)
         if dt.start_step() == 0:
@@ -156,6 +195,16 @@ def main():
             run["loss_steps"] += 1
             if not samples:  # the first step, with cuDNN's autotuning on a GPU
                 first_step = time.time() - start
+            if trace and len(step_times) < a.trace_steps:
+                now = time.time()
+                step_times.append(now - last)
+                last = now
+                if len(step_times) == a.trace_steps:
+                    print("trace: epoch %d, its first %d steps from step %d, ms each: %s" % (
+                        epoch, len(step_times), step - len(step_times) + 1,
+                        " ".join("%.0f" % (1000 * d) for d in step_times)), file=sys.stderr)
+                    if a.trace_stacks > 0:
+                        faulthandler.cancel_dump_traceback_later()
             samples += len(idx) * world
             if a.report_every and (step + 1) % a.report_every == 0:
                 dt.report({"train_loss": run["loss_sum"] / run["loss_steps"]})

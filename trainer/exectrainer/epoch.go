@@ -51,12 +51,15 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 		}
 	}
 	t.epoch.lastAt, t.epoch.lastStep = time.Now(), from
+	var stops stopTally
+	defer stops.log(t.cfg.Log, t.cfg.Rank, epoch, start)
 	doing := fmt.Sprintf("train epoch %d and report it", epoch)
 	for {
 		m, err := t.next(ctx, doing)
 		if err != nil {
 			return trainer.EpochMetrics{}, err
 		}
+		arrived := time.Now()
 		if m.Epoch != epoch {
 			t.kill()
 			return trainer.EpochMetrics{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent a %q of epoch %d while it trains epoch %d", t.cfg.Rank, m.Op, m.Epoch, epoch))
@@ -109,6 +112,7 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 			if err := t.send(message{Op: "go", Sync: next}); err != nil {
 				return trainer.EpochMetrics{}, err
 			}
+			stops.add(m.Step, arrived.Sub(start), time.Since(arrived))
 		default:
 			t.kill()
 			return trainer.EpochMetrics{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent %q while it trains epoch %d", t.cfg.Rank, m.Op, epoch))

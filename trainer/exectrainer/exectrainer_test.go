@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/durabletrain/durabletrain/internal/race"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -341,6 +344,34 @@ func newCounterRank(t *testing.T, env map[string]string, comm trainer.Reducer, s
 	tr := newCounter(t, env)
 	tr.cfg.Comm, tr.cfg.Rank, tr.cfg.World, tr.cfg.SyncEvery = comm, comm.Rank(), comm.World(), sync
 	return tr
+}
+
+// The worker logs what each call's stops at agreed steps cost the program
+// (how many, how long it waited in all and at most, where the first came),
+// so a slow epoch says whether the program trained slowly or waited.
+func TestStopsAreLoggedWithWhatTheyCost(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	a := newCounterRank(t, map[string]string{"STEPS": "10"}, trainer.Local{}, time.Nanosecond)
+	a.cfg.Log = zap.New(core)
+	ctx := context.Background()
+	if err := a.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := logs.FilterMessage("exec trainer: the program's stops at agreed steps").All()
+	if len(got) != 1 {
+		t.Fatalf("%d stop summaries logged for one call; want 1 (all: %v)", len(got), logs.All())
+	}
+	f := got[0].ContextMap()
+	// After every step (SyncEvery 1ns) but the last: the ninth's go says
+	// the epoch ends first.
+	if f["stops"] != int64(9) || f["first_stop_step"] != int64(1) || f["epoch"] != int64(0) ||
+		f["stopped"].(time.Duration) <= 0 || f["slowest_stop"].(time.Duration) > f["stopped"].(time.Duration) ||
+		f["first_stop_after"].(time.Duration) > f["call"].(time.Duration) {
+		t.Fatalf("stop summary %v", f)
+	}
 }
 
 // readSeen is the steps a counter trained, as "epoch,step;…".

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/durabletrain/durabletrain/trainer"
 )
 
@@ -228,6 +230,37 @@ func (p *epochPace) observe(step int, now time.Time) {
 		p.slowest = max(p.slowest, d)
 	}
 	p.lastAt, p.lastStep = now, step
+}
+
+// stopTally is what one TrainEpoch call's stops at agreed steps cost the
+// program: it waits from its "sync" until the worker's "go", the gang's
+// vote included. The worker logs it when the call ends, so a slow epoch
+// shows whether the program trained slowly or waited on its gang.
+type stopTally struct {
+	stops     int
+	stopped   time.Duration // from each sync's arrival to its go
+	slowest   time.Duration // the longest of them
+	firstStep int           // the step of the call's first stop
+	firstAt   time.Duration // when it arrived, since the call began
+}
+
+func (s *stopTally) add(step int, at, stopped time.Duration) {
+	if s.stops == 0 {
+		s.firstStep, s.firstAt = step, at
+	}
+	s.stops++
+	s.stopped += stopped
+	s.slowest = max(s.slowest, stopped)
+}
+
+func (s *stopTally) log(log *zap.Logger, rank, epoch int, start time.Time) {
+	if log == nil || s.stops == 0 {
+		return
+	}
+	log.Info("exec trainer: the program's stops at agreed steps", zap.Int("rank", rank), zap.Int("epoch", epoch),
+		zap.Int("stops", s.stops), zap.Duration("stopped", s.stopped), zap.Duration("slowest_stop", s.slowest),
+		zap.Int("first_stop_step", s.firstStep), zap.Duration("first_stop_after", s.firstAt),
+		zap.Duration("call", time.Since(start)))
 }
 
 // proposal is the next step to stop at after step: about SyncEvery of
