@@ -146,7 +146,8 @@ fi
 
 # 4. The reference run through durabletrain.
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+# Only its own: a bare wait would wait for dmon too, which runs until stopped.
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait "${pids[@]}" 2>/dev/null; }
 trap 'cleanup; stop_dmon' EXIT
 "$BIN/devserver" -db "" -port "$PORT" -ui-port 0 >"$OUTDIR/devserver.log" 2>&1 &
 pids+=($!)
