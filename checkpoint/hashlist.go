@@ -19,15 +19,18 @@ const BlockSize = 8 << 20
 // hashAlgo is the hash of a manifest's objects, fixed by its format:
 // format 1 hashed with SHA-256; format 2 (FormatVersion) with BLAKE3, which
 // runs at over twice SHA-256's speed on one core of these machines (3.5–3.9
-// against 1.6 GB/s, both with their CPU's instructions: AVX-512 for BLAKE3,
-// SHA-NI for SHA-256), so a checkpoint written in the background while
-// training runs takes less of a core from it. Both are cryptographic: a
-// manifest signed with the pool's key (Store.Sign) vouches for every byte.
+// against 1.6 GB/s, both with their CPU's instructions: AVX2 for BLAKE3 (the
+// library has no AVX-512 code), SHA-NI for SHA-256), so a checkpoint
+// written in the background while training runs takes less of a core from
+// it. Both are cryptographic: a manifest signed with the pool's key
+// (Store.Sign) vouches for every byte.
 //
 // BLAKE3 is github.com/zeebo/blake3: on the AMD EPYC VMs of 2026-11-26 it
 // hashed 8 MiB at 3.5–4.0 GB/s against 1.7–2.5 for lukechampine.com/blake3
-// v1.4.1, used before it (BENCHMARKS.md); both give the specification's
-// hashes, so checkpoints written with either verify with the other
+// v1.4.1, used before it (BENCHMARKS.md); on a CPU with AVX-512 (a Zen 5
+// VM, 2026-11-27) lukechampine's, which uses it, was the faster: 3.8–4.0
+// against 2.7–3.2. Both give the specification's hashes, so checkpoints
+// written with either verify with the other
 // (TestBLAKE3HashListsMatchTheEarlierLibrary).
 type hashAlgo int
 
