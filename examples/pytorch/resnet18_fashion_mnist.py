@@ -21,9 +21,9 @@ PYTHONPATH=../../python DURABLETRAIN_EPOCHS=1 python3 resnet18_fashion_mnist.py
 
 --limit trains on the first N training images (the CI's one short epoch on
 CPU); --trace-steps N prints how long the start-up's phases and each
-epoch's first N steps took (rank 0), and --trace-stacks S also prints every
-thread's Python stack every S seconds until then, to find where a slow start
-goes; the run's config (durabletrain.config()) may set lr, batch_size, seed.
+epoch's first N steps took (rank 0), and --trace-stacks S has every rank
+print every thread's Python stack every S seconds until its first epoch's
+N-th step (or that epoch's end), to find where a slow start goes; the run's config (durabletrain.config()) may set lr, batch_size, seed.
 Needs torch, torchvision (Debian's python3-torchvision) and the standard library.
 """
 
@@ -89,15 +89,23 @@ def main():
     p.add_argument("--checkpoint-dir", default="resnet18-ckpt-%(rank)s")
     p.add_argument("--report-every", type=int, default=50)
     p.add_argument("--trace-steps", type=int, default=0, help="print the times of each epoch's first N steps (rank 0)")
-    p.add_argument("--trace-stacks", type=float, default=0, help="and dump every thread's stack every S seconds until then")
+    p.add_argument("--trace-stacks", type=float, default=0,
+                   help="dump every thread's stack every S seconds until the first epoch's N-th step (every rank)")
     a = p.parse_args()
     phases = [("imports", BEGAN)]
 
     def phase(name):  # the start-up's phases, for --trace-steps
         phases.append((name, time.time()))
 
-    if a.trace_stacks > 0:
+    dumping = a.trace_stacks > 0  # stacks every S seconds, until the first epoch's N-th step
+    if dumping:
         faulthandler.dump_traceback_later(a.trace_stacks, repeat=True, file=sys.stderr)
+
+    def stop_dumping():
+        nonlocal dumping
+        if dumping:
+            faulthandler.cancel_dump_traceback_later()
+            dumping = False
     config = dt.config()
     lr = float(config.get("lr", a.lr))
     batch_size = int(config.get("batch_size", a.batch_size))
@@ -195,20 +203,21 @@ def main():
             run["loss_steps"] += 1
             if not samples:  # the first step, with cuDNN's autotuning on a GPU
                 first_step = time.time() - start
-            if trace and len(step_times) < a.trace_steps:
+            if len(step_times) < a.trace_steps:
                 now = time.time()
                 step_times.append(now - last)
                 last = now
                 if len(step_times) == a.trace_steps:
-                    print("trace: epoch %d, its first %d steps from step %d, ms each: %s" % (
-                        epoch, len(step_times), step - len(step_times) + 1,
-                        " ".join("%.0f" % (1000 * d) for d in step_times)), file=sys.stderr)
-                    if a.trace_stacks > 0:
-                        faulthandler.cancel_dump_traceback_later()
+                    if trace:
+                        print("trace: epoch %d, its first %d steps from step %d, ms each: %s" % (
+                            epoch, len(step_times), step - len(step_times) + 1,
+                            " ".join("%.0f" % (1000 * d) for d in step_times)), file=sys.stderr)
+                    stop_dumping()
             samples += len(idx) * world
             if a.report_every and (step + 1) % a.report_every == 0:
                 dt.report({"train_loss": run["loss_sum"] / run["loss_steps"]})
         train_seconds = time.time() - start
+        stop_dumping()
         # Every rank scores its slice of the test set; the sums make the whole.
         model.eval()
         lo, hi = rank * len(xte) // world, (rank + 1) * len(xte) // world
