@@ -20,10 +20,11 @@ hand: RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500
 PYTHONPATH=../../python DURABLETRAIN_EPOCHS=1 python3 resnet18_fashion_mnist.py
 
 --limit trains on the first N training images (the CI's one short epoch on
-CPU); --trace-steps N prints how long the start-up's phases and each
-epoch's first N steps took (rank 0), and --trace-stacks S has every rank
-print every thread's Python stack every S seconds until its first epoch's
-N-th step (or that epoch's end), to find where a slow start goes; the run's config (durabletrain.config()) may set lr, batch_size, seed.
+CPU); the run's config (durabletrain.config()) may set lr, batch_size, seed.
+To find where a slow start goes, --trace-steps N prints how long the
+start-up's phases and each epoch's first N steps took (rank 0), and
+--trace-stacks S has every rank print every thread's Python stack every S
+seconds until its first epoch's N-th step (or that epoch's end).
 Needs torch, torchvision (Debian's python3-torchvision) and the standard library.
 """
 
