@@ -333,9 +333,9 @@ func printCheckpointTable(load string, m *checkpointRounds, size, repeat int, di
 	fmt.Printf("\n## %s\n\n", load)
 	fmt.Printf("# %s state on %s, median of %d interleaved rounds (the order of dd, ours and ours with direct_io=off rotates by round); page cache dropped (fadvise) before every read; dd writes the same bytes from %s, 4 MiB at a time, and reads them 4 MiB at a time, as ours, through the page cache and with oflag/iflag=direct; each removes what it wrote at the end of its round; CPU s/GB: user and system seconds a GB, ours in this process, dd's its own (a write's includes reading its source from tmpfs; the median round); loaded: one CPU-bound process per core (%d) beside every side\n\n", humanBytes(size), dir, repeat, ddSource, runtime.NumCPU())
 	table([]string{"operation", "ours GB/s", "spread", "dd GB/s", "spread", "dd direct GB/s", "spread", "ours / best dd", "per round", "target", "ours CPU s/GB", "dd direct CPU s/GB"}, [][]string{
-		row("save: write + BLAKE3 + fsync + manifest (dd: conv=fdatasync)", &m.save, &m.ddWrite, &m.ddWriteDirect, ">= 0.8x"),
+		row("save: write + XXH3 + fsync + manifest (dd: conv=fdatasync)", &m.save, &m.ddWrite, &m.ddWriteDirect, ">= 0.8x"),
 		row("save, through the page cache (direct_io=off)", &m.saveCached, &m.ddWrite, &m.ddWriteDirect, ""),
-		row("load: read with streaming BLAKE3 verification, into the caller's 4 MiB buffer (Read)", &m.load, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
+		row("load: read with streaming XXH3 verification, into the caller's 4 MiB buffer (Read)", &m.load, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
 		row("load, handed to a writer from the read buffer (io.Copy: WriteTo; dd: of=/dev/null)", &m.loadStreamed, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
 		row("load, through the page cache (direct_io=off)", &m.loadCached, &m.ddRead, &m.ddReadDirect, ""),
 		row("restore: LatestVerified (full verify) + load", &m.restore, &m.ddRead, &m.ddReadDirect, ""),

@@ -69,7 +69,7 @@ func benchS3(args []string) error {
 	}
 	var save, restore, awsUp, awsDown []float64
 	for rep := range *repeat {
-		// Ours: objects with their BLAKE3 hash list, then the manifest.
+		// Ours: objects with their XXH3 hash list, then the manifest.
 		store, err := checkpoint.Open(ctx, srv.BucketURL("bench", "ours/"), nil)
 		if err != nil {
 			return err
@@ -121,7 +121,7 @@ func benchS3(args []string) error {
 	fmt.Fprintf(&b, "# %s state to MinIO %s on this machine, median of %d interleaved runs (spread: slowest–fastest GB/s)\n\n", humanBytes(size), srv.Endpoint, *repeat)
 	fmt.Print(b.String())
 	table([]string{"operation", "ours GB/s", "spread", "aws s3 cp GB/s", "spread", "ours / aws"}, [][]string{
-		{"save: objects + BLAKE3 hash list + manifest", fmt.Sprintf("%.2f", gbps(save)), spread(save), fmt.Sprintf("%.2f", gbps(awsUp)), spread(awsUp), fmt.Sprintf("%.2fx", gbps(save)/gbps(awsUp))},
+		{"save: objects + XXH3 hash list + manifest", fmt.Sprintf("%.2f", gbps(save)), spread(save), fmt.Sprintf("%.2f", gbps(awsUp)), spread(awsUp), fmt.Sprintf("%.2fx", gbps(save)/gbps(awsUp))},
 		{"restore: RestoreLatest, verified while read", fmt.Sprintf("%.2f", gbps(restore)), spread(restore), fmt.Sprintf("%.2f", gbps(awsDown)), spread(awsDown), fmt.Sprintf("%.2fx", gbps(restore)/gbps(awsDown))},
 	})
 	return nil

@@ -173,7 +173,7 @@ var corruptions = []struct {
 	reason string
 }{
 	{"object truncated", func(t *testing.T, dir string) { truncate(t, dir+"/state.bin", 10) }, "has 10 bytes; the manifest says"},
-	{"object byte flipped", func(t *testing.T, dir string) { flip(t, dir+"/state.bin", 5) }, "BLAKE3"},
+	{"object byte flipped", func(t *testing.T, dir string) { flip(t, dir+"/state.bin", 5) }, "XXH3-128"},
 	{"object grown", func(t *testing.T, dir string) { appendTo(t, dir+"/state.bin", []byte("!")) }, "the manifest says"},
 	{"object missing", func(t *testing.T, dir string) { os.Remove(dir + "/state.bin") }, "missing"},
 	{"manifest missing (half-written)", func(t *testing.T, dir string) { os.Remove(dir + "/" + ManifestName) }, "never committed"},
@@ -235,7 +235,7 @@ func TestCorruptionAfterVerificationIsCaughtWhileReading(t *testing.T) {
 	flip(t, filepath.Join(root, "r", ID(1, 0), "state.bin"), 1000)
 	r, _ := c.Open(context.Background(), "state.bin")
 	defer r.Close()
-	if _, err := io.ReadAll(r); err == nil || !strings.Contains(err.Error(), "BLAKE3") {
+	if _, err := io.ReadAll(r); err == nil || !strings.Contains(err.Error(), "XXH3-128") {
 		t.Fatalf("reading a checkpoint corrupted after verification: %v", err)
 	}
 }

@@ -263,7 +263,8 @@ func TestCorruptBlocksAreFoundInTheCacheAndReadDirectly(t *testing.T) {
 // of such writes and copied ones makes an object, it is the same object
 // with the same hash as one written in small copied pieces; the Writer
 // keeps nothing of the caller's bytes once Write returns, and touches
-// nothing past them.
+// nothing past them. On a store with a key, whose GMAC takes a block whole,
+// only whole blocks go in place, and the object is the same too.
 func TestLargeWritesGoFromTheCallersMemoryAndGiveTheSameObject(t *testing.T) {
 	ctx := context.Background()
 	const mib = 1 << 20
@@ -285,8 +286,9 @@ func TestLargeWritesGoFromTheCallersMemoryAndGiveTheSameObject(t *testing.T) {
 		total += p.n
 	}
 	want := shapedBytes(total)
-	for _, direct := range []bool{true, false} {
-		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
+	for _, tc := range []struct{ direct, signed bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+		direct := tc.direct
+		t.Run(fmt.Sprintf("direct=%v/signed=%v", direct, tc.signed), func(t *testing.T) {
 			root := t.TempDir()
 			url := "file://" + root + "?metadata=skip"
 			if !direct {
@@ -297,6 +299,9 @@ func TestLargeWritesGoFromTheCallersMemoryAndGiveTheSameObject(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
+			if tc.signed {
+				s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
+			}
 			ref, err := s.Begin(ctx, "ref", 1, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -346,12 +351,17 @@ func TestLargeWritesGoFromTheCallersMemoryAndGiveTheSameObject(t *testing.T) {
 			if err := ow.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if in := ow.(*objectWriter).inPlaceBytes; in < int64(total)/2 {
+			if in := ow.(*objectWriter).inPlaceBytes; !tc.signed && in < int64(total)/2 {
 				t.Fatalf("%d of %d bytes went in place; want most of them", in, total)
+			} else if tc.signed && (in < 3*BlockSize || in%BlockSize != 0) {
+				t.Fatalf("%d of %d bytes went in place with a MAC; want the whole blocks at block starts (3 or more), nothing else", in, total)
 			}
 			m, err := w.Commit(ctx, Info{WorldSize: 1})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.signed && (m.Objects[0].MAC == "" || m.Objects[0].MAC == refM.Objects[0].MAC) {
+				t.Fatalf("MACs %q and %q; want both, each under its own object key", m.Objects[0].MAC, refM.Objects[0].MAC)
 			}
 			if got, ref := m.Objects[0].Hash(), refM.Objects[0].Hash(); got != ref || m.Objects[0].Size != int64(total) {
 				t.Fatalf("object written in place: hash %s, %d bytes; written in small pieces: %s, %d bytes", got, m.Objects[0].Size, ref, total)

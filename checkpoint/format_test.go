@@ -92,17 +92,17 @@ func TestFormatOneCheckpointsStillLoad(t *testing.T) {
 	flippedByteIsCaught(t, c, root, "state.bin", "SHA-256")
 }
 
-// New checkpoints are format 2, BLAKE3, for objects of every block shape;
+// New checkpoints are format 3, XXH3-128, for objects of every block shape;
 // a flipped byte anywhere is caught.
-func TestFormatTwoHashesWithBLAKE3(t *testing.T) {
+func TestFormatThreeChecksumsWithXXH3(t *testing.T) {
 	ctx := context.Background()
 	for _, size := range []int{1, BlockSize + 1} {
 		root := t.TempDir()
 		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
 		data := bytes.Repeat([]byte{7, 1, 3}, size/3+1)[:size]
 		m := put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
-		if m.Format != 2 || len(m.Objects[0].BLAKE3) != 64 || m.Objects[0].SHA256 != "" {
-			t.Fatalf("size %d: manifest %+v; want format 2 with a BLAKE3 hash only", size, m)
+		if o := m.Objects[0]; m.Format != 3 || len(o.XXH3) != 64 || o.SHA256 != "" || o.BLAKE3 != "" || o.MAC != "" || o.MACNonce != "" {
+			t.Fatalf("size %d: manifest %+v; want format 3 with an XXH3 root only (no key, no MAC)", size, m)
 		}
 		c, err := s.LatestVerified(ctx, "r")
 		if err != nil {
@@ -113,10 +113,51 @@ func TestFormatTwoHashesWithBLAKE3(t *testing.T) {
 		_, err = io.ReadAll(r)
 		r.Close()
 		var corrupt *CorruptError
-		if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "BLAKE3") {
-			t.Fatalf("size %d: a flipped byte read as %v; want a CorruptError naming BLAKE3", size, err)
+		if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "XXH3-128") {
+			t.Fatalf("size %d: a flipped byte read as %v; want a CorruptError naming XXH3-128", size, err)
 		}
 		s.Close()
+	}
+}
+
+// The XXH3 hash lists of objects of every block shape are the ones recorded
+// here, whether the blocks are checksummed whole or in pieces (a running
+// sum, as large unaligned writes take them), so the format cannot drift
+// with the library. They were checked against the reference implementation
+// when format 3 was made: each block's `xxhsum -H2` (Debian's xxhash 0.8.1),
+// concatenated and hashed with SHA-256, gave these roots.
+func TestXXH3HashListsAreFixed(t *testing.T) {
+	if got := fmt.Sprintf("%x", blockCheck{algo: hashXXH3}.sum(0, nil)); got != "99aa06d3014798d86001c324468d497f"+strings.Repeat("0", 32) {
+		t.Fatalf("XXH3-128 of the empty input is %s; the reference gives 99aa06d3014798d86001c324468d497f", got)
+	}
+	for _, tc := range []struct {
+		size int
+		root string
+	}{
+		{0, "5e962a7229a481a37be83531cb161dead8eedafe66b592ca77e10e29489e0b30"},
+		{1, "c7b141821ef0dd5cec66663ff718f719ae511db2a6ccdc06847acae5cb7a19eb"},
+		{BlockSize - 1, "cd3c1d5f0b9073825eab814e8c2d832351f5eba1e3fcafaa6f2c1403560d7e84"},
+		{BlockSize + 1, "053ce40f816c068cf33aed37e79973c110d310929e3ef2df8e1b1152a88636f4"},
+		{2*BlockSize + 5, "ff68d553c702c8d20481703d3020288631d7676326caccc344705a26e1e75c4a"},
+	} {
+		data := make([]byte, tc.size)
+		for i := range data {
+			data[i] = byte(i*31 + i/BlockSize)
+		}
+		whole, pieces := newHashList(blockCheck{algo: hashXXH3}), newHashList(blockCheck{algo: hashXXH3})
+		n := 0
+		for off := 0; off < len(data) || n == 0; off += BlockSize {
+			block := data[off:min(off+BlockSize, len(data))]
+			whole.hash(n, block, nil)
+			head := pieces.check.newHead()
+			head.Write(block[:len(block)/3])
+			pieces.hashAfter(n, head, block[len(block)/3:], nil)
+			n++
+		}
+		got, inPieces := whole.root(n), pieces.root(n)
+		if got != tc.root || inPieces != got {
+			t.Errorf("%d bytes: hash list root %s whole, %s in pieces; recorded %s", tc.size, got, inPieces, tc.root)
+		}
 	}
 }
 
@@ -126,10 +167,12 @@ func TestFormatTwoHashesWithBLAKE3(t *testing.T) {
 func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
 	ctx := context.Background()
 	for name, edit := range map[string]func(o *Object){
-		"sha256 in format 2": func(o *Object) { o.SHA256, o.BLAKE3 = o.BLAKE3, "" },
-		"no hash":            func(o *Object) { o.BLAKE3 = "" },
-		"both hashes":        func(o *Object) { o.SHA256 = o.BLAKE3 },
-		"short hash":         func(o *Object) { o.BLAKE3 = o.BLAKE3[:10] },
+		"blake3 in format 3": func(o *Object) { o.BLAKE3, o.XXH3 = o.XXH3, "" },
+		"no hash":            func(o *Object) { o.XXH3 = "" },
+		"both hashes":        func(o *Object) { o.SHA256 = o.XXH3 },
+		"short hash":         func(o *Object) { o.XXH3 = o.XXH3[:10] },
+		"a MAC, no nonce":    func(o *Object) { o.MAC = o.XXH3 },
+		"a MAC not in hex":   func(o *Object) { o.MAC, o.MACNonce = strings.Repeat("z", 64), strings.Repeat("0", 32) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			root := t.TempDir()
@@ -147,7 +190,7 @@ func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Manifest.Epoch != 1 || len(c.Skipped) != 1 || !strings.Contains(c.Skipped[0].Reason, "BLAKE3") {
+			if c.Manifest.Epoch != 1 || len(c.Skipped) != 1 || !strings.Contains(c.Skipped[0].Reason, "XXH3-128") {
 				t.Fatalf("restored epoch %d, skipped %+v; want epoch 1, the altered one skipped for its hash", c.Manifest.Epoch, c.Skipped)
 			}
 		})
@@ -167,7 +210,7 @@ func TestFormatTwoCheckpointsOfTheEarlierLibraryStillLoad(t *testing.T) {
 // bytes, recorded here, so checkpoints it wrote verify; and BLAKE3 itself
 // gives the specification's test vector for the empty input.
 func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
-	if got := hex.EncodeToString(func() []byte { s := hashBLAKE3.sum(nil); return s[:] }()); got != "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262" {
+	if got := hex.EncodeToString(func() []byte { s := (blockCheck{algo: hashBLAKE3}).sum(0, nil); return s[:] }()); got != "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262" {
 		t.Fatalf("BLAKE3 of the empty input is %s; the specification's test vector is af1349b9…3262", got)
 	}
 	for _, tc := range []struct {
@@ -184,7 +227,7 @@ func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
 		for i := range data {
 			data[i] = byte(i*31 + i/BlockSize)
 		}
-		h := newHashList(hashBLAKE3)
+		h := newHashList(blockCheck{algo: hashBLAKE3})
 		n := 0
 		for off := 0; off < len(data) || n == 0; off += BlockSize {
 			h.hash(n, data[off:min(off+BlockSize, len(data))], nil)
@@ -194,4 +237,27 @@ func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
 			t.Errorf("%d bytes: hash list root %s; the earlier library's was %s", tc.size, got, tc.root)
 		}
 	}
+}
+
+// A signed format 3 checkpoint written when the format was made
+// (testdata/format3) loads with and without its key: with it, every block's
+// GMAC is checked, so the MAC's derivation (HKDF salt and info, the nonce
+// of each block) cannot change without this failing. A flipped byte is
+// caught by the checksum.
+func TestFormatThreeCheckpointsLoadWithTheirKey(t *testing.T) {
+	_, root, c := openFixture(t, "format3", 3, 5, 11)
+	s, err := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Sign([]byte("the-format-3-fixture-pool-key-of-32-bytes"))
+	keyed, err := s.LatestVerified(context.Background(), "format3")
+	if err != nil {
+		t.Fatalf("the fixture with its key: %v", err)
+	}
+	if got := string(readObject(t, keyed, "state.bin")); got != "weights written by format 3\n" {
+		t.Fatalf("state.bin reads %q", got)
+	}
+	flippedByteIsCaught(t, c, root, "state.bin", "XXH3-128")
 }

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -166,6 +167,9 @@ func (s *Store) manifest(ctx context.Context, run, id string) (m Manifest, data 
 		if !o.hashIs(algo) {
 			return m, data, fmt.Errorf("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
 		}
+		if algo == hashXXH3 && s.key != nil && o.MAC == "" {
+			return m, data, fmt.Errorf("object %s has no MAC, which a format %d manifest signed with the pool key gives every object", o.Name, m.Format)
+		}
 	}
 	return m, data, nil
 }
@@ -304,7 +308,7 @@ func (c *Checkpoint) Open(ctx context.Context, name string) (io.ReadCloser, erro
 	if attrs.Size != o.Size {
 		return nil, c.corrupt("object %s has %d bytes; the manifest says %d", name, attrs.Size, o.Size)
 	}
-	return newVerifyingReader(ctx, key, o, c), nil
+	return newVerifyingReader(ctx, key, o, c)
 }
 
 func (c *Checkpoint) corrupt(format string, args ...any) error {
@@ -356,12 +360,21 @@ type readChunk struct {
 // handed out and hashed, one waiting (or still hashing).
 const streamBuffers = 3
 
-func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint) *verifyingReader {
+func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint) (_ *verifyingReader, err error) {
 	algo, _ := algoOf(c.Manifest.Format)
+	check := blockCheck{algo: algo}
+	if algo == hashXXH3 && c.s.key != nil {
+		// The manifest's signature and every object's MAC were checked
+		// when it was read (readManifest): the key authenticates each block.
+		check.mac, err = objectMAC(c.s.key, o.MACNonce)
+		if err != nil {
+			return nil, c.corrupt("object %s: %v", o.Name, err)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	total := max(1, int((o.Size+BlockSize-1)/BlockSize))
-	v := &verifyingReader{key: key, obj: o, c: c, hashes: newHashList(algo), cancel: cancel,
-		stop: make(chan struct{}), total: total, streams: make([]readStream, min(c.s.readStreams, total))}
+	v := &verifyingReader{key: key, obj: o, c: c, hashes: newHashList(check), cancel: cancel,
+		stop: make(chan struct{}), total: total, streams: make([]readStream, min(cmp.Or(c.s.readStreams, readStreamsFor(c.s.url, algo)), total))}
 	size := int(min(o.Size, BlockSize))
 	for k := range v.streams {
 		st := readStream{filled: make(chan readChunk, streamBuffers), free: make(chan []byte, streamBuffers)}
@@ -376,7 +389,7 @@ func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint
 		v.reading.Add(1)
 		go v.readAhead(ctx, k)
 	}
-	return v
+	return v, nil
 }
 
 // readAhead reads blocks k, k+streams, ... of the object, each with its own
@@ -558,7 +571,9 @@ func (v *verifyingReader) finish(readErr error) error {
 	case v.n != v.obj.Size:
 		return v.c.corrupt("object %s ended after %d bytes; the manifest says %d", v.obj.Name, v.n, v.obj.Size)
 	case got != v.obj.Hash():
-		return v.c.corrupt("object %s has %s hash list root %s; the manifest says %s", v.obj.Name, v.hashes.algo, got, v.obj.Hash())
+		return v.c.corrupt("object %s has %s hash list root %s; the manifest says %s", v.obj.Name, v.hashes.check.algo, got, v.obj.Hash())
+	case v.hashes.check.mac != nil && v.hashes.macRoot(v.blocks) != v.obj.MAC:
+		return v.c.corrupt("object %s fails its GMAC under the pool key: forged, or damaged", v.obj.Name)
 	}
 	return io.EOF
 }

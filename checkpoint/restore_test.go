@@ -69,7 +69,7 @@ func TestRestoreLatestFallsBackPastACorruptTrainerState(t *testing.T) {
 	if c.Manifest.ID != checkpoint.ID(1, 0) || dst.Cursor() != (trainer.Cursor{Epoch: 1}) {
 		t.Fatalf("restored %s at cursor %+v, want the epoch-1 checkpoint", c.Manifest.ID, dst.Cursor())
 	}
-	if len(c.Skipped) != 1 || !strings.Contains(c.Skipped[0].Reason, "BLAKE3") {
+	if len(c.Skipped) != 1 || !strings.Contains(c.Skipped[0].Reason, "XXH3-128") {
 		t.Fatalf("skipped %+v", c.Skipped)
 	}
 

@@ -95,6 +95,9 @@ func (w *Writer) AdoptShards(ctx context.Context, world int) error {
 			if !o.hashIs(w.algo()) {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %s without a %s hash: it was written by another version", r, w.run, w.id, o.Name, w.algo())
 			}
+			if w.algo() == hashXXH3 && w.s.key != nil && o.MAC == "" {
+				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %s without a MAC: it was written without the pool key", r, w.run, w.id, o.Name)
+			}
 			if !strings.HasPrefix(o.Name, ShardPrefix(r)) || !objectNamePattern.MatchString(o.Name) || strings.Contains(o.Name, "..") {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %q, outside %s", r, w.run, w.id, o.Name, ShardPrefix(r))
 			}

@@ -1,10 +1,14 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -72,5 +76,127 @@ func TestSignedStoresLoadOnlyWhatTheirKeySigned(t *testing.T) {
 	}
 	if !strings.Contains(reasons[forged.ID], "not signed") || !strings.Contains(reasons[m.ID], "signature mismatch") {
 		t.Fatalf("skipped %v; want the forged one as unsigned and the altered one as a signature mismatch", got.Skipped)
+	}
+}
+
+// xxh3Root is the format 3 hash list root of data.
+func xxh3Root(data []byte) string {
+	h := newHashList(blockCheck{algo: hashXXH3})
+	n := 0
+	for off := 0; off < len(data) || n == 0; off += BlockSize {
+		h.hash(n, data[off:min(off+BlockSize, len(data))], nil)
+		n++
+	}
+	return h.root(n)
+}
+
+// On a store with a key, every object of a format 3 checkpoint carries a
+// GMAC root under a key of its own (a nonce of its own), and a store with
+// the key checks it block by block: an object whose bytes were swapped for
+// others with a matching checksum, under a manifest the key signed (as a
+// shard list altered before rank 0 signs it would give), is refused for its
+// MAC. A store without a key still loads signed checkpoints, checking their
+// checksums.
+func TestSignedFormatThreeAuthenticatesEveryBlock(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	url := "file://" + root + "?metadata=skip"
+	key := []byte("the-pool-key-of-at-least-32-bytes-long")
+	signed, _ := Open(ctx, url, nil)
+	defer signed.Close()
+	signed.Sign(key)
+	state := bytes.Repeat([]byte("weights "), BlockSize/8+3) // two blocks
+	m := put(t, signed, "r", 1, map[string][]byte{"state.bin": state, "meta.json": []byte("{}")}, nil)
+	if m.Format != 3 || m.Objects[0].MAC == "" || m.Objects[1].MAC == "" || m.Objects[0].MACNonce == m.Objects[1].MACNonce {
+		t.Fatalf("objects %+v; want a MAC on each, under nonces of their own", m.Objects)
+	}
+	keyless, _ := Open(ctx, url, nil)
+	defer keyless.Close()
+	for name, s := range map[string]*Store{"with the key": signed, "without a key": keyless} {
+		if c, err := s.Verify(ctx, "r", m.ID); err != nil || !bytes.Equal(readObject(t, c, "state.bin"), state) {
+			t.Fatalf("a store %s: %v", name, err)
+		}
+	}
+
+	forged := slices.Clone(state)
+	copy(forged[BlockSize+1:], "FORGED")
+	if err := os.WriteFile(filepath.Join(root, "r", m.ID, "state.bin"), forged, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(m.Objects, func(o Object) bool { return o.Name == "state.bin" })
+	m.Objects[i].XXH3 = xxh3Root(forged)
+	m.Checksum = m.checksum()
+	m.Signature = signature(key, m.Checksum)
+	data, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(root, "r", m.ID, ManifestName), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := signed.Verify(ctx, "r", m.ID)
+	var corrupt *CorruptError
+	if !errors.As(err, &corrupt) || !strings.Contains(err.Error(), "GMAC") {
+		t.Fatalf("a swapped block with a matching checksum verified as %v; want a CorruptError naming its GMAC", err)
+	}
+	m.Objects[i].MAC, m.Objects[i].MACNonce = "", ""
+	m.Checksum = m.checksum()
+	m.Signature = signature(key, m.Checksum)
+	data, _ = json.Marshal(m)
+	os.WriteFile(filepath.Join(root, "r", m.ID, ManifestName), data, 0o644)
+	if _, err := signed.Verify(ctx, "r", m.ID); err == nil || !strings.Contains(err.Error(), "no MAC") {
+		t.Fatalf("a signed format 3 object without a MAC verified as %v; want it refused", err)
+	}
+}
+
+// Shard lists are written by each rank and signed only when rank 0
+// commits: someone who can write the bucket and swaps a rank's object,
+// fixing its size and checksum in the list before rank 0 adopts it, gets
+// a signed checkpoint that no store with the key loads; a list stripped
+// of its MACs is not adopted at all.
+func TestAShardAlteredBeforeAdoptionIsNeverLoaded(t *testing.T) {
+	ctx := context.Background()
+	for _, strip := range []bool{false, true} {
+		root := t.TempDir()
+		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
+		writeShards(t, s, "run", 2, func(r int) string { return fmt.Sprintf("rank %d's optimizer shard of ", r) })
+		dir := filepath.Join(root, "run", ID(1, 5))
+		forged := []byte("rank 1's OPTIMIZER shard of state")
+		if err := os.WriteFile(filepath.Join(dir, "shards", "1", "state"), forged, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var list []Object
+		data, _ := os.ReadFile(filepath.Join(dir, shardListName(1)))
+		json.Unmarshal(data, &list)
+		for i := range list {
+			if list[i].Name == ShardPrefix(1)+"state" {
+				list[i].XXH3 = xxh3Root(forged)
+			}
+			if strip {
+				list[i].MAC, list[i].MACNonce = "", ""
+			}
+		}
+		data, _ = json.Marshal(list)
+		os.WriteFile(filepath.Join(dir, shardListName(1)), data, 0o644)
+
+		w, _ := s.Begin(ctx, "run", 1, 5)
+		err := w.AdoptShards(ctx, 2)
+		if strip {
+			if err == nil || !strings.Contains(err.Error(), "without a MAC") {
+				t.Fatalf("a shard list without MACs adopted: %v", err)
+			}
+			s.Close()
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Commit(ctx, Info{WorldSize: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := s.LatestVerified(ctx, "run"); err == nil {
+			t.Fatalf("restored %s, holding a forged shard", c.Manifest.ID)
+		} else if !errors.Is(err, ErrNoCheckpoint) || !strings.Contains(err.Error(), "GMAC") {
+			t.Fatalf("restoring: %v; want no checkpoint, the forged one skipped for its GMAC", err)
+		}
+		s.Close()
 	}
 }

@@ -30,9 +30,11 @@ import (
 // ManifestName is the object that commits a checkpoint.
 const ManifestName = "MANIFEST.json"
 
-// FormatVersion is the manifest format this package writes: 2, whose
-// objects are hashed with BLAKE3. It reads format 1 (SHA-256) as well.
-const FormatVersion = 2
+// FormatVersion is the manifest format this package writes: 3, whose
+// objects are checksummed with XXH3-128 and, on a store with a key,
+// authenticated block by block with GMAC (hashlist.go says why). It reads
+// formats 1 (SHA-256) and 2 (BLAKE3) as well.
+const FormatVersion = 3
 
 // Store is a bucket of checkpoints, shared by any number of runs.
 type Store struct {
@@ -40,7 +42,8 @@ type Store struct {
 	url    string
 	log    *zap.Logger
 	key    []byte // signs and verifies manifests (Sign)
-	// readStreams is how many range reads of one object run at once.
+	// readStreams is how many range reads of one object run at once; 0:
+	// readStreamsFor the store's URL and the checkpoint's format.
 	readStreams int
 	// directIO: objects on a local disk bypass the page cache (fileio.go);
 	// a file:// URL's direct_io=off turns it off.
@@ -48,16 +51,21 @@ type Store struct {
 }
 
 // readStreamsFor is how many range reads of one object a store keeps in
-// flight (BENCHMARKS.md, checkpoints, 2026-11-24). On a local disk, one:
-// a range read of each 8 MiB block on its own descriptor loaded 1.4-1.6x
-// faster than one descriptor read from start to end, and two or three
-// streams were slower than one, taking the cores the hashing needs. On an
-// object store, four: each GET waits a round trip. From a MinIO on the same
-// machine, four in flight restored at 0.94-1.08 GB/s against one's
-// 0.81-0.92 (1.33x in one pass, 1.02x in the other; two and eight streams
-// 1.09 and 1.14): a gain, if a small one, with no network between.
-func readStreamsFor(url string) int {
-	if u, err := neturl.Parse(url); err == nil && (u.Scheme == "file" || u.Scheme == "mem") {
+// flight (BENCHMARKS.md, checkpoints). On an object store, four: each GET
+// waits a round trip. From a MinIO on the same machine, four in flight
+// restored at 0.94-1.08 GB/s against one's 0.81-0.92 (2026-11-24). On a
+// local disk, four as well for format 3, whose checksum leaves the cores
+// free: on a 2-core VM (2026-11-27) one stream of 8 MiB direct reads
+// loaded 1.6-1.9 GB/s, four 2.9-3.3, dd's 4 MiB reads 2.6-4.1. With a
+// cryptographic hash (formats 1 and 2) the hashing took both cores, and
+// two or three streams were slower than one, which is kept for them. In
+// memory (mem://), one: there is nothing to wait for.
+func readStreamsFor(url string, algo hashAlgo) int {
+	u, err := neturl.Parse(url)
+	switch {
+	case err == nil && u.Scheme == "mem":
+		return 1
+	case err == nil && u.Scheme == "file" && algo != hashXXH3:
 		return 1
 	}
 	return 4
@@ -111,7 +119,7 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
-	return &Store{bucket: b, url: url, log: log, readStreams: readStreamsFor(url), directIO: directIO}, nil
+	return &Store{bucket: b, url: url, log: log, directIO: directIO}, nil
 }
 
 // DirectIOParam is the file:// URL parameter that says whether objects
@@ -197,30 +205,58 @@ type Object struct {
 	Name string `json:"name"`
 	Size int64  `json:"size"`
 	// The hash list root over BlockSize blocks (see BlockSize): SHA256 in a
-	// format 1 manifest, BLAKE3 in format 2; the other is empty.
+	// format 1 manifest, BLAKE3 in format 2, XXH3 (the SHA-256 of the
+	// blocks' XXH3-128 checksums) in format 3; the others are empty.
 	SHA256 string `json:"sha256,omitempty"`
 	BLAKE3 string `json:"blake3,omitempty"`
+	XXH3   string `json:"xxh3,omitempty"`
+	// MAC and MACNonce, in format 3 from a store with a key (Store.Sign):
+	// the SHA-256 of the blocks' GMAC tags under the object's own key,
+	// which the pool key and MACNonce (random) derive (objectMAC).
+	MAC      string `json:"mac,omitempty"`
+	MACNonce string `json:"mac_nonce,omitempty"`
 }
 
 // Hash is the object's hash list root, whichever its manifest's format uses.
-func (o Object) Hash() string { return o.SHA256 + o.BLAKE3 }
+func (o Object) Hash() string { return o.SHA256 + o.BLAKE3 + o.XXH3 }
 
 // setHash records root as the object's hash in algo.
 func (o *Object) setHash(algo hashAlgo, root string) {
-	o.SHA256, o.BLAKE3 = "", ""
-	if algo == hashBLAKE3 {
+	o.SHA256, o.BLAKE3, o.XXH3 = "", "", ""
+	switch algo {
+	case hashBLAKE3:
 		o.BLAKE3 = root
-	} else {
+	case hashXXH3:
+		o.XXH3 = root
+	default:
 		o.SHA256 = root
 	}
 }
 
-// hashIs says whether the object carries a hash of algo and no other.
+// hashIs says whether the object carries a hash of algo and no other, and
+// a MAC only where algo has one (format 3), whole and with its nonce.
 func (o Object) hashIs(algo hashAlgo) bool {
-	if algo == hashBLAKE3 {
-		return o.SHA256 == "" && len(o.BLAKE3) == 64
+	var mine string
+	switch algo {
+	case hashBLAKE3:
+		mine = o.BLAKE3
+	case hashXXH3:
+		mine = o.XXH3
+	default:
+		mine = o.SHA256
 	}
-	return o.BLAKE3 == "" && len(o.SHA256) == 64
+	if len(mine) != 64 || len(o.Hash()) != 64 {
+		return false
+	}
+	if o.MAC == "" && o.MACNonce == "" {
+		return true
+	}
+	return algo == hashXXH3 && isHex(o.MAC, 64) && isHex(o.MACNonce, 2*macNonceBytes)
+}
+
+func isHex(s string, n int) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil && len(s) == n
 }
 
 // Info is what the caller states about a checkpoint when committing it.
@@ -298,7 +334,16 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 	if !sw.blocks {
 		buffers-- // no block is on its way to a local file: the caller's bytes went to storage already
 	}
-	ow := &objectWriter{w: w, obj: &Object{Name: name}, hashes: newHashList(w.algo()), sw: sw, free: make(chan []byte, buffers)}
+	obj := &Object{Name: name}
+	check := blockCheck{algo: w.algo()}
+	if check.algo == hashXXH3 && w.s.key != nil {
+		obj.MACNonce = newMACNonce()
+		if check.mac, err = objectMAC(w.s.key, obj.MACNonce); err != nil {
+			sw.Close(err)
+			return nil, fmt.Errorf("checkpoint: creating %s: %w", name, err)
+		}
+	}
+	ow := &objectWriter{w: w, obj: obj, hashes: newHashList(check), sw: sw, free: make(chan []byte, buffers)}
 	for range buffers {
 		ow.free <- alignedBuffer(BlockSize)[:0]
 	}
@@ -543,7 +588,8 @@ const inPlaceMin = 1 << 20
 // itself (writeInPlace): none while the block being filled holds copied
 // bytes (the next bytes go after them, in order), and none for a run under
 // inPlaceMin. With direct I/O, p must start at an aligned address and
-// position, and the run is cut to whole alignments; the rest is copied.
+// position, and the run is cut to whole alignments; with a MAC, to whole
+// blocks; the rest is copied.
 func (o *objectWriter) inPlaceRun(p []byte) int {
 	if !o.sw.blocks || len(o.block) > 0 || len(p) < inPlaceMin {
 		return 0
@@ -554,6 +600,14 @@ func (o *objectWriter) inPlaceRun(p []byte) int {
 			return 0
 		}
 		k = k / directAlign * directAlign
+	}
+	if o.hashes.check.newHead() == nil {
+		// A GMAC takes its block whole (blockCheck.newHead): whole blocks
+		// only, from a block's start; the rest is copied.
+		if o.headLen > 0 {
+			return 0
+		}
+		k = k / BlockSize * BlockSize
 	}
 	if k < inPlaceMin {
 		return 0
@@ -585,7 +639,7 @@ func (o *objectWriter) writeInPlace(p []byte) error {
 			o.blocks++
 		} else {
 			if o.head == nil {
-				o.head = o.hashes.algo.new()
+				o.head = o.hashes.check.newHead()
 			}
 			head, full := o.head, o.headLen+k == BlockSize
 			go func() {
@@ -638,7 +692,8 @@ func (o *objectWriter) Close() error {
 	o.w.mu.Lock()
 	defer o.w.mu.Unlock()
 	o.w.open--
-	o.obj.setHash(o.hashes.algo, root)
+	o.obj.setHash(o.hashes.check.algo, root)
+	o.obj.MAC = o.hashes.macRoot(o.blocks)
 	if err != nil {
 		err = fmt.Errorf("checkpoint: writing %s: %w", o.obj.Name, err)
 		o.w.failed = errors.Join(o.w.failed, err)
