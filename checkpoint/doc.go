@@ -4,9 +4,12 @@
 // <run>/<id>/ plus a manifest, <run>/<id>/MANIFEST.json, written last: a
 // checkpoint exists only once its manifest does. The manifest records the
 // format version, run, training cursor, world size, metrics, creation time,
-// and the size and hash of every object (BLAKE3 since format 2, SHA-256 in
-// format 1, which it still reads: a hash list over BlockSize blocks, so that
-// hashing uses every core), and carries a SHA-256 checksum of itself.
+// and the size and check of every object, a hash list over BlockSize blocks
+// so that checking uses every core: in format 3 an XXH3-128 checksum of
+// each block and, from a store with a key, a GMAC tag of each under a key
+// of the object's own; BLAKE3 in format 2 and SHA-256 in format 1, which it
+// still reads. It carries a SHA-256 checksum of itself and, from a store
+// with a key, an HMAC of that (Store.Sign).
 //
 // LatestVerified returns the newest checkpoint whose manifest and objects all
 // verify, and says which newer ones it skipped and why; a truncated,

@@ -35,50 +35,62 @@ func fuzzObjects(epoch int) map[string][]byte {
 // or the older one with exactly its objects, or an error; reading a
 // damaged checkpoint directly fails (Verify, or the read of the object).
 func FuzzDamagedCheckpointIsNeverLoaded(f *testing.F) {
-	template := f.TempDir()
-	s, err := Open(context.Background(), "file://"+template+"?metadata=skip", nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	for epoch := 1; epoch <= 2; epoch++ {
-		w, err := s.Begin(context.Background(), "r", epoch, 0)
+	// Two stores of the same checkpoints: without a key, and with one (every
+	// block GMAC-tagged, the manifest signed); a case's file byte picks one
+	// by its top bit.
+	var templates [2]string
+	var files []string // the newest checkpoint's files, relative to it
+	for signed := range 2 {
+		template := f.TempDir()
+		templates[signed] = template
+		s, err := Open(context.Background(), "file://"+template+"?metadata=skip", nil)
 		if err != nil {
 			f.Fatal(err)
 		}
-		for name, data := range fuzzObjects(epoch) {
-			ow, err := w.Create(context.Background(), name)
+		if signed == 1 {
+			s.Sign(fuzzKey)
+		}
+		for epoch := 1; epoch <= 2; epoch++ {
+			w, err := s.Begin(context.Background(), "r", epoch, 0)
 			if err != nil {
 				f.Fatal(err)
 			}
-			ow.Write(data)
-			if err := ow.Close(); err != nil {
+			for name, data := range fuzzObjects(epoch) {
+				ow, err := w.Create(context.Background(), name)
+				if err != nil {
+					f.Fatal(err)
+				}
+				ow.Write(data)
+				if err := ow.Close(); err != nil {
+					f.Fatal(err)
+				}
+			}
+			if _, err := w.Commit(context.Background(), Info{WorldSize: 2, Meta: map[string]string{"backend": "test"}}); err != nil {
 				f.Fatal(err)
 			}
 		}
-		if _, err := w.Commit(context.Background(), Info{WorldSize: 2, Meta: map[string]string{"backend": "test"}}); err != nil {
-			f.Fatal(err)
+		s.Close()
+		newest := filepath.Join(template, "r", ID(2, 0))
+		files = files[:0]
+		filepath.WalkDir(newest, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				rel, _ := filepath.Rel(newest, p)
+				files = append(files, rel)
+			}
+			return nil
+		})
+		slices.Sort(files)
+		if len(files) < 4 {
+			f.Fatalf("the newest checkpoint has files %v; want its manifest and 3 objects", files)
 		}
-	}
-	s.Close()
-	newest := filepath.Join(template, "r", ID(2, 0))
-	var files []string // the newest checkpoint's files, relative to it
-	filepath.WalkDir(newest, func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			rel, _ := filepath.Rel(newest, p)
-			files = append(files, rel)
-		}
-		return nil
-	})
-	slices.Sort(files)
-	if len(files) < 4 {
-		f.Fatalf("the newest checkpoint has files %v; want its manifest and 3 objects", files)
 	}
 
 	// Seeds: every kind of damage to every file, at its start, middle and end.
 	for i := range files {
 		for kind := range byte(damageKinds) {
 			for _, at := range []uint32{0, 17, 50_000, 1<<32 - 1} {
-				f.Add(byte(i), kind, at, byte(0x5a), []byte(`{"format":2}`))
+				f.Add(byte(i), kind, at, byte(0x5a), []byte(`{"format":3}`))
+				f.Add(byte(i)|0x80, kind, at, byte(0x5a), []byte(`{"format":3}`))
 			}
 		}
 	}
@@ -91,8 +103,9 @@ func FuzzDamagedCheckpointIsNeverLoaded(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer os.RemoveAll(root)
-		copyTree(t, template, root)
-		name := files[int(file)%len(files)]
+		signed := file&0x80 != 0
+		copyTree(t, templates[b2i(signed)], root)
+		name := files[int(file&0x7f)%len(files)]
 		changed := damage(t, filepath.Join(root, "r", ID(2, 0), name), kind%damageKinds, at, value, extra)
 
 		ctx := context.Background()
@@ -101,6 +114,9 @@ func FuzzDamagedCheckpointIsNeverLoaded(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer s.Close()
+		if signed {
+			s.Sign(fuzzKey)
+		}
 		c, err := s.LatestVerified(ctx, "r")
 		if err != nil {
 			t.Fatalf("%s damaged (kind %d at %d): the older checkpoint is intact, yet: %v", name, kind%damageKinds, at, err)
@@ -122,6 +138,15 @@ func FuzzDamagedCheckpointIsNeverLoaded(f *testing.F) {
 			t.Fatalf("an undamaged checkpoint failed to verify: %v", err)
 		}
 	})
+}
+
+var fuzzKey = []byte("the-fuzzed-pool-key-of-at-least-32-bytes")
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // damageKinds is how many kinds of damage damage knows.
