@@ -140,10 +140,7 @@ func TestXXH3HashListsAreFixed(t *testing.T) {
 		{BlockSize + 1, "053ce40f816c068cf33aed37e79973c110d310929e3ef2df8e1b1152a88636f4"},
 		{2*BlockSize + 5, "ff68d553c702c8d20481703d3020288631d7676326caccc344705a26e1e75c4a"},
 	} {
-		data := make([]byte, tc.size)
-		for i := range data {
-			data[i] = byte(i*31 + i/BlockSize)
-		}
+		data := blockPattern(tc.size)
 		whole, pieces := newHashList(blockCheck{algo: hashXXH3}), newHashList(blockCheck{algo: hashXXH3})
 		n := 0
 		for off := 0; off < len(data) || n == 0; off += BlockSize {
@@ -223,17 +220,8 @@ func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
 		{BlockSize + 1, "071b70864b78b91db6553f2b60ed3d6c6251baca4fb905aad946193fbef55faa"},
 		{2*BlockSize + 5, "dbd1df989731384db32d793708f02ac5c99a1661d9a439190d4fc664f29f8618"},
 	} {
-		data := make([]byte, tc.size)
-		for i := range data {
-			data[i] = byte(i*31 + i/BlockSize)
-		}
-		h := newHashList(blockCheck{algo: hashBLAKE3})
-		n := 0
-		for off := 0; off < len(data) || n == 0; off += BlockSize {
-			h.hash(n, data[off:min(off+BlockSize, len(data))], nil)
-			n++
-		}
-		if got := h.root(n); got != tc.root {
+		data := blockPattern(tc.size)
+		if got := hashListRoot(hashBLAKE3, data); got != tc.root {
 			t.Errorf("%d bytes: hash list root %s; the earlier library's was %s", tc.size, got, tc.root)
 		}
 	}
@@ -260,4 +248,24 @@ func TestFormatThreeCheckpointsLoadWithTheirKey(t *testing.T) {
 		t.Fatalf("state.bin reads %q", got)
 	}
 	flippedByteIsCaught(t, c, root, "state.bin", "XXH3-128")
+}
+
+// blockPattern is size bytes whose pattern differs from block to block.
+func blockPattern(size int) []byte {
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i*31 + i/BlockSize)
+	}
+	return data
+}
+
+// hashListRoot is the hash list root of data in algo, its blocks checked whole.
+func hashListRoot(algo hashAlgo, data []byte) string {
+	h := newHashList(blockCheck{algo: algo})
+	n := 0
+	for off := 0; off < len(data) || n == 0; off += BlockSize {
+		h.hash(n, data[off:min(off+BlockSize, len(data))], nil)
+		n++
+	}
+	return h.root(n)
 }

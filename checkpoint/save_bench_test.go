@@ -43,11 +43,7 @@ func BenchmarkSave(b *testing.B) {
 		format, per := c.format, c.per
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()
-			s, _ := Open(ctx, "file://"+b.TempDir()+"?metadata=skip", nil)
-			defer s.Close()
-			if c.signed {
-				s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
-			}
+			s := benchStore(b, c.signed)
 			b.SetBytes(int64(len(data)))
 			cpu0, ops := cpuSeconds(), 0
 			for i := 0; b.Loop(); i++ {
@@ -86,11 +82,7 @@ func BenchmarkLoad(b *testing.B) {
 	}{{"format2", 2, false}, {"format3", 3, false}, {"format3-signed", 3, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()
-			s, _ := Open(ctx, "file://"+b.TempDir()+"?metadata=skip", nil)
-			defer s.Close()
-			if c.signed {
-				s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
-			}
+			s := benchStore(b, c.signed)
 			w, _ := s.Begin(ctx, "r", 1, 0)
 			w.format = c.format
 			o, _ := w.Create(ctx, "o")
@@ -122,4 +114,17 @@ func BenchmarkLoad(b *testing.B) {
 			b.ReportMetric((cpuSeconds()-cpu0)/(float64(ops)*float64(len(data))/1e9), "cpu-s/GB")
 		})
 	}
+}
+
+// benchStore is a file:// store in a folder of b's, with a pool key if signed.
+func benchStore(b *testing.B, signed bool) *Store {
+	s, err := Open(context.Background(), "file://"+b.TempDir()+"?metadata=skip", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	if signed {
+		s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
+	}
+	return s
 }

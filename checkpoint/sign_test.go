@@ -79,17 +79,6 @@ func TestSignedStoresLoadOnlyWhatTheirKeySigned(t *testing.T) {
 	}
 }
 
-// xxh3Root is the format 3 hash list root of data.
-func xxh3Root(data []byte) string {
-	h := newHashList(blockCheck{algo: hashXXH3})
-	n := 0
-	for off := 0; off < len(data) || n == 0; off += BlockSize {
-		h.hash(n, data[off:min(off+BlockSize, len(data))], nil)
-		n++
-	}
-	return h.root(n)
-}
-
 // On a store with a key, every object of a format 3 checkpoint carries a
 // GMAC root under a key of its own (a nonce of its own), and a store with
 // the key checks it block by block: an object whose bytes were swapped for
@@ -124,7 +113,7 @@ func TestSignedFormatThreeAuthenticatesEveryBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	i := slices.IndexFunc(m.Objects, func(o Object) bool { return o.Name == "state.bin" })
-	m.Objects[i].XXH3 = xxh3Root(forged)
+	m.Objects[i].XXH3 = hashListRoot(hashXXH3, forged)
 	m.Checksum = m.checksum()
 	m.Signature = signature(key, m.Checksum)
 	data, _ := json.Marshal(m)
@@ -168,7 +157,7 @@ func TestAShardAlteredBeforeAdoptionIsNeverLoaded(t *testing.T) {
 		json.Unmarshal(data, &list)
 		for i := range list {
 			if list[i].Name == ShardPrefix(1)+"state" {
-				list[i].XXH3 = xxh3Root(forged)
+				list[i].XXH3 = hashListRoot(hashXXH3, forged)
 			}
 			if strip {
 				list[i].MAC, list[i].MACNonce = "", ""
