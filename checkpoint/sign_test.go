@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -187,5 +188,49 @@ func TestAShardAlteredBeforeAdoptionIsNeverLoaded(t *testing.T) {
 			t.Fatalf("restoring: %v; want no checkpoint, the forged one skipped for its GMAC", err)
 		}
 		s.Close()
+	}
+}
+
+// Under GODEBUG=fips140=only Go refuses GCM with nonces of the caller's
+// choosing, which format 3's GMAC uses: a store with a key then fails to
+// save and to load, saying so, and calls no checkpoint corrupt (a run
+// must not skip past good checkpoints for its own process's settings).
+// The test runs itself again with that setting, which only a process's
+// start can choose.
+func TestWithAKeyUnderFIPSOnlyModeSavesAndLoadsFailClearly(t *testing.T) {
+	if os.Getenv("CHECKPOINT_FIPS_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestWithAKeyUnderFIPSOnlyModeSavesAndLoadsFailClearly$", "-test.v")
+		cmd.Env = append(os.Environ(), "CHECKPOINT_FIPS_CHILD=1", "GODEBUG=fips140=only")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("the run under fips140=only: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), "--- PASS") {
+			t.Fatalf("the run under fips140=only passed nothing:\n%s", out)
+		}
+		return
+	}
+	ctx := context.Background()
+	_, root, _ := openFixture(t, "format3", 3, 5, 11) // loads without a key: checksums only
+	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Sign([]byte("the-format-3-fixture-pool-key-of-32-bytes"))
+	c, err := s.Committed(ctx, "format3", ID(5, 11))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var corrupt *CorruptError
+	if _, err := c.Open(ctx, "state.bin"); err == nil || errors.As(err, &corrupt) || !strings.Contains(err.Error(), "FIPS") {
+		t.Fatalf("opening a signed object under fips140=only: %v; want an error naming FIPS, not a CorruptError", err)
+	}
+	w, err := s.Begin(ctx, "new", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Create(ctx, "state.bin"); err == nil || !strings.Contains(err.Error(), "FIPS") {
+		t.Fatalf("saving with a key under fips140=only: %v; want an error naming FIPS", err)
 	}
 }

@@ -75,7 +75,10 @@ func readStreamsFor(url string, algo hashAlgo) int {
 // over the manifest's checksum, which covers every object's hash) and treat
 // every manifest not signed with that key as corrupt: whoever can write the
 // bucket but lacks the key cannot make a checkpoint this store will load.
-// Checkpoints written before the store signed are refused too.
+// Checkpoints written before the store signed are refused too. In format 3
+// every block is also tagged with GMAC under the key (hashlist.go), which
+// Go refuses to run under GODEBUG=fips140=only: there, saves and loads on
+// a store with a key fail, saying so.
 func (s *Store) Sign(key []byte) { s.key = key }
 
 // KeyID names a signing key in manifests without revealing it.
