@@ -109,7 +109,7 @@ func (b blockCheck) sum(i int, data []byte) [32]byte {
 // takes its input at once.
 func (b blockCheck) newHead() hash.Hash {
 	switch {
-	case b.mac != nil:
+	case b.wholeBlocks():
 		return nil
 	case b.algo == hashBLAKE3:
 		return blake3.New()
@@ -118,6 +118,10 @@ func (b blockCheck) newHead() hash.Hash {
 	}
 	return sha256.New()
 }
+
+// wholeBlocks says whether a block must be checked whole, in one piece
+// (newHead is nil): with a GMAC.
+func (b blockCheck) wholeBlocks() bool { return b.mac != nil }
 
 // macInfo names what an object's MAC key is for, in its derivation.
 const macInfo = "durabletrain checkpoint object GMAC-AES-256 v1"

@@ -365,7 +365,7 @@ func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint
 	check := blockCheck{algo: algo}
 	if algo == hashXXH3 && c.s.key != nil {
 		// The manifest's signature and every object's MAC were checked
-		// when it was read (readManifest): the key authenticates each block.
+		// when it was read (Store.manifest): the key authenticates each block.
 		// The nonce is well formed (hashIs): an error here is this
 		// process's (GODEBUG=fips140=only refuses GCM with nonces of our
 		// choosing), not the checkpoint's, so it is not a CorruptError.

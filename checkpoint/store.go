@@ -604,9 +604,9 @@ func (o *objectWriter) inPlaceRun(p []byte) int {
 		}
 		k = k / directAlign * directAlign
 	}
-	if o.hashes.check.newHead() == nil {
-		// A GMAC takes its block whole (blockCheck.newHead): whole blocks
-		// only, from a block's start; the rest is copied.
+	if o.hashes.check.wholeBlocks() {
+		// A GMAC takes its block whole: whole blocks only, from a
+		// block's start; the rest is copied.
 		if o.headLen > 0 {
 			return 0
 		}
