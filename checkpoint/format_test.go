@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -120,44 +119,6 @@ func TestFormatThreeChecksumsWithXXH3(t *testing.T) {
 	}
 }
 
-// The XXH3 hash lists of objects of every block shape are the ones recorded
-// here, whether the blocks are checksummed whole or in pieces (a running
-// sum, as large unaligned writes take them), so the format cannot drift
-// with the library. They were checked against the reference implementation
-// when format 3 was made: each block's `xxhsum -H2` (Debian's xxhash 0.8.1),
-// concatenated and hashed with SHA-256, gave these roots.
-func TestXXH3HashListsAreFixed(t *testing.T) {
-	if got := fmt.Sprintf("%x", blockCheck{algo: hashXXH3}.sum(0, nil)); got != "99aa06d3014798d86001c324468d497f"+strings.Repeat("0", 32) {
-		t.Fatalf("XXH3-128 of the empty input is %s; the reference gives 99aa06d3014798d86001c324468d497f", got)
-	}
-	for _, tc := range []struct {
-		size int
-		root string
-	}{
-		{0, "5e962a7229a481a37be83531cb161dead8eedafe66b592ca77e10e29489e0b30"},
-		{1, "c7b141821ef0dd5cec66663ff718f719ae511db2a6ccdc06847acae5cb7a19eb"},
-		{BlockSize - 1, "cd3c1d5f0b9073825eab814e8c2d832351f5eba1e3fcafaa6f2c1403560d7e84"},
-		{BlockSize + 1, "053ce40f816c068cf33aed37e79973c110d310929e3ef2df8e1b1152a88636f4"},
-		{2*BlockSize + 5, "ff68d553c702c8d20481703d3020288631d7676326caccc344705a26e1e75c4a"},
-	} {
-		data := blockPattern(tc.size)
-		whole, pieces := newHashList(blockCheck{algo: hashXXH3}), newHashList(blockCheck{algo: hashXXH3})
-		n := 0
-		for off := 0; off < len(data) || n == 0; off += BlockSize {
-			block := data[off:min(off+BlockSize, len(data))]
-			whole.hash(n, block, nil)
-			head := pieces.check.newHead()
-			head.Write(block[:len(block)/3])
-			pieces.hashAfter(n, head, block[len(block)/3:], nil)
-			n++
-		}
-		got, inPieces := whole.root(n), pieces.root(n)
-		if got != tc.root || inPieces != got {
-			t.Errorf("%d bytes: hash list root %s whole, %s in pieces; recorded %s", tc.size, got, inPieces, tc.root)
-		}
-	}
-}
-
 // A manifest whose objects carry another format's hash, or none, or both,
 // is not a checkpoint even when its own checksum is right: a reader must
 // never pick the check it runs from what a damaged manifest says.
@@ -202,31 +163,6 @@ func TestFormatTwoCheckpointsOfTheEarlierLibraryStillLoad(t *testing.T) {
 	flippedByteIsCaught(t, c, root, "state.bin", "BLAKE3")
 }
 
-// The BLAKE3 hash lists of objects of every block shape are the ones the
-// earlier library (lukechampine.com/blake3 v1.4.1) computed for the same
-// bytes, recorded here, so checkpoints it wrote verify; and BLAKE3 itself
-// gives the specification's test vector for the empty input.
-func TestBLAKE3HashListsMatchTheEarlierLibrary(t *testing.T) {
-	if got := hex.EncodeToString(func() []byte { s := (blockCheck{algo: hashBLAKE3}).sum(0, nil); return s[:] }()); got != "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262" {
-		t.Fatalf("BLAKE3 of the empty input is %s; the specification's test vector is af1349b9…3262", got)
-	}
-	for _, tc := range []struct {
-		size int
-		root string
-	}{
-		{0, "82878ed8a480ee41775636820e05a934ca5c747223ca64306658ee5982e6c227"},
-		{1, "2bf4d007e0cefcaf167e4641bb0f343b402775122dbff17b11514e9cbd21eefa"},
-		{BlockSize - 1, "049c2a31220595d13f6023b600f0c3e3e1cc55416dae3e1657e8c90104a43027"},
-		{BlockSize + 1, "071b70864b78b91db6553f2b60ed3d6c6251baca4fb905aad946193fbef55faa"},
-		{2*BlockSize + 5, "dbd1df989731384db32d793708f02ac5c99a1661d9a439190d4fc664f29f8618"},
-	} {
-		data := blockPattern(tc.size)
-		if got := hashListRoot(hashBLAKE3, data); got != tc.root {
-			t.Errorf("%d bytes: hash list root %s; the earlier library's was %s", tc.size, got, tc.root)
-		}
-	}
-}
-
 // A signed format 3 checkpoint written when the format was made
 // (testdata/format3) loads with and without its key: with it, every block's
 // GMAC is checked, so the MAC's derivation (HKDF salt and info, the nonce
@@ -268,4 +204,55 @@ func hashListRoot(algo hashAlgo, data []byte) string {
 		n++
 	}
 	return h.root(n)
+}
+
+// The hash lists of objects of every block shape, in formats 2 and 3, are
+// the ones recorded here, whether the blocks are checked whole or in
+// pieces (a running sum, as large unaligned writes take them), so neither
+// format can drift with its library. BLAKE3's are those the earlier library
+// (lukechampine.com/blake3 v1.4.1) computed for the same bytes, so
+// checkpoints it wrote verify. XXH3's were checked against the reference
+// implementation when format 3 was made: each block's `xxhsum -H2`
+// (Debian's xxhash 0.8.1), concatenated and hashed with SHA-256, gave these
+// roots. Each gives its specification's value for the empty input.
+func TestHashListsAreFixed(t *testing.T) {
+	for algo, empty := range map[hashAlgo]string{
+		hashBLAKE3: "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262",
+		hashXXH3:   "99aa06d3014798d86001c324468d497f" + strings.Repeat("0", 32), // 128 bits, no tag
+	} {
+		if got := fmt.Sprintf("%x", blockCheck{algo: algo}.sum(0, nil)); got != empty {
+			t.Errorf("%s of the empty input is %s; the specification gives %s", algo, got, empty)
+		}
+	}
+	for _, tc := range []struct {
+		algo hashAlgo
+		size int
+		root string
+	}{
+		{hashBLAKE3, 0, "82878ed8a480ee41775636820e05a934ca5c747223ca64306658ee5982e6c227"},
+		{hashBLAKE3, 1, "2bf4d007e0cefcaf167e4641bb0f343b402775122dbff17b11514e9cbd21eefa"},
+		{hashBLAKE3, BlockSize - 1, "049c2a31220595d13f6023b600f0c3e3e1cc55416dae3e1657e8c90104a43027"},
+		{hashBLAKE3, BlockSize + 1, "071b70864b78b91db6553f2b60ed3d6c6251baca4fb905aad946193fbef55faa"},
+		{hashBLAKE3, 2*BlockSize + 5, "dbd1df989731384db32d793708f02ac5c99a1661d9a439190d4fc664f29f8618"},
+		{hashXXH3, 0, "5e962a7229a481a37be83531cb161dead8eedafe66b592ca77e10e29489e0b30"},
+		{hashXXH3, 1, "c7b141821ef0dd5cec66663ff718f719ae511db2a6ccdc06847acae5cb7a19eb"},
+		{hashXXH3, BlockSize - 1, "cd3c1d5f0b9073825eab814e8c2d832351f5eba1e3fcafaa6f2c1403560d7e84"},
+		{hashXXH3, BlockSize + 1, "053ce40f816c068cf33aed37e79973c110d310929e3ef2df8e1b1152a88636f4"},
+		{hashXXH3, 2*BlockSize + 5, "ff68d553c702c8d20481703d3020288631d7676326caccc344705a26e1e75c4a"},
+	} {
+		data := blockPattern(tc.size)
+		pieces := newHashList(blockCheck{algo: tc.algo})
+		n := 0
+		for off := 0; off < len(data) || n == 0; off += BlockSize {
+			block := data[off:min(off+BlockSize, len(data))]
+			head := pieces.check.newHead()
+			head.Write(block[:len(block)/3])
+			pieces.hashAfter(n, head, block[len(block)/3:], nil)
+			n++
+		}
+		got, inPieces := hashListRoot(tc.algo, data), pieces.root(n)
+		if got != tc.root || inPieces != got {
+			t.Errorf("%s, %d bytes: hash list root %s whole, %s in pieces; recorded %s", tc.algo, tc.size, got, inPieces, tc.root)
+		}
+	}
 }

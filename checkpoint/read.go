@@ -167,7 +167,7 @@ func (s *Store) manifest(ctx context.Context, run, id string) (m Manifest, data 
 		if !o.hashIs(algo) {
 			return m, data, fmt.Errorf("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
 		}
-		if algo == hashXXH3 && s.key != nil && o.MAC == "" {
+		if o.lacksMAC(algo, s.key) {
 			return m, data, fmt.Errorf("object %s has no MAC, which a format %d manifest signed with the pool key gives every object", o.Name, m.Format)
 		}
 	}

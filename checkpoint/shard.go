@@ -95,7 +95,7 @@ func (w *Writer) AdoptShards(ctx context.Context, world int) error {
 			if !o.hashIs(w.algo()) {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %s without a %s hash: it was written by another version", r, w.run, w.id, o.Name, w.algo())
 			}
-			if w.algo() == hashXXH3 && w.s.key != nil && o.MAC == "" {
+			if o.lacksMAC(w.algo(), w.s.key) {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %s without a MAC: it was written without the pool key", r, w.run, w.id, o.Name)
 			}
 			if !strings.HasPrefix(o.Name, ShardPrefix(r)) || !objectNamePattern.MatchString(o.Name) || strings.Contains(o.Name, "..") {

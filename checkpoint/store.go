@@ -257,6 +257,12 @@ func (o Object) hashIs(algo hashAlgo) bool {
 	return algo == hashXXH3 && isHex(o.MAC, 64) && isHex(o.MACNonce, 2*macNonceBytes)
 }
 
+// lacksMAC says whether the object, checked with algo, should carry a MAC
+// it does not: format 3 read or adopted by a store with a key.
+func (o Object) lacksMAC(algo hashAlgo, key []byte) bool {
+	return algo == hashXXH3 && key != nil && o.MAC == ""
+}
+
 func isHex(s string, n int) bool {
 	_, err := hex.DecodeString(s)
 	return err == nil && len(s) == n
