@@ -93,6 +93,40 @@ func readByWriteTo(c *Checkpoint, name string) ([]byte, int64, error) {
 	return b.Bytes(), n, err
 }
 
+// readInPieces reads an object with Reads of the given lengths in turn
+// (the last repeated to the end), each into a buffer of its own that
+// starts skew bytes past an aligned address, with bytes past its end that
+// no Read may touch. It returns what it read, how many bytes went straight
+// into the caller's buffers (readInto), and the error that ended it (nil
+// for io.EOF).
+func readInPieces(t *testing.T, c *Checkpoint, name string, lengths []int, skew int) ([]byte, int64, error) {
+	t.Helper()
+	r, err := c.Open(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var got []byte
+	for k := 0; ; k++ {
+		n := lengths[min(k, len(lengths)-1)]
+		mem := alignedBuffer(skew + n + 64)
+		p, past := mem[skew:skew+n], mem[skew+n:]
+		for i := range past {
+			past[i] = 0xEE
+		}
+		m, err := r.Read(p)
+		if !bytes.Equal(past, bytes.Repeat([]byte{0xEE}, len(past))) {
+			t.Fatalf("a Read of %d bytes changed the bytes after the caller's buffer", n)
+		}
+		got = append(got, p[:m]...)
+		if err == io.EOF {
+			return got, r.(*verifyingReader).intoBytes, nil
+		} else if err != nil {
+			return got, r.(*verifyingReader).intoBytes, err
+		}
+	}
+}
+
 // A writer that fails stops the copy with its own error, and a writer that
 // takes less than it is given, without an error, stops it with io.ErrShortWrite.
 func TestWriteToStopsWhereTheWriterFails(t *testing.T) {
