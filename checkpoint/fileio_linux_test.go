@@ -259,6 +259,26 @@ func TestCorruptBlocksAreFoundInTheCacheAndReadDirectly(t *testing.T) {
 	}
 }
 
+// localStore is a file:// store in a folder of t's (its root), through the
+// page cache unless direct, with a pool key if signed; closed when t ends.
+func localStore(t *testing.T, direct, signed bool) (*Store, string) {
+	t.Helper()
+	root := t.TempDir()
+	url := "file://" + root + "?metadata=skip"
+	if !direct {
+		url += "&" + DirectIOParam + "=off"
+	}
+	s, err := Open(context.Background(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if signed {
+		s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
+	}
+	return s, root
+}
+
 // A Write of a megabyte or more goes to a local file from the caller's own
 // memory, without the copy into a block buffer, wherever it starts at an
 // aligned address and position (any, through the page cache). Whatever mix
@@ -294,19 +314,7 @@ func TestLargeWritesGoFromTheCallersMemoryAndGiveTheSameObject(t *testing.T) {
 		}
 		direct := tc.direct
 		t.Run(fmt.Sprintf("direct=%v/signed=%v", direct, tc.signed), func(t *testing.T) {
-			root := t.TempDir()
-			url := "file://" + root + "?metadata=skip"
-			if !direct {
-				url += "&" + DirectIOParam + "=off"
-			}
-			s, err := Open(ctx, url, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			if tc.signed {
-				s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
-			}
+			s, _ := localStore(t, direct, tc.signed)
 			ref, err := s.Begin(ctx, "ref", 1, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -413,19 +421,7 @@ func TestLargeReadsGoIntoTheCallersMemoryAndCheckEveryByte(t *testing.T) {
 	}
 	for _, tc := range []struct{ direct, signed bool }{{true, false}, {false, false}, {true, true}} {
 		t.Run(fmt.Sprintf("direct=%v/signed=%v", tc.direct, tc.signed), func(t *testing.T) {
-			root := t.TempDir()
-			url := "file://" + root + "?metadata=skip"
-			if !tc.direct {
-				url += "&" + DirectIOParam + "=off"
-			}
-			s, err := Open(ctx, url, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			if tc.signed {
-				s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
-			}
+			s, root := localStore(t, tc.direct, tc.signed)
 			put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
 			c, err := s.LatestVerified(ctx, "r")
 			if err != nil {
