@@ -205,13 +205,6 @@ func mustHoldExactly(t *testing.T, c *Checkpoint, want map[string][]byte) {
 		if err != nil || !bytes.Equal(got, data) {
 			t.Fatalf("%s: %s read %d bytes (want %d), equal %v, error %v", c.Manifest.ID, name, len(got), len(data), bytes.Equal(got, data), err)
 		}
-		// Reads of 64 KiB straight into the caller's buffer (readInto).
-		c.s.intoMin = 4096
-		got, _, err = readInPieces(t, c, name, []int{64 << 10}, 0)
-		c.s.intoMin = 0
-		if err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("%s: %s read in 64 KiB Reads: %d bytes (want %d), equal %v, error %v", c.Manifest.ID, name, len(got), len(data), bytes.Equal(got, data), err)
-		}
 		got, n, err := readByWriteTo(c, name)
 		if err != nil || n != int64(len(data)) || !bytes.Equal(got, data) {
 			t.Fatalf("%s: %s by WriteTo: %d bytes, equal %v, error %v", c.Manifest.ID, name, n, bytes.Equal(got, data), err)

@@ -198,11 +198,6 @@ func (h *hashList) hashAfter(i int, head hash.Hash, data []byte, done func()) {
 	h.start(i, func() [32]byte { head.Write(data); return digest(head) }, done, true)
 }
 
-// hashAfterAsync is hashAfter returning at once, as hashAsync does.
-func (h *hashList) hashAfterAsync(i int, head hash.Hash, data []byte, done func()) {
-	h.start(i, func() [32]byte { head.Write(data); return digest(head) }, done, false)
-}
-
 // start runs sum on a goroutine of its own, at most one per CPU, records
 // its digest as block i's, then runs done (if not nil). With waitHere the
 // caller waits for a free core; otherwise the goroutine does.

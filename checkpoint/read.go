@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"slices"
@@ -16,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 	"gocloud.dev/blob"
@@ -325,13 +323,7 @@ func (c *Checkpoint) corrupt(format string, args ...any) error {
 // takes its bytes, and its buffer is free once both are done. Reading to the end
 // returns a *CorruptError instead of io.EOF if the size or the hash list
 // root differs from the manifest.
-//
-// The read-ahead starts at the first Read or WriteTo that needs it, not at
-// Open: a Read of several MiB from a local disk reads straight into the
-// caller's buffer instead (readInto), and the read-ahead, if it ever
-// starts, starts where those reads left off.
 type verifyingReader struct {
-	ctx     context.Context // the read-ahead's and readInto's; cancel ends it
 	key     string
 	obj     Object
 	c       *Checkpoint
@@ -340,25 +332,14 @@ type verifyingReader struct {
 	stop    chan struct{}
 	reading sync.WaitGroup
 	hashes  *hashList
-	blocks  int // blocks handed out (each hashing since it arrived, or hashed by readInto)
+	blocks  int // blocks handed out (each hashing since it arrived)
 	total   int // blocks of the object: at least one (an empty object is one empty block)
 	cur     readChunk
 	off     int
 	n       int64
 	err     error
 	closed  bool
-	started bool // the read-ahead has started (startReadAhead)
 	stopped bool // the read-ahead has ended (stopReadAhead)
-	// into: Reads of intoMinDefault or more may go straight into the caller's
-	// buffer (a local file in format 3) until the read-ahead starts.
-	into bool
-	// first is the block the read-ahead starts in, and head the running
-	// sum of that block's bytes readInto has taken (nil: none, the
-	// read-ahead starts at the block's start).
-	first int
-	head  hash.Hash
-	// intoBytes counts the bytes readInto took (for tests).
-	intoBytes int64
 }
 
 // readStream is one read-ahead goroutine's queue and buffers.
@@ -394,28 +375,14 @@ func newVerifyingReader(ctx context.Context, key string, o Object, c *Checkpoint
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	return &verifyingReader{ctx: ctx, key: key, obj: o, c: c, hashes: newHashList(check), cancel: cancel,
-		stop: make(chan struct{}), total: max(1, int((o.Size+BlockSize-1)/BlockSize)),
-		into: algo == hashXXH3 && c.s.local && o.Size > 0}, nil
-}
-
-// streamCount is how many range reads of this object run at once.
-func (v *verifyingReader) streamCount() int {
-	return cmp.Or(v.c.s.readStreams, readStreamsFor(v.c.s.url, v.hashes.check.algo))
-}
-
-// startReadAhead starts the read-ahead goroutines at the reader's
-// position: block first (v.blocks), from byte v.n of it if readInto has
-// taken the block's first bytes.
-func (v *verifyingReader) startReadAhead() {
-	v.started = true
-	v.first = v.blocks
-	v.streams = make([]readStream, min(v.streamCount(), v.total-v.first))
-	size := int(min(v.obj.Size, BlockSize))
+	total := max(1, int((o.Size+BlockSize-1)/BlockSize))
+	v := &verifyingReader{key: key, obj: o, c: c, hashes: newHashList(check), cancel: cancel,
+		stop: make(chan struct{}), total: total, streams: make([]readStream, min(cmp.Or(c.s.readStreams, readStreamsFor(c.s.url, algo)), total))}
+	size := int(min(o.Size, BlockSize))
 	for k := range v.streams {
 		st := readStream{filled: make(chan readChunk, streamBuffers), free: make(chan []byte, streamBuffers)}
 		for range streamBuffers {
-			if v.c.s.directIO {
+			if c.s.directIO {
 				st.free <- alignedBuffer(size)[:size]
 			} else {
 				st.free <- make([]byte, size)
@@ -423,28 +390,26 @@ func (v *verifyingReader) startReadAhead() {
 		}
 		v.streams[k] = st
 		v.reading.Add(1)
-		go v.readAhead(v.ctx, k, v.n, v.head)
+		go v.readAhead(ctx, k)
 	}
-	v.head = nil
+	return v, nil
 }
 
-// readAhead reads blocks first+k, first+k+streams, ... of the object, each
-// with its own range read, so that chunk i is block i of the hash list:
-// the first from byte start (where readInto left it), continuing head's
-// sum, the others whole. The object's last block, or a short one, carries
-// io.EOF; a failed read carries its error.
-func (v *verifyingReader) readAhead(ctx context.Context, k int, start int64, head hash.Hash) {
+// readAhead reads blocks k, k+streams, ... of the object, each with its own
+// range read, so that chunk i is block i of the hash list. The object's last
+// block, or a short one, carries io.EOF; a failed read carries its error.
+func (v *verifyingReader) readAhead(ctx context.Context, k int) {
 	defer v.reading.Done()
 	st := v.streams[k]
-	for i := v.first + k; i < v.total; i += len(v.streams) {
+	for i := k; i < v.total; i += len(v.streams) {
 		var buf []byte
 		select {
 		case buf = <-st.free:
 		case <-v.stop:
 			return
 		}
-		off := max(int64(i)*BlockSize, start)
-		want := int(min(int64(i+1)*BlockSize, v.obj.Size) - off)
+		off := int64(i) * BlockSize
+		want := int(min(BlockSize, v.obj.Size-off))
 		n, err := v.readBlock(ctx, off, buf[:want])
 		if err == nil && i == v.total-1 {
 			err = io.EOF
@@ -463,11 +428,7 @@ func (v *verifyingReader) readAhead(ctx context.Context, k int, start int64, hea
 					free <- b[:cap(b)]
 				}
 			}
-			if i == v.first && head != nil {
-				v.hashes.hashAfterAsync(i, head, b[:n], release)
-			} else {
-				v.hashes.hashAsync(i, b[:n], release)
-			}
+			v.hashes.hashAsync(i, b[:n], release)
 			chunk.handedOut = release
 		} else {
 			chunk.handedOut = func() { st.free <- buf[:cap(buf)] }
@@ -485,10 +446,8 @@ func (v *verifyingReader) readAhead(ctx context.Context, k int, start int64, hea
 
 // readBlock fills buf from offset off; a short read (the object shrank)
 // returns io.EOF with what it got. On a local disk it reads the block
-// directly (O_DIRECT) unless the page cache holds all of it already, where
-// O_DIRECT can take it: off and buf's address aligned, and room in buf's
-// capacity, which it may use as scratch, for the length rounded up to an
-// alignment (the last block's).
+// directly (O_DIRECT: buf's capacity is aligned, and so is the length it
+// asks for) unless the page cache holds all of it already.
 func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) (int, error) {
 	if len(buf) == 0 {
 		return 0, nil
@@ -496,7 +455,7 @@ func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) 
 	want, ask := len(buf), len(buf)
 	var opts *blob.ReaderOptions
 	var direct *os.File
-	if v.c.s.directIO && off%directAlign == 0 && aligned(buf) && roundUp(want, directAlign) <= cap(buf) {
+	if v.c.s.directIO {
 		ask = roundUp(want, directAlign) // a whole last block: reading past the end is a short read
 		opts = &blob.ReaderOptions{BeforeRead: func(as func(any) bool) error {
 			var f *os.File
@@ -534,17 +493,9 @@ func (v *verifyingReader) readBlock(ctx context.Context, off int64, buf []byte) 
 	return n, err
 }
 
-// aligned says whether b starts at a directAlign boundary of memory.
-func aligned(b []byte) bool {
-	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%directAlign == 0
-}
-
 func (v *verifyingReader) Read(p []byte) (int, error) {
 	if v.closed {
 		return 0, fmt.Errorf("reading object %s: %w", v.obj.Name, os.ErrClosed)
-	}
-	if k := v.intoRun(p); k > 0 {
-		return v.readInto(p[:k:len(p)])
 	}
 	if err := v.advance(); err != nil {
 		return 0, err
@@ -553,136 +504,6 @@ func (v *verifyingReader) Read(p []byte) (int, error) {
 	v.off += n
 	v.n += int64(n)
 	return n, nil
-}
-
-// intoMinDefault is the least a Read takes straight into the caller's buffer
-// (readInto). A caller that reads in smaller pieces (a bufio.Reader, a
-// decoder) most often works between them, which the read-ahead overlaps
-// with the disk, and a copy of a few KiB costs little. 4 MiB is dd's and
-// the bench's bs=4M, and PyTorch reads each tensor's storage in one
-// readinto.
-const intoMinDefault = 4 << 20
-
-// intoRun is how many bytes of p a Read takes straight from the object
-// into p (readInto): none once the read-ahead has started (its blocks are
-// on their way), none for a p under intoMinDefault (Store.intoMin in tests), none at the object's end; on
-// a store with a key, whose GMAC takes a block whole, only whole blocks
-// from a block's start (none if p holds less than one).
-func (v *verifyingReader) intoRun(p []byte) int {
-	if !v.into || v.started || v.err != nil || len(p) < cmp.Or(v.c.s.intoMin, intoMinDefault) || v.n == v.obj.Size {
-		return 0
-	}
-	k := int(min(int64(len(p)), v.obj.Size-v.n))
-	if v.hashes.check.wholeBlocks() {
-		if v.head != nil || v.n%BlockSize != 0 {
-			return 0 // cannot happen: no piece of a block is read in place with a MAC
-		}
-		if v.n+int64(k) < v.obj.Size {
-			k = k / BlockSize * BlockSize
-		}
-	}
-	return k
-}
-
-// readInto reads the next len(p) bytes of the object straight into p
-// (cap(p) bounds the scratch room a direct read may use past them),
-// without the copy from a read-ahead buffer (a quarter of a CPU second a
-// GB on a 2-core VM, where the copy, not the disk, bounded Read:
-// BENCHMARKS.md). p is read in pieces of at most a block, with up to
-// streamCount range reads in flight, in order; each piece is checked
-// before Read returns, since the caller owns p again then: a whole block on
-// a free core (hashList), a piece of one into the block's running sum
-// (head), which the next Read or the read-ahead continues.
-func (v *verifyingReader) readInto(p []byte) (int, error) {
-	type piece struct {
-		off  int64
-		buf  []byte
-		done chan int // bytes read; err says why fewer
-		err  error
-	}
-	streams := v.streamCount()
-	size := min(BlockSize, max(1<<20, roundUp((len(p)+streams-1)/streams, directAlign)))
-	pieces := make([]*piece, 0, (len(p)+size-1)/size+1)
-	for at := 0; at < len(p); {
-		off := v.n + int64(at)
-		k := int(min(int64(len(p)-at), int64(size), (off/BlockSize+1)*BlockSize-off))
-		pieces = append(pieces, &piece{off: off, buf: p[at : at+k : cap(p)], done: make(chan int, 1)})
-		at += k
-	}
-	// The reads run at most streams at a time, in order; none is left
-	// running when Read returns, whatever it returns.
-	var reads, hashing sync.WaitGroup
-	inFlight, stop := make(chan struct{}, streams), make(chan struct{})
-	defer func() {
-		close(stop)
-		reads.Wait()
-		hashing.Wait()
-	}()
-	reads.Add(1)
-	go func() {
-		defer reads.Done()
-		for _, pc := range pieces {
-			select {
-			case inFlight <- struct{}{}:
-			case <-stop:
-				return
-			}
-			reads.Add(1)
-			go func() {
-				defer reads.Done()
-				n, err := v.readBlock(v.ctx, pc.off, pc.buf)
-				if err == nil && n < len(pc.buf) {
-					err = io.EOF
-				}
-				pc.err = err
-				<-inFlight
-				pc.done <- n
-			}()
-		}
-	}()
-	// Each block's bytes in p (a segment) are checked once its last piece
-	// is in: a whole block on a free core, a piece of one into its
-	// running sum.
-	seg := 0
-	for _, pc := range pieces {
-		n := <-pc.done
-		switch {
-		case pc.err == io.EOF:
-			v.err = v.c.corrupt("object %s ended after %d bytes; the manifest says %d", v.obj.Name, pc.off+int64(n), v.obj.Size)
-		case pc.err != nil:
-			v.err = fmt.Errorf("reading object %s: %w", v.obj.Name, pc.err)
-		}
-		if v.err != nil {
-			v.cancel() // the reads still in flight; the reader is done
-			return 0, v.err
-		}
-		end := pc.off + int64(n)
-		i := int(pc.off / BlockSize)
-		if full := end == min(int64(i+1)*BlockSize, v.obj.Size); full || pc == pieces[len(pieces)-1] {
-			segOff := v.n
-			data := p[seg : seg+int(end-segOff) : seg+int(end-segOff)]
-			if segOff%BlockSize == 0 && full {
-				hashing.Add(1)
-				v.hashes.hash(i, data, hashing.Done)
-			} else {
-				if v.head == nil {
-					v.head = v.hashes.check.newHead()
-				}
-				v.head.Write(data)
-				if full {
-					v.hashes.set(i, v.head)
-					v.head = nil
-				}
-			}
-			if full {
-				v.blocks++
-			}
-			seg += len(data)
-			v.n = end
-		}
-	}
-	v.intoBytes += int64(len(p))
-	return len(p), nil
 }
 
 // WriteTo writes the object to w block by block, straight from the buffer
@@ -720,13 +541,6 @@ func (v *verifyingReader) WriteTo(w io.Writer) (int64, error) {
 // takes the next from its stream. At the object's end it returns io.EOF, or
 // the *CorruptError that the size or the hash list root calls for.
 func (v *verifyingReader) advance() error {
-	if !v.started && v.err == nil {
-		if v.n == v.obj.Size && v.obj.Size > 0 {
-			v.err = v.finish(io.EOF) // readInto took it all
-			return v.err
-		}
-		v.startReadAhead()
-	}
 	for v.err == nil && v.off == len(v.cur.buf) {
 		if v.cur.buf != nil {
 			if len(v.cur.buf) > 0 || v.obj.Size == 0 {
@@ -739,7 +553,7 @@ func (v *verifyingReader) advance() error {
 			v.err = v.finish(v.cur.err)
 			break
 		}
-		v.cur, v.off = <-v.streams[(v.blocks-v.first)%len(v.streams)].filled, 0
+		v.cur, v.off = <-v.streams[v.blocks%len(v.streams)].filled, 0
 		if v.cur.buf == nil {
 			v.cur.buf = []byte{} // handed out (and hashed) even when empty
 		}

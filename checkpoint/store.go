@@ -48,12 +48,6 @@ type Store struct {
 	// directIO: objects on a local disk bypass the page cache (fileio.go);
 	// a file:// URL's direct_io=off turns it off.
 	directIO bool
-	// local: a file:// store, whose files a large Read takes straight
-	// into the caller's buffer (verifyingReader.readInto).
-	local bool
-	// intoMin is the least a Read takes straight into the caller's
-	// buffer; 0: intoMinDefault (tests read small objects so).
-	intoMin int
 }
 
 // readStreamsFor is how many range reads of one object a store keeps in
@@ -128,8 +122,7 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
-	local := strings.HasPrefix(bucketURL, "file:")
-	return &Store{bucket: b, url: url, log: log, directIO: directIO, local: local}, nil
+	return &Store{bucket: b, url: url, log: log, directIO: directIO}, nil
 }
 
 // DirectIOParam is the file:// URL parameter that says whether objects
