@@ -440,7 +440,7 @@ func TestReadsOfEveryLengthGiveTheObjectAndCatchDamage(t *testing.T) {
 					}
 				}
 			}
-			// Reads straight in, then io.Copy (WriteTo) from the middle of a block.
+			// Reads, then io.Copy (WriteTo) from the middle of a block.
 			r, _ := c.Open(ctx, "o")
 			defer r.Close()
 			head := make([]byte, 12*mib+3)
