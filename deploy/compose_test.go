@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,11 +22,9 @@ func TestComposeTrainsAcrossContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds an image and starts containers")
 	}
-	t.Parallel() // beside the PyTorch one: their images build at once
+	t.Parallel() // beside the PyTorch one, on the images they share
 	needDocker(t)
-	tag := fmt.Sprintf("durabletrain:e2e-%d", os.Getpid())
-	run(t, exec.Command("./build-images.sh"), "TAG="+tag)
-	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag).Run() })
+	tag, _ := buildImages(t)
 	compose := upCompose(t, fmt.Sprintf("dte2e%d", os.Getpid()), nil, []string{"DURABLETRAIN_IMAGE=" + tag},
 		"starter", "devserver", "workflows", "agent-1", "agent-2")
 	start := time.Now()
@@ -51,6 +50,47 @@ func TestComposeTrainsAcrossContainers(t *testing.T) {
 	if !strings.Contains(cps, "ckpt-e000003-s000000000") || strings.Contains(cps, "NOT USABLE") {
 		t.Fatalf("checkpoints seen from agent-1:\n%s", cps)
 	}
+}
+
+// The images both compose tests run, built once by build-images.sh (PYTORCH=1
+// builds both from one set of binaries: two builds side by side compiled and
+// linked the same three binaries twice, minutes on a 2-core machine), and
+// removed when the tests end.
+var images struct {
+	once       sync.Once
+	tag, pytag string
+	out        string
+	err        error
+}
+
+// buildImages returns the tags of the image of our binaries and of the
+// PyTorch image, building them on the first call.
+func buildImages(t *testing.T) (tag, pytag string) {
+	t.Helper()
+	images.once.Do(func() {
+		images.tag = fmt.Sprintf("durabletrain:e2e-%d", os.Getpid())
+		images.pytag = fmt.Sprintf("durabletrain-pytorch:e2e-%d", os.Getpid())
+		cmd := exec.Command("./build-images.sh")
+		cmd.Env = append(os.Environ(), "TAG="+images.tag, "PYTORCH=1", "TAG_PYTORCH="+images.pytag)
+		out, err := cmd.CombinedOutput()
+		images.out = string(out)
+		if err != nil {
+			images.err = fmt.Errorf("./build-images.sh: %v\n%s", err, out)
+		}
+	})
+	if images.err != nil {
+		t.Fatal(images.err)
+	}
+	t.Logf("%s", lastLines(images.out, 3))
+	return images.tag, images.pytag
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if images.tag != "" {
+		exec.Command("docker", "rmi", "-f", images.tag, images.pytag).Run()
+	}
+	os.Exit(code)
 }
 
 // needDocker skips a test where no Docker engine or docker-compose answers.
@@ -137,16 +177,11 @@ func TestComposeTrainsPyTorchAcrossContainers(t *testing.T) {
 	if _, err := spec.Parse(raw); err != nil {
 		t.Fatalf("examples/pytorch/compose.json: %v", err)
 	}
-	tag := fmt.Sprintf("durabletrain:e2e-py-%d", os.Getpid())
-	pytag := fmt.Sprintf("durabletrain-pytorch:e2e-%d", os.Getpid())
-	out := run(t, exec.Command("./build-images.sh"), "TAG="+tag, "PYTORCH=1", "TAG_PYTORCH="+pytag)
-	t.Logf("%s", lastLines(out, 3))
-	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag, pytag).Run() })
-
+	tag, pytag := buildImages(t)
 	compose := upCompose(t, fmt.Sprintf("dte2epy%d", os.Getpid()), []string{"--profile", "pytorch"},
 		[]string{"DURABLETRAIN_IMAGE=" + tag, "DURABLETRAIN_PYTORCH_IMAGE=" + pytag}, "starter-py", "devserver", "workflows", "agent-py-1", "agent-py-2")
 	start := time.Now()
-	out = run(t, compose("run", "--rm", "starter-py", "train", "-id", "e2e-py", "-f", "/usr/local/share/durabletrain/examples/pytorch/compose.json", "-wait"))
+	out := run(t, compose("run", "--rm", "starter-py", "train", "-id", "e2e-py", "-f", "/usr/local/share/durabletrain/examples/pytorch/compose.json", "-wait"))
 	t.Logf("trained in %v:\n%s", time.Since(start).Round(time.Millisecond), lastLines(out, 4))
 	var p spec.Progress
 	status := run(t, compose("run", "--rm", "starter-py", "status", "-id", "e2e-py", "-json"))

@@ -11,9 +11,11 @@ import (
 	"github.com/durabletrain/durabletrain/spec"
 
 	// The backends and blob drivers your workers offer: a spec's "trainer"
-	// and URLs pick among what is imported.
-	_ "github.com/durabletrain/durabletrain/blobdrivers"
+	// and URLs pick among what is imported (blobdrivers registers every
+	// scheme a spec accepts; this host reads file:// and s3:// alone).
+	_ "github.com/durabletrain/durabletrain/blobdrivers/s3"
 	_ "github.com/durabletrain/durabletrain/trainer/native"
+	_ "gocloud.dev/blob/fileblob"
 )
 
 // Register durabletrain on workers you already run: the workflow on your

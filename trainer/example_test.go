@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	_ "github.com/durabletrain/durabletrain/blobdrivers" // file:// for the data set
+	_ "gocloud.dev/blob/fileblob" // file:// for the data set
+
 	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
