@@ -50,8 +50,9 @@ bin/minio:
 ## of the native trainer (the one package with OpenBLAS code)
 ## (vet and the two tools build side by side: much of a cold build waits on module downloads)
 ## (every link in it, of test binaries, tools and the binaries tests build, leaves out DWARF, which
-## nothing here reads: it halved the integration test binary's link, 32 -> 17 CPU-seconds on a 2-core VM)
-test: export GOFLAGS += -ldflags=-w
+## nothing here reads: it halved the integration test binary's link, 32 -> 17 CPU-seconds on a 2-core VM;
+## GOFLAGS set in the environment would hide those of `go env -w`, so they are read first)
+test: export GOFLAGS = $(shell $(GO) env GOFLAGS) -ldflags=-w
 test: deps-test
 	$(MAKE) -j3 vet bin/temporal bin/minio
 	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 -timeout 25m $(SLOWEST) ./...

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 )
 
@@ -23,16 +25,35 @@ const Release = "0.6.0"
 //	go build -ldflags "-X github.com/durabletrain/durabletrain/internal/buildinfo.Version=v0.6.0-rc1" ./cmd/worker
 var Version = ""
 
-// ReleaseVersion is Version if the build set it, the module version when the
-// binary was installed with `go install module@version`, else Release.
+// ReleaseVersion is Version if the build set it, the module's tag when the
+// binary was built from one (`go install module@v0.6.0`, or a checkout of the
+// tag), else Release.
 func ReleaseVersion() string {
 	if Version != "" {
 		return Version
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
+	main := ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		main = bi.Main.Version
 	}
-	return "v" + Release
+	return releaseOf(main)
+}
+
+// A pseudo-version (v0.0.0-20261128040319-2e4fe4c06013, or after a tag
+// v0.6.1-0.20261128040319-2e4fe4c06013), which Go stamps on a build from a
+// Git checkout or an install at a commit.
+var pseudoVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-(.+\.)?(0\.)?[0-9]{14}-[0-9a-f]{12}$`)
+
+// releaseOf is the release a binary whose main module has the version main
+// (from its build information) says it is: a tag as it is; else, for a
+// build of no tag ("" or "(devel)"), of a commit (a pseudo-version) or of a
+// tree with changes ("+dirty"), this tree's Release. (The build ID still
+// tells every binary apart.)
+func releaseOf(main string) string {
+	if main == "" || main == "(devel)" || strings.Contains(main, "+") || pseudoVersion.MatchString(main) {
+		return "v" + Release
+	}
+	return main
 }
 
 var (

@@ -39,3 +39,26 @@ func TestVersionOverrides(t *testing.T) {
 		t.Fatalf("ReleaseVersion() = %q with Version set", got)
 	}
 }
+
+// Go stamps a build from a Git checkout with a pseudo-version (and "+dirty"
+// when the tree has changes), on some machines and not on others (GOFLAGS
+// -buildvcs): none of them is a release, so each says this tree's Release;
+// a tag says itself.
+func TestReleaseOfTheMainModuleVersion(t *testing.T) {
+	want := "v" + Release
+	for main, expect := range map[string]string{
+		"":                                     want,
+		"(devel)":                              want,
+		"v0.0.0-20261128040319-2e4fe4c06013":   want,
+		"v0.6.1-0.20261128040319-2e4fe4c06013": want,
+		"v0.6.0-rc1.0.20261128040319-2e4fe4c06013": want,
+		"v0.0.0-20261128040319-2e4fe4c06013+dirty": want,
+		"v0.6.0+dirty": want,
+		"v0.6.0":       "v0.6.0",
+		"v0.7.0-rc1":   "v0.7.0-rc1",
+	} {
+		if got := releaseOf(main); got != expect {
+			t.Errorf("releaseOf(%q) = %q, want %q", main, got, expect)
+		}
+	}
+}
