@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
+
+	"golang.org/x/mod/module"
 )
 
 // Release is the release this source tree is; CHANGELOG.md's newest entry
@@ -39,18 +40,14 @@ func ReleaseVersion() string {
 	return releaseOf(main)
 }
 
-// A pseudo-version (v0.0.0-20261128040319-2e4fe4c06013, or after a tag
-// v0.6.1-0.20261128040319-2e4fe4c06013), which Go stamps on a build from a
-// Git checkout or an install at a commit.
-var pseudoVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-(.+\.)?(0\.)?[0-9]{14}-[0-9a-f]{12}$`)
-
 // releaseOf is the release a binary whose main module has the version main
 // (from its build information) says it is: a tag as it is; else, for a
-// build of no tag ("" or "(devel)"), of a commit (a pseudo-version) or of a
+// build of no tag ("" or "(devel)"), of a commit (a pseudo-version, which Go
+// stamps on a build from a Git checkout or an install at a commit) or of a
 // tree with changes ("+dirty"), this tree's Release. (The build ID still
 // tells every binary apart.)
 func releaseOf(main string) string {
-	if main == "" || main == "(devel)" || strings.Contains(main, "+") || pseudoVersion.MatchString(main) {
+	if main == "" || main == "(devel)" || strings.Contains(main, "+") || module.IsPseudoVersion(main) {
 		return "v" + Release
 	}
 	return main
