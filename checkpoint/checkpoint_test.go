@@ -413,6 +413,14 @@ func TestBadNamesAreRefused(t *testing.T) {
 	if _, err := Open(ctx, "nosuch://x", nil); err == nil || !strings.Contains(err.Error(), "s3://") {
 		t.Errorf("unknown scheme: %v", err)
 	}
+	// A bare '#' would open the folder before it: refused, saying %23.
+	hashDir := t.TempDir()
+	if _, err := Open(ctx, "file://"+hashDir+"/runs#2?create_dir=1", nil); err == nil || !strings.Contains(err.Error(), "%23") {
+		t.Errorf("a URL with '#': %v", err)
+	}
+	if entries, _ := os.ReadDir(hashDir); len(entries) != 0 {
+		t.Errorf("refusing a URL with '#' wrote %d entries into the folder before it", len(entries))
+	}
 	// A '#' in a folder's name is written %23, as spec.CheckURL's error says.
 	dir := t.TempDir()
 	url := "file://" + dir + "/runs%232?create_dir=1"

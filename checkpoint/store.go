@@ -114,6 +114,12 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if strings.Contains(url, "#") {
+		// A '#' starts the URL's fragment, which gocloud ignores: the store
+		// would be the path before it (spec.CheckURL refuses it in specs;
+		// this is for Go callers and for URLs read back from a run).
+		return nil, fmt.Errorf("checkpoint: opening storage %q: want no '#' (it starts a URL's fragment, which stores ignore; write a '#' in a path as %%23)", url)
+	}
 	bucketURL, directIO, err := directIOOf(url)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w", url, err)
