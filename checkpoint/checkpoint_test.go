@@ -421,6 +421,19 @@ func TestBadNamesAreRefused(t *testing.T) {
 	if entries, _ := os.ReadDir(hashDir); len(entries) != 0 {
 		t.Errorf("refusing a URL with '#' wrote %d entries into the folder before it", len(entries))
 	}
+	// The rest of the rule specs are checked by holds for Go callers too:
+	// a relative path (it would land in the worker's own directory),
+	// credentials in the URL, a folder in an S3 URL's path.
+	for _, c := range []struct{ url, want string }{
+		{"file://runs?create_dir=1", `"runs" reads as a host`},
+		{"file://" + hashDir + "/../x", "a clean absolute path"},
+		{"s3://user:secret@bucket", "no user or password"},
+		{"s3://bucket/runs", "?prefix=runs/"},
+	} {
+		if _, err := Open(ctx, c.url, nil); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "storage URL") {
+			t.Errorf("%s: %v; want the storage URL refused, saying %q", c.url, err, c.want)
+		}
+	}
 	// A '#' in a folder's name is written %23, as spec.CheckURL's error says.
 	dir := t.TempDir()
 	url := "file://" + dir + "/runs%232?create_dir=1"

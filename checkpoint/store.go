@@ -25,6 +25,8 @@ import (
 	"go.uber.org/zap"
 	"gocloud.dev/blob"
 	"gocloud.dev/gcerrors"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // ManifestName is the object that commits a checkpoint.
@@ -114,11 +116,11 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if strings.Contains(url, "#") {
-		// A '#' starts the URL's fragment, which gocloud ignores: the store
-		// would be the path before it (spec.CheckURL refuses it in specs;
-		// this is for Go callers and for URLs read back from a run).
-		return nil, fmt.Errorf("checkpoint: opening storage %q: want no '#' (it starts a URL's fragment, which stores ignore; write a '#' in a path as %%23)", url)
+	// The rule specs are checked by: a Go caller, or a URL read back from a
+	// run's progress, gets the same refusal (a '#' would otherwise open the
+	// folder before it, a relative path the worker's own directory).
+	if err := bloburl.Check("storage URL", url); err != nil {
+		return nil, fmt.Errorf("checkpoint: opening storage: %w", err)
 	}
 	bucketURL, directIO, err := directIOOf(url)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/durabletrain/durabletrain/internal/strictjson"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -308,9 +309,5 @@ func redact(u *url.URL) string {
 	return strings.ReplaceAll(s, "%E2%80%A6", "…")
 }
 
-func quoted(s string) string {
-	if len(s) > 64 {
-		return fmt.Sprintf("%q… (%d bytes)", s[:48], len(s))
-	}
-	return fmt.Sprintf("%q", s)
-}
+// quoted shows a user's string in an error, bounded.
+func quoted(s string) string { return strictjson.Quote(s) }

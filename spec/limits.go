@@ -3,13 +3,14 @@ package spec
 import (
 	"encoding/json"
 	"fmt"
-	"net/url"
-	"path"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
+	"github.com/durabletrain/durabletrain/internal/strictjson"
 )
 
 // Limits of a spec. Some are Temporal's: a run's spec travels in the input
@@ -24,7 +25,6 @@ const (
 	MaxExecArgs      = 256
 	MaxExecEnv       = 128
 	maxExecString    = 4096 // one argument, one environment value, exec.dir
-	maxURL           = 2048
 )
 
 // MinStallTimeout bounds failure.stall_timeout from below: every link
@@ -67,16 +67,7 @@ var accepted = map[string]string{
 var taskQueuePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@:-]{0,199}$`)
 
 // quoted shows a user's string in an error, bounded.
-func quoted(s string) string {
-	if len(s) > 64 {
-		cut := 48
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		return fmt.Sprintf("%q… (%d bytes)", s[:cut], len(s))
-	}
-	return fmt.Sprintf("%q", s)
-}
+func quoted(s string) string { return strictjson.Quote(s) }
 
 // parameters counts the native model's weights and biases for Fashion-MNIST's
 // 784 inputs and 10 classes.
@@ -145,69 +136,16 @@ func refuseExplicitZeros(data []byte) error {
 	return nil
 }
 
-// blobSchemes are the gocloud.dev/blob URL schemes a spec may name.
-var blobSchemes = []string{"file", "s3", "gs", "azblob", "mem"}
-
 // BlobSchemes are the URL schemes a spec may name (package blobdrivers
 // registers a driver for each).
-func BlobSchemes() []string { return append([]string(nil), blobSchemes...) }
+func BlobSchemes() []string { return bloburl.Schemes() }
 
-var bucketPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,221}[a-z0-9]$`)
-
-// CheckURL parses a blob URL and checks its parts: a known scheme; for
-// file://, an absolute, clean path and no host; for s3, gs and azblob, a
-// bucket name and no path (a folder goes in ?prefix=); query parameters that
-// parse. field names it in the error.
-func CheckURL(field, raw string) error {
-	bad := func(why string) error { return fmt.Errorf("%s is %s; want %s", field, quoted(raw), why) }
-	if len(raw) > maxURL {
-		return bad(fmt.Sprintf("a URL of at most %d bytes", maxURL))
-	}
-	if strings.ContainsAny(raw, "\x00\n\r\t ") {
-		return bad("a URL without spaces or control characters (escape them as %20, …)")
-	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" || u.Opaque != "" {
-		return bad("a blob URL: file:///absolute/path, s3://bucket, gs://bucket, azblob://container or mem://")
-	}
-	if _, err := url.ParseQuery(u.RawQuery); err != nil {
-		return bad("query parameters that parse (" + err.Error() + ")")
-	}
-	if u.User != nil {
-		return bad("no user or password in the URL (credentials come from the worker's environment)")
-	}
-	if strings.Contains(raw, "#") {
-		// A '#' starts the URL's fragment, which every store ignores: the
-		// store would be the path before it.
-		return bad("no '#' (it starts a URL's fragment; write a '#' in a path as %23)")
-	}
-	switch u.Scheme {
-	case "file":
-		if u.Host != "" && u.Host != "localhost" {
-			return bad(fmt.Sprintf("file:///absolute/path (three slashes; %q reads as a host)", u.Host))
-		}
-		if !strings.HasPrefix(u.Path, "/") {
-			return bad("file:///absolute/path")
-		}
-		if clean := path.Clean(u.Path); clean != strings.TrimSuffix(u.Path, "/") && clean != u.Path {
-			return bad(fmt.Sprintf("a clean absolute path (%s, without . or .. or //)", clean))
-		}
-	case "s3", "gs", "azblob":
-		if u.Host == "" {
-			return bad(u.Scheme + "://bucket-name (the bucket is missing)")
-		}
-		if !bucketPattern.MatchString(u.Host) {
-			return bad(u.Scheme + "://bucket-name: 3-223 lower-case letters, digits, . or -")
-		}
-		if u.Path != "" && u.Path != "/" {
-			return bad(fmt.Sprintf("%s://%s?prefix=%s/ (a folder goes in ?prefix=, not in the path)", u.Scheme, u.Host, strings.Trim(u.Path, "/")))
-		}
-	case "mem":
-	default:
-		return bad("a URL with scheme " + strings.Join(blobSchemes, "://, ") + "://")
-	}
-	return nil
-}
+// CheckURL checks a blob URL by the rule package bloburl owns (the checkpoint
+// store checks the same): a known scheme; for file://, an absolute, clean
+// path and no host; for s3, gs and azblob, a bucket name and no path (a
+// folder goes in ?prefix=); query parameters that parse. field names it in
+// the error.
+func CheckURL(field, raw string) error { return bloburl.Check(field, raw) }
 
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 

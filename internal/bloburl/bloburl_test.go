@@ -1,0 +1,70 @@
+package bloburl
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	for _, ok := range []string{
+		"file:///var/lib/durabletrain/checkpoints?create_dir=1",
+		"file:///tmp/runs%232/",
+		"file://localhost/tmp/x",
+		"s3://my-bucket?prefix=runs/&region=eu-west-1",
+		"s3://my.bucket/",
+		"gs://bucket-1",
+		"azblob://container",
+		"mem://",
+	} {
+		if err := Check("checkpoint.url", ok); err != nil {
+			t.Errorf("%s refused: %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ raw, want string }{
+		{"", "a blob URL"},
+		{"/var/lib/x", "a blob URL"},
+		{"file:relative", "a blob URL"},
+		{"file://relative/dir", `"relative" reads as a host`},
+		{"file:///a/../b", "a clean absolute path (/b"},
+		{"file:///a//b", "a clean absolute path"},
+		{"file:///runs#2", "%23"},
+		{"s3://user:secret@bucket", "no user or password"},
+		{"s3://bucket/runs", "s3://bucket?prefix=runs/"},
+		{"s3://", "the bucket is missing"},
+		{"s3://Bad_Bucket", "lower-case letters"},
+		{"s3://bucket?prefix=%zz", "query parameters that parse"},
+		{"file:///a b", "without spaces or control characters"},
+		{"file:///a\x00b", "without spaces or control characters"},
+		{"ftp://host/x", "file://, s3://, gs://, azblob://, mem://"},
+		{"file:///" + strings.Repeat("x", MaxBytes), "at most 2048 bytes"},
+	} {
+		err := Check("checkpoint.url", c.raw)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "checkpoint.url is ") {
+			t.Errorf("%q: %v; want an error naming checkpoint.url and saying %q", c.raw, err, c.want)
+		}
+		if err != nil && len(err.Error()) > 400 {
+			t.Errorf("%q: the error is %d bytes; a user's string is shown bounded", c.raw, len(err.Error()))
+		}
+	}
+}
+
+// FuzzCheck: no input panics, and what Check accepts parses, has a known
+// scheme and no fragment or credentials.
+func FuzzCheck(f *testing.F) {
+	for _, s := range []string{"file:///a", "s3://b?prefix=x/", "mem://", "file:///a#b", "s3://u:p@b", "gs://b/c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if Check("u", raw) != nil {
+			return
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("accepted %q, which does not parse: %v", raw, err)
+		}
+		if u.Fragment != "" || u.User != nil || !strings.Contains("file s3 gs azblob mem", u.Scheme) || u.Scheme == "" {
+			t.Fatalf("accepted %q: scheme %q, fragment %q, user %v", raw, u.Scheme, u.Fragment, u.User)
+		}
+	})
+}
