@@ -18,7 +18,8 @@ import (
 )
 
 // benchS3 measures a checkpoint saved to and restored from S3 (a real MinIO
-// on this machine, bin/minio) against the AWS CLI copying the same bytes to
+// on this machine: $MINIO_BIN, which `make bench-s3` sets to an optimised
+// build in bin/bench/minio, else the tests' bin/minio) against the AWS CLI copying the same bytes to
 // and from the same server, interleaved, in one run.
 func benchS3(args []string) error {
 	fs := flag.NewFlagSet("s3", flag.ExitOnError)
