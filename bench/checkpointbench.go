@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +48,10 @@ func benchCheckpoint(args []string) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
+	}
+	// A storage URL names an absolute path (checkpoint.Open refuses others).
+	if dir, err = filepath.Abs(dir); err != nil {
+		return fmt.Errorf("-dir: %w", err)
 	}
 	ctx := context.Background()
 	if *stallOnly {
@@ -214,7 +219,7 @@ func measureCheckpointRounds(ctx context.Context, dir string, state []byte, ddSo
 	// three ways. cached: with direct_io=off, save and load only.
 	ours := func(rep int, cached bool) error {
 		root := filepath.Join(dir, fmt.Sprint("store-", rep))
-		url := "file://" + root + "?create_dir=1&metadata=skip"
+		url := fileURL(root, "create_dir=1&metadata=skip")
 		save, load := &m.save, &m.load
 		if cached {
 			url += "&" + checkpoint.DirectIOParam + "=off"
@@ -341,4 +346,10 @@ func printCheckpointTable(load string, m *checkpointRounds, size, repeat int, di
 		row("restore: LatestVerified (full verify) + load", &m.restore, &m.ddRead, &m.ddReadDirect, ""),
 		row("restore: RestoreLatest (verify while loading)", &m.restoreOnce, &m.ddRead, &m.ddReadDirect, ">= 0.8x"),
 	})
+}
+
+// fileURL is the file:// URL of an absolute path, escaped (a space or a '#'
+// in a folder's name is legal there, not in a URL), with a query.
+func fileURL(path, query string) string {
+	return (&neturl.URL{Scheme: "file", Path: path, RawQuery: query}).String()
 }

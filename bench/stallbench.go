@@ -74,7 +74,7 @@ func benchStall(ctx context.Context, dir string, size, repeat int, data, directI
 	stepTime /= 3
 	root := filepath.Join(dir, "stall")
 	defer os.RemoveAll(root)
-	store, err := checkpoint.Open(ctx, "file://"+root+"?create_dir=1&metadata=skip&"+checkpoint.DirectIOParam+"="+directIO, nil)
+	store, err := checkpoint.Open(ctx, fileURL(root, "create_dir=1&metadata=skip&"+checkpoint.DirectIOParam+"="+directIO), nil)
 	if err != nil {
 		return err
 	}
