@@ -233,3 +233,26 @@ func TestEvalRangesCoverEveryExampleOnce(t *testing.T) {
 		}
 	}
 }
+
+// A URL a spec could not name is refused before any store is opened, with
+// what would be accepted: a Go caller gets the rule specs are checked by.
+func TestBadURLsAreRefusedAsInSpecs(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	for _, c := range []struct{ url, want string }{
+		{"file://data", `"data" reads as a host`},
+		{"file://" + dir + "/a#b", "%23"},
+		{"s3://user:pw@bucket", "no user or password"},
+		{"ftp://host/x", "file://, s3://"},
+	} {
+		if _, err := Load(ctx, c.url, Train); err == nil || !strings.Contains(err.Error(), "dataset URL") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Load(%s): %v; want the dataset URL refused, saying %q", c.url, err, c.want)
+		}
+		if err := Write(ctx, c.url, Train, &Set{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Write(%s): %v; want it refused, saying %q", c.url, err, c.want)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("refused writes left %d entries in %s", len(entries), dir)
+	}
+}

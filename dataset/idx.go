@@ -12,6 +12,7 @@ import (
 	"gocloud.dev/blob"
 	"gocloud.dev/gcerrors"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -77,6 +78,9 @@ func (s *Set) Head(n int) *Set {
 func Load(ctx context.Context, url string, split Split) (*Set, error) {
 	if split != Train && split != Test {
 		return nil, fmt.Errorf("dataset: split %q; want %q or %q", split, Train, Test)
+	}
+	if err := bloburl.Check("dataset URL", url); err != nil {
+		return nil, fmt.Errorf("dataset: %w", err)
 	}
 	b, err := blob.OpenBucket(ctx, url)
 	if err != nil {
@@ -161,6 +165,9 @@ func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32
 
 // Write stores a split at url in the same format Load reads (used to make subsets).
 func Write(ctx context.Context, url string, split Split, s *Set) error {
+	if err := bloburl.Check("dataset URL", url); err != nil {
+		return fmt.Errorf("dataset: %w", err)
+	}
 	b, err := blob.OpenBucket(ctx, url)
 	if err != nil {
 		return fmt.Errorf("dataset: opening %s: %w", url, err)
