@@ -17,10 +17,27 @@ import (
 	"github.com/durabletrain/durabletrain/internal/minio"
 )
 
+// The MinIO builds: the tests' (make minio), built without the compiler's
+// optimisations, and the bench's (make bench-s3), built with them.
+const (
+	testsMinIO     = "bin/minio"
+	optimisedMinIO = "bin/bench/minio"
+)
+
+// benchMinIO is the MinIO server to measure against: $MINIO_BIN, else the
+// optimised build if there is one, else the tests' build (the table says so).
+func benchMinIO() (string, error) {
+	if os.Getenv("MINIO_BIN") == "" {
+		if _, err := os.Stat(optimisedMinIO); err == nil {
+			return optimisedMinIO, nil
+		}
+	}
+	return minio.Binary(".")
+}
+
 // benchS3 measures a checkpoint saved to and restored from S3 (a real MinIO
-// on this machine: $MINIO_BIN, which `make bench-s3` sets to an optimised
-// build in bin/bench/minio, else the tests' bin/minio) against the AWS CLI copying the same bytes to
-// and from the same server, interleaved, in one run.
+// on this machine, benchMinIO) against the AWS CLI copying the same bytes
+// to and from the same server, interleaved, in one run.
 func benchS3(args []string) error {
 	fs := flag.NewFlagSet("s3", flag.ExitOnError)
 	sizeFlag := fs.String("size", "1G", "state size (K, M, G suffixes)")
@@ -34,7 +51,7 @@ func benchS3(args []string) error {
 	if _, err := os.Stat(*awsBin); err != nil {
 		return fmt.Errorf("no AWS CLI at %s (apt-get install awscli, or make deps-bench): %v", *awsBin, err)
 	}
-	bin, err := minio.Binary(".")
+	bin, err := benchMinIO()
 	if err != nil {
 		return err
 	}
@@ -119,7 +136,11 @@ func benchS3(args []string) error {
 		return fmt.Sprintf("%.2f–%.2f", float64(size)/hi/1e9, float64(size)/lo/1e9)
 	}
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# %s state to MinIO %s on this machine, median of %d interleaved runs (spread: slowest–fastest GB/s)\n\n", humanBytes(size), srv.Endpoint, *repeat)
+	fmt.Fprintf(&b, "# %s state to MinIO %s on this machine (%s), median of %d interleaved runs (spread: slowest–fastest GB/s)\n", humanBytes(size), srv.Endpoint, bin, *repeat)
+	if bin == testsMinIO {
+		b.WriteString("# that MinIO is the tests' build, without the compiler's optimisations: `make bench-s3` builds an optimised one into " + optimisedMinIO + "\n")
+	}
+	b.WriteString("\n")
 	fmt.Print(b.String())
 	table([]string{"operation", "ours GB/s", "spread", "aws s3 cp GB/s", "spread", "ours / aws"}, [][]string{
 		{"save: objects + XXH3 hash list + manifest", fmt.Sprintf("%.2f", gbps(save)), spread(save), fmt.Sprintf("%.2f", gbps(awsUp)), spread(awsUp), fmt.Sprintf("%.2fx", gbps(save)/gbps(awsUp))},
