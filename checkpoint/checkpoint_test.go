@@ -424,6 +424,7 @@ func TestBadNamesAreRefused(t *testing.T) {
 	// The rest of the rule specs are checked by holds for Go callers too:
 	// a relative path (it would land in the worker's own directory),
 	// credentials in the URL, a folder in an S3 URL's path.
+	t.Chdir(hashDir) // where file://runs would land
 	for _, c := range []struct{ url, want string }{
 		{"file://runs?create_dir=1", `"runs" reads as a host`},
 		{"file://" + hashDir + "/../x", "a clean absolute path"},
@@ -433,6 +434,9 @@ func TestBadNamesAreRefused(t *testing.T) {
 		if _, err := Open(ctx, c.url, nil); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "storage URL") {
 			t.Errorf("%s: %v; want the storage URL refused, saying %q", c.url, err, c.want)
 		}
+	}
+	if entries, _ := os.ReadDir(hashDir); len(entries) != 0 {
+		t.Errorf("refused URLs left %d entries in the working directory", len(entries))
 	}
 	// A '#' in a folder's name is written %23, as spec.CheckURL's error says.
 	dir := t.TempDir()

@@ -239,6 +239,9 @@ func TestEvalRangesCoverEveryExampleOnce(t *testing.T) {
 func TestBadURLsAreRefusedAsInSpecs(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
+	// file://data would write into the working directory: make it dir, so
+	// that a regression shows below instead of writing into the package.
+	t.Chdir(dir)
 	for _, c := range []struct{ url, want string }{
 		{"file://data", `"data" reads as a host`},
 		{"file://" + dir + "/a#b", "%23"},

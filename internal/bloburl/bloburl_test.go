@@ -2,6 +2,7 @@ package bloburl
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -63,7 +64,7 @@ func FuzzCheck(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted %q, which does not parse: %v", raw, err)
 		}
-		if u.Fragment != "" || u.User != nil || !strings.Contains("file s3 gs azblob mem", u.Scheme) || u.Scheme == "" {
+		if u.Fragment != "" || u.User != nil || !slices.Contains(Schemes(), u.Scheme) {
 			t.Fatalf("accepted %q: scheme %q, fragment %q, user %v", raw, u.Scheme, u.Fragment, u.User)
 		}
 	})
