@@ -17,22 +17,22 @@ import (
 	"github.com/durabletrain/durabletrain/internal/minio"
 )
 
-// The MinIO builds: the tests' (make minio), built without the compiler's
-// optimisations, and the bench's (make bench-s3), built with them.
-const (
-	testsMinIO     = "bin/minio"
-	optimisedMinIO = "bin/bench/minio"
-)
+// optimisedMinIO is the MinIO that `make bench-s3` builds with the compiler's
+// optimisations (the tests' bin/minio is built without them).
+const optimisedMinIO = "bin/bench/minio"
 
 // benchMinIO is the MinIO server to measure against: $MINIO_BIN, else the
-// optimised build if there is one, else the tests' build (the table says so).
-func benchMinIO() (string, error) {
-	if os.Getenv("MINIO_BIN") == "" {
-		if _, err := os.Stat(optimisedMinIO); err == nil {
-			return optimisedMinIO, nil
-		}
+// optimised build if there is one, else the tests' build, which it says.
+func benchMinIO() (bin string, testsBuild bool, err error) {
+	if os.Getenv("MINIO_BIN") != "" {
+		bin, err = minio.Binary(".")
+		return bin, false, err
 	}
-	return minio.Binary(".")
+	if _, err := os.Stat(optimisedMinIO); err == nil {
+		return optimisedMinIO, false, nil
+	}
+	bin, err = minio.Binary(".")
+	return bin, true, err
 }
 
 // benchS3 measures a checkpoint saved to and restored from S3 (a real MinIO
@@ -51,7 +51,7 @@ func benchS3(args []string) error {
 	if _, err := os.Stat(*awsBin); err != nil {
 		return fmt.Errorf("no AWS CLI at %s (apt-get install awscli, or make deps-bench): %v", *awsBin, err)
 	}
-	bin, err := benchMinIO()
+	bin, testsBuild, err := benchMinIO()
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func benchS3(args []string) error {
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# %s state to MinIO %s on this machine (%s), median of %d interleaved runs (spread: slowest–fastest GB/s)\n", humanBytes(size), srv.Endpoint, bin, *repeat)
-	if bin == testsMinIO {
+	if testsBuild {
 		b.WriteString("# that MinIO is the tests' build, without the compiler's optimisations: `make bench-s3` builds an optimised one into " + optimisedMinIO + "\n")
 	}
 	b.WriteString("\n")
