@@ -44,15 +44,15 @@ TOOLFLAGS := -ldflags=-w '-gcflags=all=-N -l' -gcflags=std=
 ## temporal-cli: the Temporal CLI v1.5.1 in bin/, for the test that drives a run with it
 temporal-cli: bin/temporal
 bin/temporal:
-	GOBIN=$(CURDIR)/bin $(GO) install $(TOOLFLAGS) github.com/temporalio/cli/cmd/temporal@v1.5.1
+	GOBIN='$(CURDIR)/bin' $(GO) install $(TOOLFLAGS) github.com/temporalio/cli/cmd/temporal@v1.5.1
 
 ## minio: the MinIO server (S3-compatible) in bin/, built from the Go module proxy, for the S3 tests
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 minio: bin/minio
 bin/minio:
-	GOBIN=$(CURDIR)/bin $(GO) install $(TOOLFLAGS) github.com/minio/minio@$(MINIO_VERSION)
+	GOBIN='$(CURDIR)/bin' $(GO) install $(TOOLFLAGS) github.com/minio/minio@$(MINIO_VERSION)
 bin/bench/minio:
-	GOBIN=$(CURDIR)/bin/bench $(GO) install github.com/minio/minio@$(MINIO_VERSION)
+	GOBIN='$(CURDIR)/bin/bench' $(GO) install github.com/minio/minio@$(MINIO_VERSION)
 
 ## test: every test, again under the race detector (all but integration), and the OpenBLAS build
 ## of the native trainer (the one package with OpenBLAS code)
@@ -104,7 +104,7 @@ bench-checkpoint: deps
 	$(GO) run -tags '$(TAGS)' ./bench checkpoint
 
 bench-s3: deps-bench bin/bench/minio
-	MINIO_BIN=$(CURDIR)/bin/bench/minio $(GO) run ./bench s3
+	MINIO_BIN='$(CURDIR)/bin/bench/minio' $(GO) run ./bench s3
 
 ## bench-scale: runs on a simulated fleet of 8-GPU hosts, per host (today) and per rank (before),
 ## one row each (RANKS="8 64 512 2048" to choose; minutes per row at 512 ranks and more)

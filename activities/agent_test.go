@@ -16,6 +16,7 @@ import (
 	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
@@ -129,7 +130,7 @@ func twoRankInput(t *testing.T, run string, peers []string) spec.EpochInput {
 		Model:      spec.Model{Hidden: []int{32}},
 		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 		Hyper:      spec.Hyper{Epochs: 3},
-		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(t.TempDir()) + "?metadata=skip"},
 	}.WithDefaults()
 	return spec.EpochInput{Run: run, Generation: 1, Peers: peers, Secret: []byte("0123456789abcdef0123456789abcdef"), Spec: s}
 }
@@ -185,8 +186,8 @@ func TestMissingDataIsAUserError(t *testing.T) {
 
 // testPolicy lets the tests' agents use the temporary directories and the committed data set.
 func testPolicy() policy.Policy {
-	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
-	return policy.Policy{StorageRoots: []string{"file://" + filepath.Clean(os.TempDir()) + "/", "file://" + filepath.Dir(data) + "/", "mem://"}}
+	data := testdata.FashionMNISTSmallDir()
+	return policy.Policy{StorageRoots: []string{bloburl.FromPath(filepath.Clean(os.TempDir())) + "/", bloburl.FromPath(filepath.Dir(data)) + "/", "mem://"}}
 }
 
 // keep_best ranks checkpoints by a metric the run must report: a score the
@@ -212,7 +213,7 @@ func TestKeepBestByAMetricNeverReportedIsAUserError(t *testing.T) {
 func TestRestoringAtTheRunsEndTrainsNothing(t *testing.T) {
 	agents, peers := newAgents(t, 1)
 	s := spec.Training{Model: spec.Model{Hidden: []int{16}}, Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()}, Hyper: spec.Hyper{Epochs: 1},
-		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"}}.WithDefaults()
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(t.TempDir()) + "?metadata=skip"}}.WithDefaults()
 	in := spec.EpochInput{Run: "done", Generation: 1, Peers: peers[:1], Secret: []byte("0123456789abcdef"), Spec: s}
 	res, errs := runEpochOnAll(t, agents, in)
 	if errs[0] != nil {

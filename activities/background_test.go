@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -22,7 +23,7 @@ func TestBackgroundCheckpointsAreTheForegroundOnes(t *testing.T) {
 			Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 			Hyper:      spec.Hyper{Epochs: 2, BatchSize: 16},
 			Scaling:    spec.Scaling{Workers: 2},
-			Checkpoint: spec.Checkpoint{URL: "file://" + root + "?metadata=skip", EverySteps: 5, KeepLast: spec.Int(0), Async: &async},
+			Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(root) + "?metadata=skip", EverySteps: 5, KeepLast: spec.Int(0), Async: &async},
 		}.WithDefaults()
 		if err := s.Validate(); err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -81,7 +82,7 @@ func TestHostRingGathersOverSkipLinks(t *testing.T) {
 			Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 			Hyper:      spec.Hyper{Epochs: 1, BatchSize: 16},
 			Scaling:    spec.Scaling{Workers: hosts * perHost, WorkersPerHost: perHost, BucketBytes: 4096},
-			Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip", KeepLast: spec.Int(0)},
+			Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(t.TempDir()) + "?metadata=skip", KeepLast: spec.Int(0)},
 		}.WithDefaults()
 		if err := s.Validate(); err != nil {
 			t.Fatal(err)

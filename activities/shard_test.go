@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 	_ "github.com/durabletrain/durabletrain/trainer/exectrainer" // the exec backend
@@ -37,7 +38,7 @@ func TestShardedGangResumesFromTheCheckpointEveryRankCanLoad(t *testing.T) {
 		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 		Hyper:      spec.Hyper{Epochs: 4},
 		Scaling:    spec.Scaling{Workers: 2},
-		Checkpoint: spec.Checkpoint{URL: "file://" + root + "?metadata=skip", Sharded: true, KeepLast: spec.Int(0)},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(root) + "?metadata=skip", Sharded: true, KeepLast: spec.Int(0)},
 	}.WithDefaults()
 	if err := s.Validate(); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/collective"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -62,7 +63,7 @@ func survivorSpec(t *testing.T, peers bool) spec.Training {
 		Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 		Hyper:      spec.Hyper{Epochs: 2, BatchSize: 16},
 		Scaling:    spec.Scaling{Workers: 2},
-		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip", KeepLast: spec.Int(0)},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(t.TempDir()) + "?metadata=skip", KeepLast: spec.Int(0)},
 		Failure:    spec.Failure{RecoverFromPeers: &peers},
 	}.WithDefaults()
 	if err := s.Validate(); err != nil {
@@ -418,7 +419,7 @@ func TestSmallAllReduceTrainsTheSameWeights(t *testing.T) {
 			Dataset:    spec.Dataset{URL: testdata.FashionMNISTSmall()},
 			Hyper:      spec.Hyper{Epochs: 1, BatchSize: 16},
 			Scaling:    spec.Scaling{Workers: 3, BucketBytes: 4096},
-			Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip", KeepLast: spec.Int(0)},
+			Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(t.TempDir()) + "?metadata=skip", KeepLast: spec.Int(0)},
 		}.WithDefaults()
 		if err := s.Validate(); err != nil {
 			t.Fatal(err)

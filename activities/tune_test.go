@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -19,7 +20,7 @@ import (
 // the search's own is refused, naming it.
 func TestResultsMergeTheMovedRows(t *testing.T) {
 	dir := t.TempDir()
-	url := "file://" + dir
+	url := bloburl.FromPath(dir)
 	r := Results{Policy: policy.Policy{StorageRoots: []string{url + "/"}}}
 	v := func(f float64) *float64 { return &f }
 	var keys []string
@@ -89,7 +90,7 @@ func TestResultsCSVHasTheScoreColumnUnderAScope(t *testing.T) {
 func TestCloneCheckpointClonesOnlyVerifiedSignedCheckpoints(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	url := "file://" + dir + "?metadata=skip"
+	url := bloburl.FromPath(dir) + "?metadata=skip"
 	key := []byte(strings.Repeat("p", 32))
 	store, err := checkpoint.Open(ctx, url, nil)
 	if err != nil {
@@ -106,7 +107,7 @@ func TestCloneCheckpointClonesOnlyVerifiedSignedCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := Results{Policy: policy.Policy{StorageRoots: []string{"file://" + dir + "/"}}, PoolKey: key}
+	r := Results{Policy: policy.Policy{StorageRoots: []string{bloburl.FromPath(dir) + "/"}}, PoolKey: key}
 	out, err := r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: url, Run: "donor", ID: checkpoint.ID(1, 0)}, URL: url, Run: "trial-2-p1-clone"})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -90,7 +91,7 @@ func benchContention(args []string) error {
 	s := spec.Training{Trainer: simfleet.Backend, Dataset: spec.Dataset{URL: "mem://"},
 		Hyper:      spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: *runPerHost, TaskQueue: queue, GangTimeout: spec.Duration(*gangTimeout)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: 1},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(ckpt), EveryEpochs: 1},
 		// Every host in this process on a few cores (as bench scale): a ring
 		// link may go unread for seconds without any rank being stuck.
 		Failure: spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second), StallTimeout: spec.Duration(15 * time.Second)}}

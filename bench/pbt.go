@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -52,7 +53,7 @@ func benchPBT(args []string) error {
 	defer sim.close()
 	train := spec.Training{Dataset: spec.Dataset{URL: *data}, Hyper: spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: 1, TaskQueue: sim.queue, GangTimeout: spec.Duration(10 * time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + sim.ckpt}}
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(sim.ckpt)}}
 	trainJSON, _ := json.Marshal(train)
 	fmt.Printf("# PBT vs fixed hyperparameters: %d trials at once, %d epochs each, native MLP on %s; PBT every %d epochs\n", *trials, *epochs, *data, *interval)
 	fmt.Printf("# param_space: %s\n\n", strings.Join(strings.Fields(*space), " "))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
@@ -69,7 +70,7 @@ func benchScale(args []string) error {
 	s := spec.Training{Trainer: simfleet.Backend, Dataset: spec.Dataset{URL: "mem://"},
 		Hyper:      spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: *ranks, WorkersPerHost: wph, TaskQueue: queue, GangTimeout: spec.Duration(10 * time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + ckpt, EveryEpochs: *ckptEvery},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(ckpt), EveryEpochs: *ckptEvery},
 		// A simulated fleet runs every host in this process on a few cores: a
 		// ring link may go unread for seconds without any rank being stuck.
 		Failure: spec.Failure{HeartbeatTimeout: spec.Duration(30 * time.Second), StallTimeout: spec.Duration(15 * time.Second)}}
@@ -208,12 +209,12 @@ func startSimBench(ctx context.Context, name, address string, o simfleet.Options
 	}
 	b.closers = append(b.closers, func() { os.RemoveAll(b.ckpt) })
 	w := worker.New(b.c, b.control, control)
-	gpuworker.RegisterWorkflows(w, policy.Policy{StorageRoots: []string{"file://" + b.ckpt + "/", "mem://"}}) // a search's results go beside the checkpoints
+	gpuworker.RegisterWorkflows(w, policy.Policy{StorageRoots: []string{bloburl.FromPath(b.ckpt) + "/", "mem://"}}) // a search's results go beside the checkpoints
 	if err := w.Start(); err != nil {
 		return nil, err
 	}
 	b.closers = append(b.closers, w.Stop)
-	o.TaskQueue, o.StorageRoot = b.queue, "file://"+b.ckpt+"/"
+	o.TaskQueue, o.StorageRoot = b.queue, bloburl.FromPath(b.ckpt)+"/"
 	if b.fleet, err = simfleet.Start(b.c, o); err != nil {
 		return nil, err
 	}

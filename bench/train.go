@@ -14,6 +14,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/trainer/native"
 )
@@ -75,7 +76,10 @@ func benchTrain(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	dataDir := strings.TrimPrefix(strings.SplitN(f.data, "?", 2)[0], "file://")
+	dataDir, err := bloburl.LocalPath("-data", f.data)
+	if err != nil {
+		return err
+	}
 	torchDDP, err := runTorchTraining(ctx, dir, dataDir, f, f.ranks, f.epochs)
 	if err != nil {
 		return fmt.Errorf("pytorch DDP: %w", err)

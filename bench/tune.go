@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -46,7 +47,7 @@ func benchTune(args []string) error {
 	defer sim.close()
 	train := spec.Training{Trainer: simfleet.Backend, Dataset: spec.Dataset{URL: "mem://"}, Hyper: spec.Hyper{Epochs: *epochs},
 		Scaling:    spec.Scaling{Workers: 1, TaskQueue: sim.queue, GangTimeout: spec.Duration(10 * time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + sim.ckpt}}
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(sim.ckpt)}}
 	trainJSON, _ := json.Marshal(train)
 	input := fmt.Sprintf(`{"name": "tune-bench", "train": %s, "param_space": {"hyper.lr": {"loguniform": [0.0001, 0.1]}},
 		"num_samples": %d, "max_concurrent_trials": %d, "metric": "test_accuracy", "mode": "max",

@@ -26,6 +26,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/connect"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -350,7 +351,7 @@ func (h *Harness) startProcesses() error {
 				"-control-queue", "chaos", "-task-queue", "chaos-gpu", "-collective-bind", h.net.ip(i) + ":7070",
 				"-collective-transport", "tcp", "-grace", "5s",
 				// Storage: the harness's checkpoints, and the data set wherever it is.
-				"-storage-roots", "file://" + h.ckptDir + "/," + dataRoot(h.cfg.Dataset) + ",mem://"},
+				"-storage-roots", bloburl.FromPath(h.ckptDir) + "/," + dataRoot(h.cfg.Dataset) + ",mem://"},
 			logPath: filepath.Join(logs, fmt.Sprintf("host-%d.log", i))}
 		if h.cfg.StickyTimeout > 0 {
 			p.args = append(p.args, "-sticky-timeout", h.cfg.StickyTimeout.String())
@@ -392,7 +393,7 @@ func (h *Harness) spec(id string) spec.Training {
 		Dataset:    spec.Dataset{URL: h.cfg.Dataset},
 		Hyper:      spec.Hyper{Epochs: h.cfg.Epochs, BatchSize: h.cfg.BatchSize},
 		Scaling:    spec.Scaling{Workers: h.cfg.Ranks, TaskQueue: "chaos-gpu", GangTimeout: spec.Duration(time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + h.ckptDir + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: spec.Int(3)},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(h.ckptDir) + "?metadata=skip", EverySteps: h.cfg.EverySteps, KeepLast: spec.Int(3)},
 		Failure: spec.Failure{MaxFailures: spec.Int(20), MaxPreemptions: spec.Int(20), HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit),
 			StallTimeout: spec.Duration(h.cfg.StallLimit), RecoverFromPeers: spec.Bool(!h.cfg.FromStorage)},
 	}

@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -59,7 +60,7 @@ func TestSearchSurvivesEveryProcessKilled(t *testing.T) {
 			"dataset":    map[string]any{"url": h.cfg.Dataset},
 			"hyper":      map[string]any{"epochs": 5},
 			"scaling":    map[string]any{"workers": 1, "task_queue": "chaos-gpu"},
-			"checkpoint": map[string]any{"url": "file://" + h.ckptDir + "?metadata=skip"},
+			"checkpoint": map[string]any{"url": bloburl.FromPath(h.ckptDir) + "?metadata=skip"},
 			"failure":    map[string]any{"heartbeat_timeout": "4s", "max_failures": 10},
 		},
 		"param_space":           map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{0.01, 0.0003, 0.002, 0.0001}}},

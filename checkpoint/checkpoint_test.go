@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/race"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -27,7 +28,7 @@ func stores(t *testing.T, f func(t *testing.T, s *Store, url string)) {
 		t.Run(kind, func(t *testing.T) {
 			url := "mem://"
 			if kind == "file" {
-				url = "file://" + t.TempDir() + "?metadata=skip"
+				url = bloburl.FromPath(t.TempDir()) + "?metadata=skip"
 			}
 			s, err := Open(context.Background(), url, nil)
 			if err != nil {
@@ -130,7 +131,7 @@ func readInPieces(t *testing.T, c *Checkpoint, name string, lengths []int, skew 
 // takes less than it is given, without an error, stops it with io.ErrShortWrite.
 func TestWriteToStopsWhereTheWriterFails(t *testing.T) {
 	ctx := context.Background()
-	s, _ := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(t.TempDir())+"?metadata=skip", nil)
 	defer s.Close()
 	put(t, s, "r", 1, map[string][]byte{"o": bytes.Repeat([]byte{5}, 2*BlockSize+3)}, nil)
 	c, err := s.LatestVerified(ctx, "r")
@@ -232,7 +233,7 @@ func TestCorruptCheckpointsAreSkippedWithTheReason(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
 			core, logs := observer.New(zap.WarnLevel)
-			s, err := Open(context.Background(), "file://"+root+"?metadata=skip", zap.New(core))
+			s, err := Open(context.Background(), bloburl.FromPath(root)+"?metadata=skip", zap.New(core))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +260,7 @@ func TestCorruptCheckpointsAreSkippedWithTheReason(t *testing.T) {
 
 func TestCorruptionAfterVerificationIsCaughtWhileReading(t *testing.T) {
 	root := t.TempDir()
-	s, _ := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(context.Background(), bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	put(t, s, "r", 1, map[string][]byte{"state.bin": bytes.Repeat([]byte{7}, 1<<16)}, nil)
 	c, err := s.LatestVerified(context.Background(), "r")
@@ -350,7 +351,7 @@ func TestRetention(t *testing.T) {
 
 func TestRetentionNeverDeletesTheLatestVerified(t *testing.T) {
 	root := t.TempDir()
-	s, _ := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(context.Background(), bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	for e := 1; e <= 3; e++ {
 		put(t, s, "r", e, map[string][]byte{"state.bin": []byte(fmt.Sprint("epoch ", e))}, nil)
@@ -415,7 +416,7 @@ func TestBadNamesAreRefused(t *testing.T) {
 	}
 	// A bare '#' would open the folder before it: refused, saying %23.
 	hashDir := t.TempDir()
-	if _, err := Open(ctx, "file://"+hashDir+"/runs#2?create_dir=1", nil); err == nil || !strings.Contains(err.Error(), "%23") {
+	if _, err := Open(ctx, bloburl.FromPath(hashDir)+"/runs#2?create_dir=1", nil); err == nil || !strings.Contains(err.Error(), "%23") {
 		t.Errorf("a URL with '#': %v", err)
 	}
 	if entries, _ := os.ReadDir(hashDir); len(entries) != 0 {
@@ -427,7 +428,7 @@ func TestBadNamesAreRefused(t *testing.T) {
 	t.Chdir(hashDir) // where file://runs would land
 	for _, c := range []struct{ url, want string }{
 		{"file://runs?create_dir=1", `"runs" reads as a host`},
-		{"file://" + hashDir + "/../x", "a clean absolute path"},
+		{bloburl.FromPath(hashDir) + "/../x", "a clean absolute path"},
 		{"s3://user:secret@bucket", "no user or password"},
 		{"s3://bucket/runs", "?prefix=runs/"},
 	} {
@@ -440,7 +441,7 @@ func TestBadNamesAreRefused(t *testing.T) {
 	}
 	// A '#' in a folder's name is written %23, as spec.CheckURL's error says.
 	dir := t.TempDir()
-	url := "file://" + dir + "/runs%232?create_dir=1"
+	url := bloburl.FromPath(dir) + "/runs%232?create_dir=1"
 	if err := spec.CheckURL("checkpoint.url", url); err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +486,7 @@ func replaceIn(t *testing.T, path, old, new string) {
 
 func TestLocalDiskObjectsAreFsynced(t *testing.T) {
 	ctx := context.Background()
-	for url, wantFile := range map[string]bool{"file://" + t.TempDir() + "?metadata=skip": true, "mem://": false} {
+	for url, wantFile := range map[string]bool{bloburl.FromPath(t.TempDir()) + "?metadata=skip": true, "mem://": false} {
 		s, _ := Open(ctx, url, nil)
 		sw, err := s.newSyncedWriter(ctx, "k", false)
 		if err != nil {
@@ -521,7 +522,7 @@ func everyBlockShape(t *testing.T, streams int) {
 	ctx := context.Background()
 	for _, size := range []int{0, 1, BlockSize - 1, BlockSize, BlockSize + 1, 3*BlockSize + 17} {
 		root := t.TempDir()
-		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 		s.readStreams = streams
 		data := make([]byte, size)
 		for i := range data {
@@ -570,7 +571,7 @@ func TestFileStoreWritesNoTemporaryFilesElsewhere(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	ctx := context.Background()
-	s, err := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	s, err := Open(ctx, bloburl.FromPath(t.TempDir())+"?metadata=skip", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,7 +616,7 @@ func TestFileStoreWritesNoAttributeSidecars(t *testing.T) {
 		})
 		return n
 	}
-	old, err := Open(ctx, "file://"+dir+"?metadata=", nil)
+	old, err := Open(ctx, bloburl.FromPath(dir)+"?metadata=", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -626,7 +627,7 @@ func TestFileStoreWritesNoAttributeSidecars(t *testing.T) {
 	if before == 0 {
 		t.Fatal("the store with metadata= wrote no sidecars: the test shows nothing")
 	}
-	s, err := Open(ctx, "file://"+dir, nil)
+	s, err := Open(ctx, bloburl.FromPath(dir), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,7 +662,7 @@ func TestObjectChangedWhileBeingReadIsCorrupt(t *testing.T) {
 		for _, streams := range []int{1, 2} {
 			t.Run(fmt.Sprint(change, "-", streams), func(t *testing.T) {
 				root := t.TempDir()
-				s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+				s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 				defer s.Close()
 				s.readStreams = streams
 				put(t, s, "r", 1, map[string][]byte{"o": bytes.Repeat([]byte{3}, (2*streamBuffers+1)*BlockSize+9)}, nil)
@@ -700,7 +701,7 @@ func TestObjectChangedWhileBeingReadIsCorrupt(t *testing.T) {
 // Closing a reader halfway stops its read-ahead: no goroutine outlives it.
 func TestClosingAReaderEarlyStopsItsReadAhead(t *testing.T) {
 	ctx := context.Background()
-	s, _ := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(t.TempDir())+"?metadata=skip", nil)
 	defer s.Close()
 	s.readStreams = 4
 	put(t, s, "r", 1, map[string][]byte{"o": bytes.Repeat([]byte{5}, 9*BlockSize)}, nil)
@@ -741,7 +742,7 @@ func TestClosingAReaderEarlyStopsItsReadAhead(t *testing.T) {
 func TestBytesReadCountsWhatAReadTookFromStorage(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	objects := map[string][]byte{"a": bytes.Repeat([]byte{1}, BlockSize+5), "b": []byte("small")}
 	put(t, s, "r", 1, objects, nil)

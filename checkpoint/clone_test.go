@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // A clone is the source's objects at the source's cursor under another
@@ -14,8 +16,8 @@ import (
 func TestCloneCopiesAVerifiedCheckpointAndNeverAHalfOne(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	src, _ := Open(ctx, "file://"+root+"/a?metadata=skip&create_dir=1", nil)
-	dst, _ := Open(ctx, "file://"+root+"/b?metadata=skip&create_dir=1", nil)
+	src, _ := Open(ctx, bloburl.FromPath(root)+"/a?metadata=skip&create_dir=1", nil)
+	dst, _ := Open(ctx, bloburl.FromPath(root)+"/b?metadata=skip&create_dir=1", nil)
 	defer src.Close()
 	defer dst.Close()
 	dst.Sign([]byte(strings.Repeat("k", 32)))

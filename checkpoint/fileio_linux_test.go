@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/race"
 )
 
@@ -57,7 +58,7 @@ func TestLocalObjectsBypassThePageCache(t *testing.T) {
 	for _, size := range []int{1, 4095, BlockSize, BlockSize + 1, 3*BlockSize + 17} {
 		for _, param := range []string{"", "&direct_io=on", "&direct_io=off"} {
 			root := t.TempDir()
-			s, err := Open(ctx, "file://"+root+"?metadata=skip"+param, nil)
+			s, err := Open(ctx, bloburl.FromPath(root)+"?metadata=skip"+param, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +107,7 @@ func TestObjectsRoundTripWhereDirectIOIsNotTaken(t *testing.T) {
 	direct := canDirect(probe)
 	probe.Close()
 	os.Remove(probe.Name())
-	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	for i, size := range []int{1, BlockSize + 1} {
 		data := shapedBytes(size)
@@ -123,12 +124,12 @@ func TestObjectsRoundTripWhereDirectIOIsNotTaken(t *testing.T) {
 
 func TestDirectIOParameterIsCheckedAndNotPassedOn(t *testing.T) {
 	ctx := context.Background()
-	_, err := Open(ctx, "file://"+t.TempDir()+"?direct_io=yes", nil)
+	_, err := Open(ctx, bloburl.FromPath(t.TempDir())+"?direct_io=yes", nil)
 	if err == nil || !strings.Contains(err.Error(), `?direct_io="yes"; want on`) {
 		t.Fatalf("direct_io=yes: %v, want an error naming the parameter and what it takes", err)
 	}
 	for _, v := range []string{"on", "off"} {
-		s, err := Open(ctx, fmt.Sprintf("file://%s?direct_io=%s", t.TempDir(), v), nil)
+		s, err := Open(ctx, bloburl.FromPath(t.TempDir())+"?direct_io="+v, nil)
 		if err != nil {
 			t.Fatalf("direct_io=%s: %v", v, err)
 		}
@@ -144,7 +145,7 @@ func TestDirectIOParameterIsCheckedAndNotPassedOn(t *testing.T) {
 // cache, and so is every later one: the object is whole.
 func TestARefusedDirectWriteGoesThroughTheCache(t *testing.T) {
 	ctx := context.Background()
-	s, _ := Open(ctx, "file://"+t.TempDir()+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(t.TempDir())+"?metadata=skip", nil)
 	defer s.Close()
 	sw, err := s.newSyncedWriter(ctx, "o", true)
 	if err != nil {
@@ -181,7 +182,7 @@ func TestARefusedDirectWriteGoesThroughTheCache(t *testing.T) {
 func TestAFailedDirectWriteFailsTheCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	w, err := s.Begin(ctx, "r", 1, 0)
 	if err != nil {
@@ -222,7 +223,7 @@ func TestAFailedDirectWriteFailsTheCheckpoint(t *testing.T) {
 func TestCorruptBlocksAreFoundInTheCacheAndReadDirectly(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	data := shapedBytes(2*BlockSize + 5)
 	put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
@@ -264,7 +265,7 @@ func TestCorruptBlocksAreFoundInTheCacheAndReadDirectly(t *testing.T) {
 func localStore(t *testing.T, direct, signed bool) (*Store, string) {
 	t.Helper()
 	root := t.TempDir()
-	url := "file://" + root + "?metadata=skip"
+	url := bloburl.FromPath(root) + "?metadata=skip"
 	if !direct {
 		url += "&" + DirectIOParam + "=off"
 	}

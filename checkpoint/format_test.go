@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // copyTree copies the fixture folder src into dst.
@@ -43,7 +45,7 @@ func openFixture(t *testing.T, dir string, format, epoch, step int) (*Store, str
 	t.Helper()
 	root := t.TempDir()
 	copyTree(t, filepath.Join("testdata", dir), root)
-	s, err := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	s, err := Open(context.Background(), bloburl.FromPath(root)+"?metadata=skip", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +99,7 @@ func TestFormatThreeChecksumsWithXXH3(t *testing.T) {
 	ctx := context.Background()
 	for _, size := range []int{1, BlockSize + 1} {
 		root := t.TempDir()
-		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 		data := bytes.Repeat([]byte{7, 1, 3}, size/3+1)[:size]
 		m := put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
 		if o := m.Objects[0]; m.Format != 3 || len(o.XXH3) != 64 || o.SHA256 != "" || o.BLAKE3 != "" || o.MAC != "" || o.MACNonce != "" {
@@ -134,7 +136,7 @@ func TestManifestWithTheWrongHashIsSkipped(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			root := t.TempDir()
-			s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+			s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 			defer s.Close()
 			put(t, s, "r", 1, map[string][]byte{"o": []byte("old")}, nil)
 			m := put(t, s, "r", 2, map[string][]byte{"o": []byte("new")}, nil)
@@ -170,7 +172,7 @@ func TestFormatTwoCheckpointsOfTheEarlierLibraryStillLoad(t *testing.T) {
 // caught by the checksum.
 func TestFormatThreeCheckpointsLoadWithTheirKey(t *testing.T) {
 	_, root, c := openFixture(t, "format3", 3, 5, 11)
-	s, err := Open(context.Background(), "file://"+root+"?metadata=skip", nil)
+	s, err := Open(context.Background(), bloburl.FromPath(root)+"?metadata=skip", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // fuzzObjects are the two checkpoints' objects: one small, one larger,
@@ -43,7 +45,7 @@ func FuzzDamagedCheckpointIsNeverLoaded(f *testing.F) {
 	for signed := range 2 {
 		template := f.TempDir()
 		templates[signed] = template
-		s, err := Open(context.Background(), "file://"+template+"?metadata=skip", nil)
+		s, err := Open(context.Background(), bloburl.FromPath(template)+"?metadata=skip", nil)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -109,7 +111,7 @@ func FuzzDamagedCheckpointIsNeverLoaded(f *testing.F) {
 		changed := damage(t, filepath.Join(root, "r", ID(2, 0), name), kind%damageKinds, at, value, extra)
 
 		ctx := context.Background()
-		s, err = Open(ctx, "file://"+root+"?metadata=skip", nil)
+		s, err = Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/trainer/native"
@@ -50,7 +51,7 @@ func TestRestoreLatestFallsBackPastACorruptTrainerState(t *testing.T) {
 		return tr
 	}
 	root := t.TempDir()
-	s, _ := checkpoint.Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, _ := checkpoint.Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	defer s.Close()
 	src := newTrainer(16)
 	src.Init(ctx)

@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // BenchmarkSave writes a 256 MiB object to a file:// store in each format,
@@ -118,7 +120,7 @@ func BenchmarkLoad(b *testing.B) {
 
 // benchStore is a file:// store in a folder of b's, with a pool key if signed.
 func benchStore(b *testing.B, signed bool) *Store {
-	s, err := Open(context.Background(), "file://"+b.TempDir()+"?metadata=skip", nil)
+	s, err := Open(context.Background(), bloburl.FromPath(b.TempDir())+"?metadata=skip", nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // writeShards has each of world ranks write its own part of run's
@@ -42,7 +44,7 @@ func writeShards(t *testing.T, s *Store, run string, world int, content func(int
 func TestShardedCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, err := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +110,7 @@ func TestShardedCheckpoint(t *testing.T) {
 func TestShardedCheckpointNeedsEveryPart(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	writeShards(t, s, "run", 2, func(r int) string { return fmt.Sprint(r) })
 	w, _ := s.Begin(ctx, "run", 1, 5)
 	if err := w.AdoptShards(ctx, 3); err == nil || !strings.Contains(err.Error(), "shard 2") {

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 // TestSignedStoresLoadOnlyWhatTheirKeySigned: a store with a pool key signs
@@ -22,7 +24,7 @@ import (
 func TestSignedStoresLoadOnlyWhatTheirKeySigned(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	url := "file://" + root + "?metadata=skip"
+	url := bloburl.FromPath(root) + "?metadata=skip"
 	open := func(key []byte) *Store {
 		s, err := Open(ctx, url, nil)
 		if err != nil {
@@ -90,7 +92,7 @@ func TestSignedStoresLoadOnlyWhatTheirKeySigned(t *testing.T) {
 func TestSignedFormatThreeAuthenticatesEveryBlock(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	url := "file://" + root + "?metadata=skip"
+	url := bloburl.FromPath(root) + "?metadata=skip"
 	key := []byte("the-pool-key-of-at-least-32-bytes-long")
 	signed, _ := Open(ctx, url, nil)
 	defer signed.Close()
@@ -145,7 +147,7 @@ func TestAShardAlteredBeforeAdoptionIsNeverLoaded(t *testing.T) {
 	ctx := context.Background()
 	for _, strip := range []bool{false, true} {
 		root := t.TempDir()
-		s, _ := Open(ctx, "file://"+root+"?metadata=skip", nil)
+		s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 		s.Sign([]byte("the-pool-key-of-at-least-32-bytes-long"))
 		writeShards(t, s, "run", 2, func(r int) string { return fmt.Sprintf("rank %d's optimizer shard of ", r) })
 		dir := filepath.Join(root, "run", ID(1, 5))
@@ -212,7 +214,7 @@ func TestWithAKeyUnderFIPSOnlyModeSavesAndLoadsFailClearly(t *testing.T) {
 	}
 	ctx := context.Background()
 	_, root, _ := openFixture(t, "format3", 3, 5, 11) // loads without a key: checksums only
-	s, err := Open(ctx, "file://"+root+"?metadata=skip", nil)
+	s, err := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,12 +6,14 @@ import (
 	"context"
 	"encoding/binary"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"gocloud.dev/blob"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 )
 
@@ -140,11 +142,19 @@ func TestWriteThenLoadRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	if err := Write(ctx, "file://"+dir+"?metadata=skip", Test, src.Head(50)); err != nil {
+	// A folder whose name a URL gives meaning to (a space, '#', '?', '%'):
+	// its escaped URL reaches that folder, not another.
+	dir := filepath.Join(t.TempDir(), "my data #1?v=2 100%")
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	got, err := Load(ctx, "file://"+dir, Test)
+	if err := Write(ctx, bloburl.FromPath(dir)+"?metadata=skip", Test, src.Head(50)); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Fatalf("%s holds %d files; want the split's images and labels", dir, len(entries))
+	}
+	got, err := Load(ctx, bloburl.FromPath(dir), Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +254,7 @@ func TestBadURLsAreRefusedAsInSpecs(t *testing.T) {
 	t.Chdir(dir)
 	for _, c := range []struct{ url, want string }{
 		{"file://data", `"data" reads as a host`},
-		{"file://" + dir + "/a#b", "%23"},
+		{bloburl.FromPath(dir) + "/a#b", "%23"},
 		{"s3://user:pw@bucket", "no user or password"},
 		{"ftp://host/x", "file://, s3://"},
 	} {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -49,7 +50,7 @@ func BenchmarkTemporalVsDirect(b *testing.B) {
 
 		s := spec.Training{Dataset: spec.Dataset{URL: data}, Hyper: spec.Hyper{Epochs: epochs},
 			Scaling:    spec.Scaling{Workers: 2, TaskQueue: queue},
-			Checkpoint: spec.Checkpoint{URL: "file://" + b.TempDir() + "?metadata=skip", EveryEpochs: epochs}}
+			Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(b.TempDir()) + "?metadata=skip", EveryEpochs: epochs}}
 		start = time.Now()
 		run := startRun(b, c, fmt.Sprintf("bench-temporal-%d-%d", time.Now().UnixNano(), i), queue, s)
 		var p *spec.Progress
@@ -100,7 +101,7 @@ func BenchmarkPyTorchExecVsDirect(b *testing.B) {
 	}
 	data := "/usr/share/datasets/fashion-mnist"
 	if _, err := os.Stat(data); err != nil {
-		data = strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+		data = testdata.FashionMNISTSmallDir()
 	}
 	const epochs = 10
 	py, _ := filepath.Abs("../python")
@@ -137,7 +138,7 @@ func BenchmarkPyTorchExecVsDirect(b *testing.B) {
 			// The program reads its own data; the spec's dataset is one the workers' storage roots allow.
 			Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()},
 			Hyper:   spec.Hyper{Epochs: epochs}, Scaling: spec.Scaling{Workers: 2, TaskQueue: queue},
-			Checkpoint: spec.Checkpoint{URL: "file://" + b.TempDir() + "?metadata=skip"}}
+			Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(b.TempDir()) + "?metadata=skip"}}
 		start = time.Now()
 		run := startRun(b, c, fmt.Sprintf("bench-exec-%d-%d", time.Now().UnixNano(), i), queue, s)
 		var p *spec.Progress

@@ -15,6 +15,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -119,7 +120,10 @@ func TestCancelAndTerminateWhileTrainingFreeTheSlotsAndKeepTheCheckpoints(t *tes
 	for _, how := range []string{"cancel", "terminate"} {
 		s := subsetSpec(t, queue, 2, 50)
 		s.Checkpoint.KeepLast = spec.Int(0) // keep every one: any checkpoint gone was deleted by the ending
-		dir := s.Checkpoint.URL[len("file://") : len(s.Checkpoint.URL)-len("?metadata=skip")]
+		dir, err := bloburl.LocalPath("checkpoint.url", s.Checkpoint.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
 		id := "it-end-training-" + how
 		run := startRun(t, c, id, queue, s)
 		deadline := time.Now().Add(2 * time.Minute)
@@ -202,7 +206,7 @@ func TestEndingASearchEndsItsTrials(t *testing.T) {
 				"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
 				"hyper":      map[string]any{"epochs": epochs},
 				"scaling":    map[string]any{"workers": workers, "task_queue": queue, "gang_timeout": "1s"},
-				"checkpoint": map[string]any{"url": "file://" + ckpt + "?metadata=skip"},
+				"checkpoint": map[string]any{"url": bloburl.FromPath(ckpt) + "?metadata=skip"},
 				"failure":    map[string]any{"heartbeat_timeout": "3s"},
 			},
 			"param_space":           map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{1e-3, 2e-3}}},

@@ -17,6 +17,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -36,7 +37,7 @@ func TestPyTorchExampleThroughDurabletrain(t *testing.T) {
 	queue := "it-exec"
 	py, _ := filepath.Abs("../python")
 	script, _ := filepath.Abs("../examples/pytorch/train.py")
-	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	data := testdata.FashionMNISTSmallDir()
 	for _, name := range []string{"ctl", "agent-a", "agent-b", "agent-c"} {
 		role := "agent"
 		if name == "ctl" {
@@ -96,7 +97,7 @@ func TestExecGangStopsAtAStepAndResumesThere(t *testing.T) {
 	queue := "it-exec-step"
 	agents := pytorchWorkers(t, queue, "agent-a", "agent-b", "agent-c")
 	script, _ := filepath.Abs("../examples/pytorch/train.py")
-	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	data := testdata.FashionMNISTSmallDir()
 	c := dial(t)
 	const every = 40
 	s := subsetSpec(t, queue, 2, 3)
@@ -200,12 +201,12 @@ func TestTunePyTorchExampleWithASHA(t *testing.T) {
 	queue := "it-exec-tune"
 	py, _ := filepath.Abs("../python")
 	script, _ := filepath.Abs("../examples/pytorch/train.py")
-	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	data := testdata.FashionMNISTSmallDir()
 	startWorker(t, "ctl", "workflows", queue)
 	startWorker(t, "agent-a", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
 	startWorker(t, "agent-b", "agent", queue, "DURABLETRAIN_PYTHONPATH="+py)
 	c := dial(t)
-	ckpt := "file://" + t.TempDir() + "?metadata=skip"
+	ckpt := bloburl.FromPath(t.TempDir()) + "?metadata=skip"
 	search := map[string]any{
 		"name": "it-exec-tune-1",
 		"train": map[string]any{
@@ -328,7 +329,7 @@ func TestReferenceResNet18OnCPU(t *testing.T) {
 	queue := "it-resnet"
 	pytorchWorkers(t, queue, "agent-a", "agent-b")
 	script, _ := filepath.Abs("../examples/pytorch/resnet18_fashion_mnist.py")
-	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	data := testdata.FashionMNISTSmallDir()
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 1)
 	s.Trainer = "exec"
@@ -370,7 +371,7 @@ func TestShardedCheckpointResumesBitIdentical(t *testing.T) {
 	queue := "it-shard"
 	agents := pytorchWorkers(t, queue, "agent-a", "agent-b", "agent-c")
 	script, _ := filepath.Abs("../examples/pytorch/train.py")
-	data := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	data := testdata.FashionMNISTSmallDir()
 	c := dial(t)
 	s := subsetSpec(t, queue, 2, 2)
 	s.Trainer = "exec"

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/connect"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/devserver"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
@@ -121,7 +122,7 @@ func startWorkerAt(t testing.TB, address, name, role, queue string, flags []stri
 // committed data set, and run the system's Python for exec runs; a worker
 // started without it keeps the default policy (TestWorkerPolicy).
 var testPolicy = []string{
-	"-storage-roots", "file://" + filepath.Clean(os.TempDir()) + "/,file://" + filepath.Dir(strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")) + "/,mem://",
+	"-storage-roots", bloburl.FromPath(filepath.Clean(os.TempDir())) + "/," + bloburl.FromPath(filepath.Dir(testdata.FashionMNISTSmallDir())) + "/,mem://",
 	"-allow-exec", "/usr/bin/python3", "-exec-dirs", os.TempDir(),
 }
 
@@ -165,7 +166,7 @@ func subsetSpec(t *testing.T, queue string, workers, epochs int) spec.Training {
 		// 64 per rank: 2 ranks make the global batch of 128 a single rank would use.
 		Hyper:      spec.Hyper{Epochs: epochs, BatchSize: 64},
 		Scaling:    spec.Scaling{Workers: workers, TaskQueue: queue, GangTimeout: spec.Duration(time.Minute)},
-		Checkpoint: spec.Checkpoint{URL: "file://" + t.TempDir() + "?metadata=skip"},
+		Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(t.TempDir()) + "?metadata=skip"},
 		Failure:    spec.Failure{HeartbeatTimeout: spec.Duration(3 * time.Second)},
 	}
 }

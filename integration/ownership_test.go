@@ -11,6 +11,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -32,7 +33,10 @@ func TestRunsCannotTakeEachOthersCheckpoints(t *testing.T) {
 	if first.State != spec.StateCompleted {
 		t.Fatalf("first run ended %s", first.State)
 	}
-	dir := strings.TrimPrefix(strings.SplitN(s.Checkpoint.URL, "?", 2)[0], "file://")
+	dir, err := bloburl.LocalPath("checkpoint.url", s.Checkpoint.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	snapshot := func() map[string]time.Time {
 		m := map[string]time.Time{}
 		filepath.Walk(filepath.Join(dir, "shared-name"), func(p string, fi os.FileInfo, err error) error {

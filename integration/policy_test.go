@@ -11,6 +11,7 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -53,7 +54,7 @@ func TestWorkerPolicyCannotBeWidenedByASpec(t *testing.T) {
 	}
 	// 2. Checkpoints outside the worker's storage roots (the native trainer,
 	// the default data set).
-	s = spec.Training{Hyper: spec.Hyper{Epochs: 1}, Scaling: spec.Scaling{TaskQueue: queue}, Checkpoint: spec.Checkpoint{URL: "file://" + dir + "/stolen?create_dir=1"}}
+	s = spec.Training{Hyper: spec.Hyper{Epochs: 1}, Scaling: spec.Scaling{TaskQueue: queue}, Checkpoint: spec.Checkpoint{URL: bloburl.FromPath(dir) + "/stolen?create_dir=1"}}
 	refused("it-policy-storage", s, "is outside the storage this worker allows (-storage-roots file:///var/lib/durabletrain/,file:///usr/share/datasets/,mem://)")
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Fatalf("something was written outside the roots: %v", entries)

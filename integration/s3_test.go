@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -61,7 +60,7 @@ func TestTrainsOnS3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := strings.TrimPrefix(testdata.FashionMNISTSmall(), "file://")
+	local := testdata.FashionMNISTSmallDir()
 	files, _ := os.ReadDir(local)
 	for _, f := range files {
 		b, _ := os.ReadFile(filepath.Join(local, f.Name()))

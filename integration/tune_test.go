@@ -15,6 +15,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -38,7 +39,7 @@ func TestTuneSearchSurvivesLosingEveryWorker(t *testing.T) {
 			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
 			"hyper":      map[string]any{"epochs": 6},
 			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
-			"checkpoint": map[string]any{"url": "file://" + ckpt + "?metadata=skip"},
+			"checkpoint": map[string]any{"url": bloburl.FromPath(ckpt) + "?metadata=skip"},
 			"failure":    map[string]any{"heartbeat_timeout": "3s"},
 		},
 		"param_space": map[string]any{
@@ -154,7 +155,7 @@ func TestPBTSurvivesLosingEveryWorkerMidExploit(t *testing.T) {
 			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
 			"hyper":      map[string]any{"epochs": 6},
 			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
-			"checkpoint": map[string]any{"url": "file://" + ckpt + "?metadata=skip"},
+			"checkpoint": map[string]any{"url": bloburl.FromPath(ckpt) + "?metadata=skip"},
 			"failure":    map[string]any{"heartbeat_timeout": "3s"},
 		},
 		"param_space": map[string]any{"config.lr": map[string]any{"loguniform": []float64{1e-5, 3e-2}}},
@@ -218,7 +219,7 @@ func TestPBTSurvivesLosingEveryWorkerMidExploit(t *testing.T) {
 		t.Fatal("no exploit cloned a checkpoint")
 	}
 	// Every clone the search made is whole: each checkpoint under a clone run verifies.
-	store, err := checkpoint.Open(ctx, "file://"+ckpt+"?metadata=skip", nil)
+	store, err := checkpoint.Open(ctx, bloburl.FromPath(ckpt)+"?metadata=skip", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -147,6 +147,12 @@ func BlobSchemes() []string { return bloburl.Schemes() }
 // the error.
 func CheckURL(field, raw string) error { return bloburl.Check(field, raw) }
 
+// FileURL is the file:// URL of an absolute local path, escaped where a URL
+// needs it (a space as %20, '#' as %23, '?' as %3F), for a spec's
+// dataset.url or checkpoint.url: "file://" + path is refused for a space and
+// names another folder when path has a '#' or '?'.
+func FileURL(path string) string { return bloburl.FromPath(path) }
+
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // execReserved are the variables durabletrain sets for each rank.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"path/filepath"
 	"regexp"
 	"strings"
 
@@ -82,4 +83,23 @@ func Check(field, raw string) error {
 		return bad("a URL with scheme " + strings.Join(schemes, "://, ") + "://")
 	}
 	return nil
+}
+
+// FromPath is the file:// URL of the absolute local path p, escaped where a
+// URL needs it (a space as %20, '#' as %23, '?' as %3F, '%' as %25), so
+// that the store opens p itself: "file://" + p would cut p at a '#' or '?'
+// and be refused for a space.
+func FromPath(p string) string {
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(p)}).String()
+}
+
+// LocalPath is the local path a file:// URL names, its escapes undone and
+// its query left off: the inverse of FromPath. Any other URL is an error
+// naming field.
+func LocalPath(field, raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "file" || !strings.HasPrefix(u.Path, "/") {
+		return "", fmt.Errorf("%s is %s; want a file:///absolute/path URL", field, strictjson.Quote(raw))
+	}
+	return filepath.FromSlash(u.Path), nil
 }

@@ -69,3 +69,26 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// A path with the characters a URL gives meaning to comes back whole, and
+// its URL passes Check.
+func TestFromPathRoundTrips(t *testing.T) {
+	for _, p := range []string{"/tmp/x", "/home/me/My Projects/durabletrain", "/tmp/runs#2", "/tmp/a?b=c", "/tmp/100%", "/tmp/é ü/", "/"} {
+		u := FromPath(p)
+		if err := Check("checkpoint.url", u); err != nil {
+			t.Errorf("FromPath(%q) = %s, refused: %v", p, u, err)
+		}
+		if err := Check("checkpoint.url", u+"?create_dir=1"); err != nil {
+			t.Errorf("FromPath(%q) with a query, refused: %v", p, err)
+		}
+		back, err := LocalPath("url", u+"?metadata=skip")
+		if err != nil || back != p {
+			t.Errorf("LocalPath(FromPath(%q)) = %q, %v", p, back, err)
+		}
+	}
+	for _, raw := range []string{"s3://bucket", "file:relative", "mem://", "%zz"} {
+		if _, err := LocalPath("dataset.url", raw); err == nil || !strings.Contains(err.Error(), "dataset.url is") || !strings.Contains(err.Error(), "file:///absolute/path") {
+			t.Errorf("LocalPath(%q): %v; want an error naming dataset.url", raw, err)
+		}
+	}
+}

@@ -5,11 +5,17 @@ package testdata
 import (
 	"path/filepath"
 	"runtime"
+
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
-// FashionMNISTSmall is the file:// URL of the committed Fashion-MNIST subset:
+// FashionMNISTSmallDir is the folder of the committed Fashion-MNIST subset:
 // the first 10000 training and 1000 test examples of the real data set.
-func FashionMNISTSmall() string {
+func FashionMNISTSmallDir() string {
 	_, here, _, _ := runtime.Caller(0)
-	return "file://" + filepath.Join(filepath.Dir(here), "..", "..", "testdata", "fashion-mnist-small")
+	return filepath.Join(filepath.Dir(here), "..", "..", "testdata", "fashion-mnist-small")
 }
+
+// FashionMNISTSmall is the file:// URL of FashionMNISTSmallDir, escaped, so
+// that a clone in a folder whose name has a space or a '#' works.
+func FashionMNISTSmall() string { return bloburl.FromPath(FashionMNISTSmallDir()) }

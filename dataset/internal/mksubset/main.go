@@ -19,6 +19,7 @@ import (
 	// would add some 370 packages to that build.
 	_ "github.com/durabletrain/durabletrain/blobdrivers/s3"
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 )
 
 func main() {
@@ -40,7 +41,7 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if err := dataset.Write(ctx, "file://"+abs+"?metadata=skip", split, s.Head(n)); err != nil {
+		if err := dataset.Write(ctx, bloburl.FromPath(abs)+"?metadata=skip", split, s.Head(n)); err != nil {
 			log.Fatal(err)
 		}
 	}
