@@ -37,10 +37,11 @@ fi
 
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # file_url: the file:// URL of an absolute path, escaped where a URL needs it
-# ('%', space, '#', '?'), so that a clone in a folder named so still works.
+# ('%', space, '#', '?', and ',' for the list of storage roots), so that a
+# clone in a folder named so still works.
 file_url() {
   local p=$1
-  p=${p//%/%25}; p=${p// /%20}; p=${p//#/%23}; p=${p//\?/%3F}
+  p=${p//%/%25}; p=${p// /%20}; p=${p//#/%23}; p=${p//\?/%3F}; p=${p//,/%2C}
   printf 'file://%s' "$p"
 }
 here=$(file_url "$PWD")

@@ -148,7 +148,7 @@ func BlobSchemes() []string { return bloburl.Schemes() }
 func CheckURL(field, raw string) error { return bloburl.Check(field, raw) }
 
 // FileURL is the file:// URL of an absolute local path, escaped where a URL
-// needs it (a space as %20, '#' as %23, '?' as %3F), for a spec's
+// needs it (a space as %20, '#' as %23, '?' as %3F, ',' as %2C), for a spec's
 // dataset.url or checkpoint.url: "file://" + path is refused for a space and
 // names another folder when path has a '#' or '?'.
 func FileURL(path string) string { return bloburl.FromPath(path) }

@@ -88,9 +88,11 @@ func Check(field, raw string) error {
 // FromPath is the file:// URL of the absolute local path p, escaped where a
 // URL needs it (a space as %20, '#' as %23, '?' as %3F, '%' as %25), so
 // that the store opens p itself: "file://" + p would cut p at a '#' or '?'
-// and be refused for a space.
+// and be refused for a space. A ',' is written %2C, so that the URL can
+// stand in a comma-separated list (a worker's -storage-roots).
 func FromPath(p string) string {
-	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(p)}).String()
+	u := (&url.URL{Scheme: "file", Path: filepath.ToSlash(p)}).String()
+	return strings.ReplaceAll(u, ",", "%2C")
 }
 
 // LocalPath is the local path a file:// URL names, its escapes undone and

@@ -73,13 +73,16 @@ func FuzzCheck(f *testing.F) {
 // A path with the characters a URL gives meaning to comes back whole, and
 // its URL passes Check.
 func TestFromPathRoundTrips(t *testing.T) {
-	for _, p := range []string{"/tmp/x", "/home/me/My Projects/durabletrain", "/tmp/runs#2", "/tmp/a?b=c", "/tmp/100%", "/tmp/é ü/", "/"} {
+	for _, p := range []string{"/tmp/x", "/home/me/My Projects/durabletrain", "/tmp/runs#2", "/tmp/a?b=c", "/tmp/100%", "/tmp/a,b", "/tmp/é ü/", "/"} {
 		u := FromPath(p)
 		if err := Check("checkpoint.url", u); err != nil {
 			t.Errorf("FromPath(%q) = %s, refused: %v", p, u, err)
 		}
 		if err := Check("checkpoint.url", u+"?create_dir=1"); err != nil {
 			t.Errorf("FromPath(%q) with a query, refused: %v", p, err)
+		}
+		if strings.Contains(u, ",") {
+			t.Errorf("FromPath(%q) = %s: a ',' would split a list of roots", p, u)
 		}
 		back, err := LocalPath("url", u+"?metadata=skip")
 		if err != nil || back != p {
