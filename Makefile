@@ -15,7 +15,7 @@ RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spe
 # deploy 216 s, chaos 209 s on a 2-core VM, 2026-11-28).
 SLOWEST   := ./integration/ ./deploy/ ./chaos/
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-race fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -60,8 +60,11 @@ bin/bench/minio:
 ## (every link in it, of test binaries, tools and the binaries tests build, leaves out DWARF, which
 ## nothing here reads: it halved the integration test binary's link, 32 -> 17 CPU-seconds on a 2-core VM;
 ## GOFLAGS set in the environment would hide those of `go env -w`, so they are read first)
-test: export GOFLAGS = $(shell $(GO) env GOFLAGS) -ldflags=-w
+## (as root it runs with transparent huge pages "always", put back after: scripts/hugepages.sh says why)
 test: deps-test
+	@scripts/hugepages.sh $(MAKE) --no-print-directory test-steps
+test-steps: export GOFLAGS = $(shell $(GO) env GOFLAGS) -ldflags=-w
+test-steps:
 	$(MAKE) -j3 vet bin/temporal bin/minio
 	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 -timeout 25m $(SLOWEST) ./...
 	$(GO) test -count=1 -timeout 25m -race $(RACE)

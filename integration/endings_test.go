@@ -139,7 +139,6 @@ func TestCancelAndTerminateWhileTrainingFreeTheSlotsAndKeepTheCheckpoints(t *tes
 		}
 		before := checkpointsOf(t, dir, id)
 		asked := time.Now()
-		var err error
 		if how == "cancel" {
 			err = c.CancelWorkflow(context.Background(), id, "")
 		} else {

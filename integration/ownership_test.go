@@ -52,7 +52,7 @@ func TestRunsCannotTakeEachOthersCheckpoints(t *testing.T) {
 	run := startRun(t, c, "it-own-second", queue, s)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := run.Get(ctx, nil)
+	err = run.Get(ctx, nil)
 	var app *temporal.ApplicationError
 	if !errors.As(err, &app) || app.Type() != spec.ErrUser || !strings.Contains(err.Error(), "belongs to it-own-first") {
 		t.Fatalf("second run with the same name: %v; want a user error naming the owner", err)
