@@ -413,7 +413,16 @@ func TestReadsOfEveryLengthGiveTheObjectAndCatchDamage(t *testing.T) {
 		{"unaligned-lengths", []int{5*mib + 5}, 0},
 		{"mixed", []int{4 * mib, 4*mib + 1, 1000, 2 * BlockSize, 100, 16 * mib}, 0},
 	}
-	for _, tc := range []struct{ direct, signed bool }{{true, false}, {false, false}, {true, true}} {
+	configs := []struct{ direct, signed bool }{{true, false}, {false, false}, {true, true}}
+	if race.Enabled {
+		// The race detector shadows every byte moved (79 s for this test
+		// on a 2-core PVM guest, 2026-11-28): the read-ahead's goroutines
+		// are what it is there for, and the mixed lengths and an unaligned
+		// address, direct and through the page cache, exercise them all.
+		configs = configs[:2]
+		patterns = []pattern{patterns[2], patterns[4]}
+	}
+	for _, tc := range configs {
 		t.Run(fmt.Sprintf("direct=%v/signed=%v", tc.direct, tc.signed), func(t *testing.T) {
 			s, root := localStore(t, tc.direct, tc.signed)
 			put(t, s, "r", 1, map[string][]byte{"o": data}, nil)
