@@ -4,8 +4,8 @@
 # the Go compiler and linker hundreds of times, and each touches fresh
 # memory: with 4 KiB pages every touch is a page fault, and in some VMs
 # faults are dear. On a 2-core PVM guest (2026-11-28), `go build std` from an
-# empty build cache took 57-59 s with "madvise" (31-34 s of it in the kernel)
-# and 41-49 s with "always" (19-21 s), four runs alternating. Only as root,
+# empty build cache took 57-67 s with "madvise" (31-36 s of it in the kernel)
+# and 41-49 s with "always" (19-21 s), six runs alternating. Only as root,
 # only where the setting can be written; DURABLETRAIN_THP=keep leaves it.
 set -uo pipefail
 f=/sys/kernel/mm/transparent_hugepage/enabled
