@@ -96,11 +96,14 @@ func FromPath(p string) string {
 }
 
 // LocalPath is the local path a file:// URL names, its escapes undone and
-// its query left off: the inverse of FromPath. Any other URL is an error
-// naming field.
+// its query left off: the inverse of FromPath. A URL that Check refuses, or
+// one of another scheme, is an error naming field.
 func LocalPath(field, raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme != "file" || !strings.HasPrefix(u.Path, "/") {
+	if err := Check(field, raw); err != nil {
+		return "", err
+	}
+	u, _ := url.Parse(raw)
+	if u.Scheme != "file" {
 		return "", fmt.Errorf("%s is %s; want a file:///absolute/path URL", field, strictjson.Quote(raw))
 	}
 	return filepath.FromSlash(u.Path), nil
