@@ -17,7 +17,7 @@ import (
 // poll takes the run's hold, and Temporal records it as started. The gang
 // asks which of its holds started but did not grant, asks once for another
 // host, and trains on the agent that grants it, before the swallowed hold's
-// heartbeat times out.
+// heartbeat times out (the test reads the history to see that order).
 func TestAHoldTakenByAStoppedWorkerIsHedged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -91,11 +91,22 @@ func TestAHoldTakenByAStoppedWorkerIsHedged(t *testing.T) {
 	if len(holds) != 2 || holds[0] != "hold-1-0-0" || holds[1] != "hold-1-1-0" {
 		t.Fatalf("holds asked %v; want the first and one hedge, [hold-1-0-0 hold-1-1-0]", holds)
 	}
-	// The swallowed hold has no started event: Temporal writes it only when
-	// the attempt ends, and it never ended while the run lived. That the
-	// run hedged at all says the server called it started.
-	if startedBy["hold-1-1-0"] != "agent-live" || startedBy["hold-1-0-0"] != "" {
-		t.Fatalf("holds started by %v; want hold-1-1-0 by agent-live and hold-1-0-0 never ended", startedBy)
+	// Temporal writes an activity's started event only when the attempt
+	// ends. The swallowed hold ends only by its heartbeat timeout: on a
+	// quick machine the run completes first and the hold has no started
+	// event; on a slow one the timeout can come just before the run closes,
+	// and then the hold is written as started by the stopped agent and timed
+	// out. Either way the run hedged because the server called it started,
+	// and no live agent ever took it.
+	if startedBy["hold-1-1-0"] != "agent-live" {
+		t.Fatalf("holds started by %v; want hold-1-1-0 by agent-live", startedBy)
+	}
+	switch by := startedBy["hold-1-0-0"]; {
+	case by == "":
+	case by == "agent-stopped" && swallowedTimeout >= 0:
+		t.Logf("the swallowed hold timed out (event %d) before the run closed", swallowedTimeout)
+	default:
+		t.Fatalf("hold-1-0-0 started by %q, timed out at event %d; want it never ended, or started by agent-stopped and timed out", by, swallowedTimeout)
 	}
 	if firstEpoch < 0 || swallowedTimeout >= 0 && swallowedTimeout < firstEpoch {
 		t.Fatalf("the first epoch at event %d, the swallowed hold's timeout at %d; want the epoch first", firstEpoch, swallowedTimeout)
