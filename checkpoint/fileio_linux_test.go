@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -420,7 +421,10 @@ func TestReadsOfEveryLengthGiveTheObjectAndCatchDamage(t *testing.T) {
 		// are what it is there for, and the mixed lengths and an unaligned
 		// address, direct and through the page cache, exercise them all.
 		configs = configs[:2]
-		patterns = []pattern{patterns[2], patterns[4]}
+		patterns = slices.DeleteFunc(patterns, func(p pattern) bool { return p.name != "unaligned-address" && p.name != "mixed" })
+		if len(patterns) != 2 {
+			t.Fatalf("the race run's patterns are named unaligned-address and mixed; have %v", patterns)
+		}
 	}
 	for _, tc := range configs {
 		t.Run(fmt.Sprintf("direct=%v/signed=%v", tc.direct, tc.signed), func(t *testing.T) {
