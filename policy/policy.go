@@ -15,9 +15,11 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/strictjson"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -272,6 +274,40 @@ func (p Policy) Resolve(field, raw string) (string, error) {
 	}
 	return "", refuse("%s %s is outside the storage this worker allows (-storage-roots %s)", field, quoted(raw), strings.Join(shown, ","))
 }
+
+// ParseStorageRoots reads a worker's -storage-roots: blob URLs, or absolute
+// local paths (taken as their file:// URLs), separated by commas. A comma
+// starts a new root only where a URL ("scheme://") or a path ("/") follows
+// it, so that a root's query may hold commas of its own; a path with ",/" in
+// it must be written as its file:// URL. Each root must pass the same check
+// as a spec's URL: a malformed root is an error naming it, not a root that
+// silently matches nothing.
+func ParseStorageRoots(flag, v string) ([]string, error) {
+	var roots []string
+	start := 0
+	for _, m := range rootStart.FindAllStringIndex(v, -1) {
+		roots = append(roots, strings.TrimSpace(v[start:m[0]]))
+		start = m[0] + 1
+	}
+	roots = append(roots, strings.TrimSpace(v[start:]))
+	out := roots[:0]
+	for i, r := range roots {
+		if strings.Trim(r, ", ") == "" {
+			continue // "a,,b" or a trailing comma
+		}
+		r = bloburl.FromFlag(r)
+		if err := bloburl.Check(fmt.Sprintf("%s's root %d", flag, i+1), r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s is %s; want at least one blob URL or absolute path, such as %s", flag, quoted(v), strings.Join(DefaultStorageRoots, ","))
+	}
+	return out, nil
+}
+
+var rootStart = regexp.MustCompile(`,\s*(?:[a-z][a-z0-9+.-]*://|/)`)
 
 // within says whether u falls under root: same scheme and bucket (host),
 // and for file:// a path at or under the root's.

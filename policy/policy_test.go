@@ -136,3 +136,41 @@ func TestSpecMayNotSteerTheDynamicLoader(t *testing.T) {
 		}
 	}
 }
+
+// -storage-roots takes URLs and absolute paths, split only where a new root
+// starts, and refuses a root that could never match instead of skipping it.
+func TestParseStorageRoots(t *testing.T) {
+	for in, want := range map[string][]string{
+		"file:///var/lib/durabletrain/,file:///usr/share/datasets/,mem://": {"file:///var/lib/durabletrain/", "file:///usr/share/datasets/", "mem://"},
+		"/home/me/My Runs,2/, /usr/share/datasets/":                        {"file:///home/me/My%20Runs%2C2/", "file:///usr/share/datasets/"},
+		"s3://ckpts?endpoint=http://minio:9000&region=us-east-1,/data/":    {"s3://ckpts?endpoint=http://minio:9000&region=us-east-1", "file:///data/"},
+		"s3://abc?prefix=x,y/, mem://":                                     {"s3://abc?prefix=x,y/", "mem://"},
+	} {
+		got, err := ParseStorageRoots("-storage-roots", in)
+		if err != nil || strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("ParseStorageRoots(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for in, msg := range map[string]string{
+		"":                          "-storage-roots is \"\"; want at least one blob URL or absolute path",
+		" , ":                       "want at least one",
+		"relative/x,/data/":         "-storage-roots's root 1 is \"relative/x\"; want a blob URL",
+		"/data/,file://data/x":      "-storage-roots's root 2 is \"file://data/x\"; want file:///absolute/path (three slashes",
+		"ftp://host/x":              "-storage-roots's root 1 is \"ftp://host/x\"; want a URL with scheme",
+		"s3://Bad_Bucket":           "-storage-roots's root 1",
+		"mem://,s3://b?prefix=%zz/": "-storage-roots's root 2",
+	} {
+		if got, err := ParseStorageRoots("-storage-roots", in); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("ParseStorageRoots(%q) = %q, %v; want an error containing %q", in, got, err, msg)
+		}
+	}
+	// A root given as a path holds the spec URLs a starter makes of paths below it.
+	roots, err := ParseStorageRoots("-storage-roots", "/home/me/My Runs,2/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "file:///home/me/My%20Runs%2C2/ckpt%23a?create_dir=1"
+	if got, err := (Policy{StorageRoots: roots}).Resolve("checkpoint.url", url); err != nil || got != url {
+		t.Errorf("Resolve(%s) under %q = %q, %v", url, roots, got, err)
+	}
+}

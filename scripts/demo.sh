@@ -36,24 +36,15 @@ if ! grep -q "frontend on" "$state/devserver.log" || ! kill -0 "${pids[0]}" 2>/d
 fi
 
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-# file_url: the file:// URL of an absolute path, escaped where a URL needs it
-# ('%', space, '#', '?', and ',' for the list of storage roots), so that a
-# clone in a folder named so still works.
-file_url() {
-  local p=$1
-  p=${p//%/%25}; p=${p// /%20}; p=${p//#/%23}; p=${p//\?/%3F}; p=${p//,/%2C}
-  printf 'file://%s' "$p"
-}
-here=$(file_url "$PWD")
 for w in a b; do
   role=agent; [ "$w" = a ] && role=both
   "$bin/worker" -address "127.0.0.1:$port" -role "$role" -slots 1 -identity "worker-$w" \
-    -storage-roots "$here/$state/,file:///usr/share/datasets/" > "$state/worker-$w.log" 2>&1 &
+    -storage-roots "$PWD/$state/,/usr/share/datasets/" > "$state/worker-$w.log" 2>&1 &
   pids+=($!)
 done
 echo "demo: workers worker-a (workflows + 1 slot) and worker-b (1 slot) started; logs in $state/"
 echo "demo: watch it in the Temporal Web UI at http://127.0.0.1:$ui"
 id="demo-$(date +%Y%m%d-%H%M%S)"
 "$bin/starter" train -address "127.0.0.1:$port" -id "$id" -workers 2 -epochs 10 \
-  -checkpoint "$here/$state/checkpoints?create_dir=1" -search-attributes -wait
+  -checkpoint "$PWD/$state/checkpoints" -search-attributes -wait
 "$bin/starter" checkpoints -address "127.0.0.1:$port" -id "$id"

@@ -32,6 +32,7 @@ import (
 	_ "github.com/durabletrain/durabletrain/blobdrivers"
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/connect"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/buildinfo"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -154,8 +155,8 @@ func train(cmd string, args []string) {
 	epochs := fs.Int("epochs", 0, "hyper.epochs")
 	lr := fs.Float64("lr", 0, "hyper.lr")
 	batch := fs.Int("batch", 0, "hyper.batch_size")
-	data := fs.String("dataset", "", "dataset.url")
-	ckpt := fs.String("checkpoint", "", "checkpoint.url")
+	data := fs.String("dataset", "", "dataset.url, or an absolute path on the workers (the folder of its files)")
+	ckpt := fs.String("checkpoint", "", "checkpoint.url, or an absolute path on the workers (a folder, created if missing)")
 	attrs := fs.Bool("search-attributes", false, "search_attributes: upsert DurabletrainState/DurabletrainEpoch (the namespace must have them; the dev server does)")
 	taskTimeout := fs.Duration("workflow-task-timeout", 0, "the run's workflow task timeout (default Temporal's, 10s): how long a workflow task taken by a worker that is then cut off delays the run, where workflow workers share hosts with GPU agents (-role both)")
 	fs.Parse(args)
@@ -205,10 +206,13 @@ func train(cmd string, args []string) {
 		s.Hyper.LR = *lr
 	}
 	if *data != "" {
-		s.Dataset.URL = *data
+		s.Dataset.URL = bloburl.FromFlag(*data)
 	}
 	if *ckpt != "" {
-		s.Checkpoint.URL = *ckpt
+		s.Checkpoint.URL = bloburl.FromFlag(*ckpt)
+		if strings.HasPrefix(*ckpt, "/") {
+			s.Checkpoint.URL += "?create_dir=1"
+		}
 	}
 	if *attrs {
 		s.SearchAttributes = true

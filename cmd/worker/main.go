@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -61,7 +60,7 @@ func main() {
 	glooIfname := flag.String("gloo-socket-ifname", "", "network interface gloo uses (GLOO_SOCKET_IFNAME), for every exec program; empty: gloo's choice")
 	ncclAsync := flag.Bool("nccl-async-error-handling", true, "have NCCL errors and collective timeouts abort the rank's program instead of hanging it (TORCH_NCCL_ASYNC_ERROR_HANDLING)")
 	roots := flag.String("storage-roots", strings.Join(policy.DefaultStorageRoots, ","),
-		"blob URLs that dataset, checkpoint and results URLs must fall under, comma-separated; a root's query parameters (endpoint=, region=, profile=) are the worker's and added to the spec's")
+		"blob URLs (or absolute local paths) that dataset, checkpoint and results URLs must fall under, comma-separated; a root's query parameters (endpoint=, region=, profile=) are the worker's and added to the spec's")
 	poolKey := flag.String("pool-key-file", os.Getenv("DURABLETRAIN_POOL_KEY_FILE"),
 		"file holding the secret all workers of this pool share (at least 32 bytes, mode 600): it signs slot grants and checkpoints, so nobody outside the pool can join a gang or forge a checkpoint")
 	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
@@ -93,7 +92,11 @@ func main() {
 	cfg.Log = log
 	cfg.BuildID = buildinfo.BuildID()
 	cfg.Policy.Exec, cfg.Policy.ExecDirs = list(*allowExec), list(*execDirs)
-	cfg.Policy.PassEnv, cfg.Policy.StorageRoots = list(*passEnv), splitRoots(*roots)
+	cfg.Policy.PassEnv = list(*passEnv)
+	if cfg.Policy.StorageRoots, err = policy.ParseStorageRoots("-storage-roots", *roots); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
 	cfg.Policy.ProgramEnv = policy.NCCLEnv(*ncclIfname, *glooIfname, *ncclAsync)
 	if cfg.Policy.PassEnv == nil {
 		cfg.Policy.PassEnv = []string{}
@@ -226,21 +229,6 @@ func list(s string) []string {
 		if f = strings.TrimSpace(f); f != "" {
 			out = append(out, f)
 		}
-	}
-	return out
-}
-
-// splitRoots splits -storage-roots at the commas that start a new URL (a
-// root's query may hold commas of its own, as in an S3 endpoint list).
-func splitRoots(s string) []string {
-	var out []string
-	start := 0
-	for _, m := range regexp.MustCompile(`,\s*[a-z][a-z0-9+.-]*://`).FindAllStringIndex(s, -1) {
-		out = append(out, strings.TrimSpace(s[start:m[0]]))
-		start = m[0] + 1
-	}
-	if rest := strings.TrimSpace(s[start:]); rest != "" {
-		out = append(out, rest)
 	}
 	return out
 }

@@ -95,6 +95,21 @@ func FromPath(p string) string {
 	return strings.ReplaceAll(u, ",", "%2C")
 }
 
+// FromFlag is the blob URL a command-line flag's value names: an absolute
+// local path (one starting with '/') is the file:// URL of that path, cleaned
+// and with its trailing '/' kept (FromPath escapes it); anything else is
+// taken to be a URL, as written, for Check to judge.
+func FromFlag(v string) string {
+	if !strings.HasPrefix(v, "/") {
+		return v
+	}
+	p := filepath.Clean(v)
+	if strings.HasSuffix(v, "/") && p != "/" {
+		p += "/"
+	}
+	return FromPath(p)
+}
+
 // LocalPath is the local path a file:// URL names, its escapes undone and
 // its query left off: the inverse of FromPath. A URL that Check refuses, or
 // one of another scheme, is an error naming field.

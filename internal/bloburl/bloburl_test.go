@@ -96,3 +96,34 @@ func TestFromPathRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// A flag's absolute path becomes the URL of that very folder, cleaned and
+// escaped; a URL, or anything else, is left for Check to judge.
+func TestFromFlagTakesPathsAndURLs(t *testing.T) {
+	for in, want := range map[string]string{
+		"/var/lib/ckpt":          "file:///var/lib/ckpt",
+		"/var/lib/ckpt/":         "file:///var/lib/ckpt/",
+		"/a//b/./c/../d/":        "file:///a/b/d/",
+		"/home/me/My Runs,2#a?b": "file:///home/me/My%20Runs%2C2%23a%3Fb",
+		"/":                      "file:///",
+		"s3://bucket?prefix=a/":  "s3://bucket?prefix=a/",
+		"file:///x":              "file:///x",
+		"relative/dir":           "relative/dir",
+		"":                       "",
+	} {
+		if got := FromFlag(in); got != want {
+			t.Errorf("FromFlag(%q) = %q; want %q", in, got, want)
+		}
+		if strings.HasPrefix(in, "/") {
+			if err := Check("-checkpoint", FromFlag(in)); err != nil {
+				t.Errorf("FromFlag(%q) refused: %v", in, err)
+			}
+			if back, err := LocalPath("-checkpoint", FromFlag(in)); err != nil || "file://"+back != strings.NewReplacer("%20", " ", "%2C", ",", "%23", "#", "%3F", "?").Replace(want) {
+				t.Errorf("LocalPath(FromFlag(%q)) = %q, %v", in, back, err)
+			}
+		}
+	}
+	if err := Check("-checkpoint", FromFlag("relative/dir")); err == nil || !strings.Contains(err.Error(), "-checkpoint is") {
+		t.Errorf("a relative path: %v; want Check's error naming the flag", err)
+	}
+}
