@@ -153,6 +153,9 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 	if cfg.StickyTimeout < 0 {
 		return fmt.Errorf("gpuworker: StickyTimeout (worker -sticky-timeout) is %v; want a positive duration such as 500ms, or 0 for the default %v", cfg.StickyTimeout, DefaultStickyTimeout)
 	}
+	if err := cfg.Policy.CheckRoots(); err != nil {
+		return fmt.Errorf("gpuworker: Policy.%w", err)
+	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}

@@ -272,7 +272,25 @@ func (p Policy) Resolve(field, raw string) (string, error) {
 			shown = append(shown, redact(ru))
 		}
 	}
+	if err := (Policy{StorageRoots: roots}).CheckRoots(); err != nil {
+		// An embedder's root that never matches: say so, not only that the URL is outside.
+		return "", refuse("%s %s is outside the storage this worker allows, and this worker is misconfigured: %v", field, quoted(raw), err)
+	}
 	return "", refuse("%s %s is outside the storage this worker allows (-storage-roots %s)", field, quoted(raw), strings.Join(shown, ","))
+}
+
+// CheckRoots refuses storage roots that could never hold a spec's URL (a
+// root that does not parse, or names no absolute path or bucket): Resolve
+// would pass over such a root without a word, and every spec meant for it
+// would be refused as outside the worker's storage. It names the root by
+// its place in StorageRoots.
+func (p Policy) CheckRoots() error {
+	for i, r := range p.StorageRoots {
+		if err := bloburl.Check(fmt.Sprintf("StorageRoots[%d] (worker -storage-roots)", i), r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ParseStorageRoots reads a worker's -storage-roots: blob URLs, or absolute

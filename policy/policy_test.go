@@ -174,3 +174,22 @@ func TestParseStorageRoots(t *testing.T) {
 		t.Errorf("Resolve(%s) under %q = %q, %v", url, roots, got, err)
 	}
 }
+
+// An embedder's roots are checked as the worker's flag is: a root that
+// could never match is an error, not a silent refusal of every spec.
+func TestCheckRoots(t *testing.T) {
+	if err := (Policy{}).CheckRoots(); err != nil {
+		t.Errorf("the default roots: %v", err)
+	}
+	if err := (Policy{StorageRoots: DefaultStorageRoots}).CheckRoots(); err != nil {
+		t.Errorf("DefaultStorageRoots: %v", err)
+	}
+	err := (Policy{StorageRoots: []string{"mem://", "/var/lib/x"}}).CheckRoots()
+	if err == nil || !strings.Contains(err.Error(), `StorageRoots[1] (worker -storage-roots) is "/var/lib/x"; want a blob URL`) {
+		t.Errorf("a bare path among the roots: %v", err)
+	}
+	_, err = Policy{StorageRoots: []string{"/var/lib/x/"}}.Resolve("checkpoint.url", "file:///var/lib/x/ckpt")
+	if err == nil || !strings.Contains(err.Error(), "misconfigured: StorageRoots[0] (worker -storage-roots) is") {
+		t.Errorf("a spec under a malformed root: %v; want the root named", err)
+	}
+}
