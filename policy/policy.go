@@ -313,11 +313,11 @@ func ParseStorageRoots(flag, v string) ([]string, error) {
 		if strings.Trim(r, ", ") == "" {
 			continue // "a,,b" or a trailing comma
 		}
-		r = bloburl.FromFlag(r)
-		if err := bloburl.Check(fmt.Sprintf("%s's root %d", flag, i+1), r); err != nil {
+		u, err := bloburl.FromFlag(fmt.Sprintf("%s's root %d", flag, i+1), r)
+		if err != nil {
 			return nil, err
 		}
-		out = append(out, r)
+		out = append(out, u)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s is %s; want at least one blob URL or absolute path, such as %s", flag, quoted(v), strings.Join(DefaultStorageRoots, ","))

@@ -205,12 +205,17 @@ func train(cmd string, args []string) {
 	if *lr != 0 {
 		s.Hyper.LR = *lr
 	}
+	var err error
 	if *data != "" {
-		s.Dataset.URL = bloburl.FromFlag(*data)
+		if s.Dataset.URL, err = bloburl.FromFlag("-dataset", *data); err != nil {
+			fail(exitUsage, "%v", err)
+		}
 	}
 	if *ckpt != "" {
-		s.Checkpoint.URL = bloburl.FromFlag(*ckpt)
-		if strings.HasPrefix(*ckpt, "/") {
+		if s.Checkpoint.URL, err = bloburl.FromFlag("-checkpoint", *ckpt); err != nil {
+			fail(exitUsage, "%v", err)
+		}
+		if strings.HasPrefix(*ckpt, "/") { // a folder of the workers': made if missing
 			s.Checkpoint.URL += "?create_dir=1"
 		}
 	}

@@ -98,16 +98,24 @@ func FromPath(p string) string {
 // FromFlag is the blob URL a command-line flag's value names: an absolute
 // local path (one starting with '/') is the file:// URL of that path, cleaned
 // and with its trailing '/' kept (FromPath escapes it); anything else is
-// taken to be a URL, as written, for Check to judge.
-func FromFlag(v string) string {
+// taken to be a URL, as written. A value that is neither is an error naming
+// flag that says both forms are accepted (a relative path is the likely
+// slip: the path is opened on the workers, not where the flag was given).
+func FromFlag(flag, v string) (string, error) {
 	if !strings.HasPrefix(v, "/") {
-		return v
+		if err := Check(flag, v); err != nil {
+			if !strings.Contains(v, "://") {
+				return "", fmt.Errorf("%s is %s; want an absolute path on the workers (/var/lib/durabletrain/ckpt) or a blob URL (file:///absolute/path, s3://bucket?prefix=dir/, gs://bucket, azblob://container, mem://)", flag, strictjson.Quote(v))
+			}
+			return "", err
+		}
+		return v, nil
 	}
 	p := filepath.Clean(v)
 	if strings.HasSuffix(v, "/") && p != "/" {
 		p += "/"
 	}
-	return FromPath(p)
+	return FromPath(p), nil
 }
 
 // LocalPath is the local path a file:// URL names, its escapes undone and

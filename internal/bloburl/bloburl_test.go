@@ -98,32 +98,38 @@ func TestFromPathRoundTrips(t *testing.T) {
 }
 
 // A flag's absolute path becomes the URL of that very folder, cleaned and
-// escaped; a URL, or anything else, is left for Check to judge.
+// escaped; a URL is taken as written; anything else is an error saying that
+// a path or a URL would do.
 func TestFromFlagTakesPathsAndURLs(t *testing.T) {
-	for in, want := range map[string]string{
-		"/var/lib/ckpt":          "file:///var/lib/ckpt",
-		"/var/lib/ckpt/":         "file:///var/lib/ckpt/",
-		"/a//b/./c/../d/":        "file:///a/b/d/",
-		"/home/me/My Runs,2#a?b": "file:///home/me/My%20Runs%2C2%23a%3Fb",
-		"/":                      "file:///",
-		"s3://bucket?prefix=a/":  "s3://bucket?prefix=a/",
-		"file:///x":              "file:///x",
-		"relative/dir":           "relative/dir",
-		"":                       "",
+	for _, c := range []struct{ in, url, path string }{
+		{"/var/lib/ckpt", "file:///var/lib/ckpt", "/var/lib/ckpt"},
+		{"/var/lib/ckpt/", "file:///var/lib/ckpt/", "/var/lib/ckpt/"},
+		{"/a//b/./c/../d/", "file:///a/b/d/", "/a/b/d/"},
+		{"/home/me/My Runs,2#a?b", "file:///home/me/My%20Runs%2C2%23a%3Fb", "/home/me/My Runs,2#a?b"},
+		{"/", "file:///", "/"},
+		{"s3://bucket?prefix=a/", "s3://bucket?prefix=a/", ""},
+		{"file:///x", "file:///x", "/x"},
 	} {
-		if got := FromFlag(in); got != want {
-			t.Errorf("FromFlag(%q) = %q; want %q", in, got, want)
+		got, err := FromFlag("-checkpoint", c.in)
+		if err != nil || got != c.url {
+			t.Errorf("FromFlag(%q) = %q, %v; want %q", c.in, got, err, c.url)
+			continue
 		}
-		if strings.HasPrefix(in, "/") {
-			if err := Check("-checkpoint", FromFlag(in)); err != nil {
-				t.Errorf("FromFlag(%q) refused: %v", in, err)
-			}
-			if back, err := LocalPath("-checkpoint", FromFlag(in)); err != nil || "file://"+back != strings.NewReplacer("%20", " ", "%2C", ",", "%23", "#", "%3F", "?").Replace(want) {
-				t.Errorf("LocalPath(FromFlag(%q)) = %q, %v", in, back, err)
-			}
+		if c.path == "" {
+			continue
+		}
+		if back, err := LocalPath("-checkpoint", got); err != nil || back != c.path {
+			t.Errorf("LocalPath(FromFlag(%q)) = %q, %v; want %q", c.in, back, err, c.path)
 		}
 	}
-	if err := Check("-checkpoint", FromFlag("relative/dir")); err == nil || !strings.Contains(err.Error(), "-checkpoint is") {
-		t.Errorf("a relative path: %v; want Check's error naming the flag", err)
+	for in, msg := range map[string]string{
+		"relative/dir": `-checkpoint is "relative/dir"; want an absolute path on the workers`,
+		"":             `-checkpoint is ""; want an absolute path on the workers`,
+		"file://data/": `-checkpoint is "file://data/"; want file:///absolute/path (three slashes`,
+		"ftp://host/x": `-checkpoint is "ftp://host/x"; want a URL with scheme`,
+	} {
+		if got, err := FromFlag("-checkpoint", in); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("FromFlag(%q) = %q, %v; want an error containing %q", in, got, err, msg)
+		}
 	}
 }
