@@ -184,6 +184,28 @@ func TestMissingDataIsAUserError(t *testing.T) {
 	}
 }
 
+// A data set larger than the worker allows (-max-dataset-memory) fails the
+// run as the user's error, naming the file and the limit, and the worker
+// that refused it loads it once the limit allows.
+func TestADataSetPastTheWorkersLimitIsAUserError(t *testing.T) {
+	agents, peers := newAgents(t, 1)
+	agents[0].Policy.MaxDatasetMemory = 1 << 20
+	s := spec.Training{Model: spec.Model{Hidden: []int{16}}, Dataset: spec.Dataset{URL: testdata.FashionMNISTSmall()}, Hyper: spec.Hyper{Epochs: 1},
+		Checkpoint: spec.Checkpoint{URL: "mem://"}}.WithDefaults()
+	in := spec.EpochInput{Run: "r", Generation: 1, Peers: peers[:1], Secret: []byte("0123456789abcdef"), Spec: s}
+	_, errs := runEpochOnAll(t, agents, in)
+	var app *temporal.ApplicationError
+	if !errors.As(errs[0], &app) || app.Type() != spec.ErrUser || !app.NonRetryable() ||
+		!strings.Contains(errs[0].Error(), "train-images-idx3-ubyte.gz") || !strings.Contains(errs[0].Error(), "allows 1 MiB for a data set") {
+		t.Fatalf("got %v, want a non-retryable user error naming the images and the limit", errs[0])
+	}
+	agents[0].Policy.MaxDatasetMemory = 0
+	in.Generation = 2
+	if _, errs := runEpochOnAll(t, agents, in); errs[0] != nil {
+		t.Fatalf("the default limit: %v", errs[0])
+	}
+}
+
 // testPolicy lets the tests' agents use the temporary directories and the committed data set.
 func testPolicy() policy.Policy {
 	data := testdata.FashionMNISTSmallDir()

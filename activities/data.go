@@ -71,7 +71,7 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 			l.err = err
 			return
 		}
-		l.train, l.test, l.err = loader.Load(ctx, url)
+		l.train, l.test, l.err = loader.Load(dataset.WithMemoryLimit(ctx, a.Policy.DatasetMemory()), url)
 	})
 	if l.err != nil {
 		c.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -267,5 +268,73 @@ func TestBadURLsAreRefusedAsInSpecs(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("refused writes left %d entries in %s", len(entries), dir)
+	}
+}
+
+// TestAHeaderClaimingMoreThanItsFileHoldsCostsLittle: a file of a few bytes
+// whose header claims the most this reader accepts (7.84 GB) is refused as
+// truncated, having allocated about what arrived, not what was claimed: a
+// data set's files are anyone's, and the claim alone once allocated it
+// (found by FuzzIDXFromAnywhere, whose parallel workers then ran out of
+// memory).
+func TestAHeaderClaimingMoreThanItsFileHoldsCostsLittle(t *testing.T) {
+	ctx := context.Background()
+	b, _ := blob.OpenBucket(ctx, "mem://")
+	defer b.Close()
+	b.WriteAll(ctx, "train-images-idx3-ubyte.gz", idxFile(idxImagesMagic, []uint32{10_000_000, 28, 28}, make([]byte, 100)), nil)
+	b.WriteAll(ctx, "train-labels-idx1-ubyte.gz", idxFile(idxLabelsMagic, []uint32{10_000_000}, nil), nil)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := loadFrom(ctx, b, "mem://", Train)
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "truncated: 100 of 7840000000 bytes") {
+		t.Fatalf("got %v; want the images refused as truncated", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+		t.Fatalf("refusing 100 bytes of data allocated %d MiB", grew>>20)
+	}
+}
+
+// TestMemoryLimitRefusesALargeDataSetFromItsHeaders: under WithMemoryLimit a
+// data set whose examples would not fit is refused, naming its size and the
+// limit, before its data is read; LoadIDX counts both splits.
+func TestMemoryLimitRefusesALargeDataSetFromItsHeaders(t *testing.T) {
+	ctx := context.Background()
+	url := bloburl.FromPath(t.TempDir())
+	b, err := blob.OpenBucket(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// 1,000 images of 32x32 in each split: 4,096,000 bytes of float32 pixels
+	// and 1,000 of labels per split, the data itself of a few kilobytes.
+	for _, prefix := range []string{"train", "t10k"} {
+		b.WriteAll(ctx, prefix+"-images-idx3-ubyte.gz", idxFile(idxImagesMagic, []uint32{1000, 32, 32}, make([]byte, 1000*32*32)), nil)
+		b.WriteAll(ctx, prefix+"-labels-idx1-ubyte.gz", idxFile(idxLabelsMagic, []uint32{1000}, make([]byte, 1000)), nil)
+	}
+	const split = 4*1000*32*32 + 1000
+	if s, err := Load(WithMemoryLimit(ctx, split), url, Train); err != nil || s.Bytes() != split {
+		t.Fatalf("a split that fits its limit exactly: %v", err)
+	}
+	_, err = Load(WithMemoryLimit(ctx, 3<<20), url, Train)
+	if err == nil || !strings.Contains(err.Error(), "train-images-idx3-ubyte.gz") || !strings.Contains(err.Error(), "3 MiB for a data set") {
+		t.Fatalf("images past the limit: got %v", err)
+	}
+	_, err = Load(WithMemoryLimit(ctx, split-1), url, Train)
+	if err == nil || !strings.Contains(err.Error(), "train-labels-idx1-ubyte.gz") {
+		t.Fatalf("labels one byte past the limit: got %v", err)
+	}
+	if _, _, err := LoadIDX(WithMemoryLimit(ctx, 2*split), url); err != nil {
+		t.Fatalf("two splits that fit their limit exactly: %v", err)
+	}
+	_, _, err = LoadIDX(WithMemoryLimit(ctx, 2*split-1), url)
+	if err == nil || !strings.Contains(err.Error(), "t10k-labels-idx1-ubyte.gz") {
+		t.Fatalf("the test split's labels one byte past what the train split left: got %v", err)
+	}
+	if _, _, err := LoadIDX(ctx, url); err != nil {
+		t.Fatalf("no limit: %v", err)
+	}
+	if MemoryLimit(ctx) != 0 || MemoryLimit(WithMemoryLimit(ctx, -5)) != 0 || MemoryLimit(WithMemoryLimit(ctx, 7)) != 7 {
+		t.Fatal("MemoryLimit does not read what WithMemoryLimit set")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"gocloud.dev/blob"
 	"gocloud.dev/gcerrors"
@@ -92,11 +93,16 @@ func Load(ctx context.Context, url string, split Split) (*Set, error) {
 
 func loadFrom(ctx context.Context, b *blob.Bucket, url string, split Split) (*Set, error) {
 	imagesName, labelsName := split.Files()
-	pixels, dims, err := readIDX(ctx, b, url, imagesName, idxImagesMagic, 3)
+	limit := MemoryLimit(ctx)
+	// In memory an image's pixel takes a float32 and a label a byte.
+	pixels, dims, err := readIDX(ctx, b, url, imagesName, idxImagesMagic, 3, 4, limit)
 	if err != nil {
 		return nil, err
 	}
-	labels, ldims, err := readIDX(ctx, b, url, labelsName, idxLabelsMagic, 1)
+	if limit > 0 {
+		limit = max(1, limit-4*int64(len(pixels)))
+	}
+	labels, ldims, err := readIDX(ctx, b, url, labelsName, idxLabelsMagic, 1, 1, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -115,8 +121,13 @@ func loadFrom(ctx context.Context, b *blob.Bucket, url string, split Split) (*Se
 	return s, nil
 }
 
-// readIDX reads a gzip-compressed IDX file of unsigned bytes with the given magic.
-func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32, ndims int) ([]byte, []int, error) {
+// readIDX reads a gzip-compressed IDX file of unsigned bytes with the given
+// magic. Its values will take loaded bytes each in memory; where limit is
+// positive, a header whose values would take more than limit is refused
+// before any is read. Memory follows the data that arrives, not the
+// header's claim: a file of a few bytes whose header claims gigabytes is
+// refused as truncated having allocated little.
+func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32, ndims int, loaded, limit int64) ([]byte, []int, error) {
 	fail := func(format string, args ...any) ([]byte, []int, error) {
 		return nil, nil, fmt.Errorf("dataset: %s in %s: %s", name, url, fmt.Sprintf(format, args...))
 	}
@@ -153,15 +164,60 @@ func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32
 		}
 		total *= dims[i]
 	}
-	data := make([]byte, total)
-	if n, err := io.ReadFull(z, data); err != nil {
-		return fail("truncated: %d of %d bytes of data (%v)", n, total, err)
+	if need := loaded * int64(total); limit > 0 && need > limit {
+		return fail("dimensions %v hold %d values, %d MiB in memory; this worker allows %d MiB for a data set, both splits together (-max-dataset-memory)",
+			dims, total, need>>20, limit>>20)
+	}
+	data, err := readUpTo(z, total)
+	if err != nil {
+		return fail("truncated: %d of %d bytes of data (%v)", len(data), total, err)
 	}
 	if n, _ := z.Read(make([]byte, 1)); n != 0 {
 		return fail("more data than its header's %v dimensions", dims)
 	}
 	return data, dims, nil
 }
+
+// readUpTo reads n bytes from r into a buffer that grows as they arrive,
+// doubling from 1 MiB: what a hostile header claims costs nothing until
+// the bytes are there.
+func readUpTo(r io.Reader, n int) ([]byte, error) {
+	data := make([]byte, 0, min(n, 1<<20))
+	for len(data) < n {
+		if len(data) == cap(data) {
+			data = slices.Grow(data, min(cap(data), n-len(data)))
+		}
+		k, err := r.Read(data[len(data):min(cap(data), n)])
+		data = data[:len(data)+k]
+		if err == io.EOF && len(data) < n {
+			return data, io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return data, err
+		}
+	}
+	return data, nil
+}
+
+type memoryLimitKey struct{}
+
+// WithMemoryLimit returns a context under which Load and LoadIDX refuse a
+// data set whose examples would take more than limit bytes in memory
+// (LoadIDX: both splits together), from its files' headers, before they
+// read its data. A registered format's loader reads it with MemoryLimit.
+// A limit of 0 or less sets none (the format's own bounds remain).
+func WithMemoryLimit(ctx context.Context, limit int64) context.Context {
+	return context.WithValue(ctx, memoryLimitKey{}, limit)
+}
+
+// MemoryLimit is the limit ctx carries (WithMemoryLimit), 0 if none.
+func MemoryLimit(ctx context.Context) int64 {
+	limit, _ := ctx.Value(memoryLimitKey{}).(int64)
+	return max(0, limit)
+}
+
+// Bytes is what the set's examples take in memory.
+func (s *Set) Bytes() int64 { return 4*int64(len(s.Images)) + int64(len(s.Labels)) }
 
 // Write stores a split at url in the same format Load reads (used to make subsets).
 func Write(ctx context.Context, url string, split Split, s *Set) error {

@@ -40,9 +40,13 @@ const FormatIDX = "idx"
 func init() { Register(FormatIDX, LoaderFunc(LoadIDX)) }
 
 // LoadIDX reads both splits of an IDX data set.
+// Under a memory limit (WithMemoryLimit) both splits count against it.
 func LoadIDX(ctx context.Context, url string) (train, test *Set, err error) {
 	if train, err = Load(ctx, url, Train); err != nil {
 		return nil, nil, err
+	}
+	if limit := MemoryLimit(ctx); limit > 0 {
+		ctx = WithMemoryLimit(ctx, max(1, limit-train.Bytes()))
 	}
 	if test, err = Load(ctx, url, Test); err != nil {
 		return nil, nil, err

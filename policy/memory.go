@@ -16,6 +16,18 @@ func (p Policy) RankMemory(slots int) int64 {
 	return max(1, workerMemory()/2/int64(max(1, slots)))
 }
 
+// DatasetMemory is the memory one data set's examples may take:
+// MaxDatasetMemory if set, else a quarter of what the worker may use (its
+// cgroup's memory.max, or the machine's memory). The worker keeps up to
+// two data sets per slot, but those its ranks train on at once are what
+// must fit beside their models (RankMemory, half the worker's).
+func (p Policy) DatasetMemory() int64 {
+	if p.MaxDatasetMemory > 0 {
+		return p.MaxDatasetMemory
+	}
+	return max(1, workerMemory()/4)
+}
+
 // workerMemory is what this process may use: the cgroup v2 limit if there
 // is one, else the machine's memory.
 func workerMemory() int64 {

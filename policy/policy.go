@@ -52,6 +52,11 @@ type Policy struct {
 	// MaxRankMemory bounds the memory one rank's model may take, in bytes;
 	// 0: DefaultRankMemory(slots).
 	MaxRankMemory int64
+	// MaxDatasetMemory bounds the memory one data set's examples may take
+	// (both splits, as the trainer holds them), in bytes; 0: a quarter of
+	// the worker's memory (DatasetMemory). A data set is loaded once per
+	// worker and shared by its ranks.
+	MaxDatasetMemory int64
 }
 
 // DefaultStorageRoots: the default data set and checkpoint directories, and memory.

@@ -119,6 +119,15 @@ func TestRankMemory(t *testing.T) {
 	}
 }
 
+func TestDatasetMemory(t *testing.T) {
+	if m := (Policy{MaxDatasetMemory: 1 << 30}).DatasetMemory(); m != 1<<30 {
+		t.Fatalf("flag: %d", m)
+	}
+	if m := (Policy{}).DatasetMemory(); m != max(1, workerMemory()/4) {
+		t.Fatalf("default: %d; want a quarter of %d", m, workerMemory())
+	}
+}
+
 // A spec may not set what the dynamic loader reads: with LD_PRELOAD or
 // LD_LIBRARY_PATH it would run code of its choosing inside a program the
 // worker allows, even one that is no interpreter. Everything else passes.

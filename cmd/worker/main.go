@@ -64,6 +64,7 @@ func main() {
 	poolKey := flag.String("pool-key-file", os.Getenv("DURABLETRAIN_POOL_KEY_FILE"),
 		"file holding the secret all workers of this pool share (at least 32 bytes, mode 600): it signs slot grants and checkpoints, so nobody outside the pool can join a gang or forge a checkpoint")
 	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
+	flag.Int64Var(&cfg.Policy.MaxDatasetMemory, "max-dataset-memory", 0, "bytes one data set's examples may take in memory, both splits (default: a quarter of the worker's memory or cgroup limit)")
 	// Operations: logs, metrics, health, tracing, versioning.
 	var logOpts logging.Options
 	logOpts.Register(flag.CommandLine, "json")
@@ -120,6 +121,15 @@ func main() {
 	default:
 		fmt.Fprintf(os.Stderr, "worker: -role is %q; want workflows, agent or both\n", *role)
 		os.Exit(2)
+	}
+	for _, m := range []struct {
+		flag  string
+		bytes int64
+	}{{"-max-rank-memory", cfg.Policy.MaxRankMemory}, {"-max-dataset-memory", cfg.Policy.MaxDatasetMemory}} {
+		if m.bytes < 0 {
+			fmt.Fprintf(os.Stderr, "worker: %s is %d; want a number of bytes, such as 8589934592 for 8 GiB, or 0 for the default\n", m.flag, m.bytes)
+			os.Exit(2)
+		}
 	}
 	if cfg.StickyTimeout <= 0 {
 		fmt.Fprintf(os.Stderr, "worker: -sticky-timeout is %v; want a positive duration such as %v (the default)\n", cfg.StickyTimeout, gpuworker.DefaultStickyTimeout)
