@@ -8,6 +8,10 @@ import (
 
 // Loader reads a data set's train and test splits from a blob URL, and
 // validates them. A format's loader is looked up by spec.dataset.format.
+// The worker calls it under a memory limit (MemoryLimit(ctx)): a loader
+// should refuse, before reading the data, a data set whose examples would
+// take more, and let memory follow the bytes that arrive, not the sizes a
+// file claims.
 type Loader interface {
 	Load(ctx context.Context, url string) (train, test *Set, err error)
 }
