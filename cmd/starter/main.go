@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -64,6 +65,24 @@ func (c *common) dial() client.Client {
 		fail(exitUnreachable, "%v (is the dev server or your cluster up?)", err)
 	}
 	return cl
+}
+
+// readSpecFile reads the spec file at path, refusing one past limit bytes
+// without reading the rest (a -f that names a device or a huge file).
+func readSpecFile(path string, limit int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+	if err != nil {
+		return nil, fmt.Errorf("-f %s: %w", path, err)
+	}
+	if len(raw) > limit {
+		return nil, fmt.Errorf("-f %s: the spec is more than %d bytes; want at most %d", path, limit, limit)
+	}
+	return raw, nil
 }
 
 func fail(code int, format string, args ...any) {
@@ -181,7 +200,7 @@ func train(cmd string, args []string) {
 		workflowID = *id + "-resumed-" + time.Now().UTC().Format("20060102T150405")
 	}
 	if *file != "" {
-		raw, err := os.ReadFile(*file)
+		raw, err := readSpecFile(*file, spec.MaxSpecBytes)
 		if err != nil {
 			fail(exitUsage, "%v", err)
 		}

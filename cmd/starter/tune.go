@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -35,7 +34,7 @@ func tuneCmd(args []string) {
 	var raw []byte
 	if *file != "" {
 		var err error
-		if raw, err = os.ReadFile(*file); err != nil {
+		if raw, err = readSpecFile(*file, tune.MaxSpecBytes); err != nil {
 			fail(exitUsage, "%v", err)
 		}
 		s, err := tune.ParseSpec(raw)
