@@ -682,3 +682,54 @@ func TestProgramWithoutADirRunsInItsScratch(t *testing.T) {
 		t.Fatalf("got %v; want the program to start in %s", err, scratch)
 	}
 }
+
+// A checkpoint_dir is the program's to name: a relative one is taken from
+// the program's working directory, not the worker's; one that holds the
+// rank's scratch directory (the program's own working directory when it
+// has no dir, or any directory above it, "/" included) is refused as the
+// user's error, not walked, since it holds the worker's control socket and
+// the checkpoints it restored and saved.
+func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	py, _ := filepath.Abs("../../python")
+	for _, c := range []struct{ name, dir, want string }{
+		{"relative", "ckpt", ""},
+		{"its working directory, the scratch", ".", "which holds the rank's scratch directory"},
+		{"the root", "/", "which holds the rank's scratch directory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			prog := "import os, durabletrain as dt\n" +
+				"os.makedirs('ckpt', exist_ok=True)\n" +
+				"open('ckpt/value.json', 'w').write('42')\n" +
+				"for epoch in dt.epochs():\n" +
+				"    # the epoch's report as durabletrain.report sends it, less its abspath: a program of its own\n" +
+				"    dt._send({'op': 'report', 'epoch': epoch, 'step': 0, 'metrics': {'test_accuracy': 0.5}, 'checkpoint_dir': " + strconv.Quote(c.dir) + ", 'end': True})\n" +
+				"    dt._receive()\n"
+			scratch := t.TempDir()
+			tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: scratch, PythonPath: py, Saves: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			if err := tr.Init(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("a relative checkpoint_dir: %v", err)
+				}
+				st := trainer.MemState{}
+				if err := tr.Save(context.Background(), st); err != nil || string(st["files/value.json"]) != "42" {
+					t.Fatalf("saved %v (%v); want the program's ckpt/value.json", st, err)
+				}
+				return
+			}
+			if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), scratch) {
+				t.Fatalf("got %v; want a user error saying the directory holds %s", err, scratch)
+			}
+		})
+	}
+}

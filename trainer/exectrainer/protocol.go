@@ -3,6 +3,7 @@ package exectrainer
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -291,6 +292,16 @@ func (t *Trainer) keep(dir string, c trainer.Cursor) error {
 	if dir == "" {
 		return fmt.Errorf("exec trainer: rank %d's program reported no checkpoint_dir at epoch %d step %d", t.cfg.Rank, c.Epoch, c.Step)
 	}
+	// A relative directory is the program's: it names it from its own
+	// working directory, not the worker's.
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(cmp.Or(t.cfg.Dir, t.cfg.Scratch), dir)
+	}
+	dir = filepath.Clean(dir)
+	if scratch, err := filepath.Abs(t.cfg.Scratch); err == nil && within(scratch, dir) {
+		return trainer.UserError(fmt.Errorf("exec trainer: rank %d's program reported checkpoint_dir %s at epoch %d step %d, which holds the rank's scratch directory %s (its control socket, the checkpoints restored and saved); want a directory of the checkpoint's own, such as a subdirectory",
+			t.cfg.Rank, dir, c.Epoch, c.Step, scratch))
+	}
 	dst := filepath.Join(t.cfg.Scratch, fmt.Sprintf("saved-%06d-%09d", c.Epoch, c.Step))
 	os.RemoveAll(dst)
 	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
@@ -308,4 +319,10 @@ func (t *Trainer) keep(dir string, c trainer.Cursor) error {
 	}
 	t.savedDir = dst
 	return nil
+}
+
+// within says whether path is dir or lies below it (both clean and absolute).
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
