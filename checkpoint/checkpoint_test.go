@@ -293,6 +293,30 @@ func TestNoVerifiedCheckpoint(t *testing.T) {
 	})
 }
 
+// A checkpoint whose manifest would be past what a restore reads is not
+// committed: committed, it would be one the run counts on and can never load.
+func TestCommitRefusesAManifestNoRestoreWouldRead(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(ctx, "mem://", nil)
+	w, _ := s.Begin(ctx, "many", 1, 0)
+	name := strings.Repeat("n", 160_000)
+	for i := range MaxManifestBytes/160_000 + 2 {
+		ow, err := w.Create(ctx, fmt.Sprintf("%s/%06d", name, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ow.Write([]byte{1})
+		ow.Close()
+	}
+	_, err := w.Commit(ctx, Info{})
+	if err == nil || !strings.Contains(err.Error(), "a restore reads at most 16777216") {
+		t.Fatalf("got %v; want the commit refused", err)
+	}
+	if _, err := s.LatestVerified(ctx, "many"); !errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("after the refused commit: %v; want no checkpoint", err)
+	}
+}
+
 func TestCommitRefusesIncompleteWrites(t *testing.T) {
 	ctx := context.Background()
 	s, _ := Open(ctx, "mem://", nil)

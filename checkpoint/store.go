@@ -756,6 +756,12 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 	if err != nil {
 		return Manifest{}, err
 	}
+	if len(data) > MaxManifestBytes {
+		// Committed, it would be a checkpoint no restore reads: the run would
+		// count on a checkpoint it does not have.
+		return Manifest{}, fmt.Errorf("checkpoint: not committing %s/%s: its manifest would be %d bytes for %d objects; a restore reads at most %d (MaxManifestBytes): write fewer objects",
+			w.run, w.id, len(data), len(m.Objects), MaxManifestBytes)
+	}
 	sw, err := w.s.newSyncedWriter(ctx, prefix(w.run, w.id)+ManifestName, false)
 	if err == nil {
 		_, err = sw.Write(data)

@@ -688,21 +688,28 @@ func TestProgramWithoutADirRunsInItsScratch(t *testing.T) {
 // rank's scratch directory (the program's own working directory when it
 // has no dir, or any directory above it, "/" included) is refused as the
 // user's error, not walked, since it holds the worker's control socket and
-// the checkpoints it restored and saved.
+// the checkpoints it restored and saved; and one of more files than a
+// manifest may list is refused, its partial copy removed.
 func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
 		t.Skip("no /usr/bin/python3")
 	}
 	py, _ := filepath.Abs("../../python")
-	for _, c := range []struct{ name, dir, want string }{
-		{"relative", "ckpt", ""},
-		{"its working directory, the scratch", ".", "which holds the rank's scratch directory"},
-		{"the root", "/", "which holds the rank's scratch directory"},
+	for _, c := range []struct {
+		name, dir string
+		files     int // empty files beside value.json
+		want      string
+	}{
+		{"relative", "ckpt", 0, ""},
+		{"its working directory, the scratch", ".", 0, "which holds the rank's scratch directory"},
+		{"the root", "/", 0, "which holds the rank's scratch directory"},
+		{"more files than a manifest lists", "ckpt", MaxCheckpointFiles, fmt.Sprintf("more than %d files", MaxCheckpointFiles)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			prog := "import os, durabletrain as dt\n" +
 				"os.makedirs('ckpt', exist_ok=True)\n" +
 				"open('ckpt/value.json', 'w').write('42')\n" +
+				"for i in range(" + strconv.Itoa(c.files) + "): open('ckpt/f%05d' % i, 'w').close()\n" +
 				"for epoch in dt.epochs():\n" +
 				"    # the epoch's report as durabletrain.report sends it, less its abspath: a program of its own\n" +
 				"    dt._send({'op': 'report', 'epoch': epoch, 'step': 0, 'metrics': {'test_accuracy': 0.5}, 'checkpoint_dir': " + strconv.Quote(c.dir) + ", 'end': True})\n" +
@@ -727,8 +734,14 @@ func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), scratch) {
-				t.Fatalf("got %v; want a user error saying the directory holds %s", err, scratch)
+			if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v; want a user error saying %q", err, c.want)
+			}
+			if c.files == 0 && !strings.Contains(err.Error(), scratch) {
+				t.Fatalf("got %v; want it to name the scratch directory %s", err, scratch)
+			}
+			if copies, _ := filepath.Glob(filepath.Join(scratch, "saved-*")); len(copies) != 0 {
+				t.Fatalf("a refused checkpoint_dir left the copies %v", copies)
 			}
 		})
 	}

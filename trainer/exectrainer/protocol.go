@@ -304,14 +304,20 @@ func (t *Trainer) keep(dir string, c trainer.Cursor) error {
 	}
 	dst := filepath.Join(t.cfg.Scratch, fmt.Sprintf("saved-%06d-%09d", c.Epoch, c.Step))
 	os.RemoveAll(dst)
+	files, names := 0, 0
 	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, path)
+		if files, names = files+1, names+len(rel); files > MaxCheckpointFiles || names > MaxCheckpointNameBytes {
+			return fmt.Errorf("more than %d files, or more than %d bytes of their names; want at most that (each file is an object of the checkpoint, listed in its manifest, which a restore reads whole)",
+				MaxCheckpointFiles, MaxCheckpointNameBytes)
+		}
 		return copyFile(path, filepath.Join(dst, rel))
 	})
 	if err != nil {
+		os.RemoveAll(dst)
 		return trainer.UserError(fmt.Errorf("exec trainer: taking the checkpoint directory %s: %w", dir, err))
 	}
 	if t.savedDir != "" && t.savedDir != dst {
@@ -320,6 +326,16 @@ func (t *Trainer) keep(dir string, c trainer.Cursor) error {
 	t.savedDir = dst
 	return nil
 }
+
+// The most files, and bytes of their names, a program's checkpoint_dir may
+// hold: every file is an object of the checkpoint, and the manifest that
+// lists them must stay within what a restore reads
+// (checkpoint.MaxManifestBytes, 16 MiB: an object takes about 200 bytes
+// of it beside its name).
+const (
+	MaxCheckpointFiles     = 10_000
+	MaxCheckpointNameBytes = 4 << 20
+)
 
 // within says whether path is dir or lies below it (both clean and absolute).
 func within(path, dir string) bool {
