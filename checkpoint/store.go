@@ -361,10 +361,7 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 		}
 	}
 	ow := &objectWriter{w: w, obj: obj, hashes: newHashList(check), sw: sw, free: make(chan []byte, buffers)}
-	for range buffers {
-		ow.free <- alignedBuffer(BlockSize)[:0]
-	}
-	ow.block = <-ow.free
+	ow.block = ow.nextBuffer()
 	w.objects[name] = ow.obj
 	w.open++
 	return ow, nil
@@ -496,6 +493,7 @@ type objectWriter struct {
 	block  []byte         // the block being filled: its bytes after head
 	blocks int            // blocks handed to the hashers
 	free   chan []byte    // block buffers neither being written nor hashed
+	taken  int            // buffers taken from blockPool, at most cap(free)
 	err    error
 
 	// The start of the block being filled, written from the caller's
@@ -593,7 +591,48 @@ func (o *objectWriter) flushBlock() {
 	}
 	o.blocks++
 	o.head, o.headLen = nil, 0
-	o.block = <-o.free
+	o.block = o.nextBuffer()
+}
+
+// blockPool holds block buffers (aligned, BlockSize long) between objects:
+// an object of a few bytes takes one and gives it back, and a checkpoint
+// of many objects neither allocates nor clears 8 MiB for each.
+var blockPool = sync.Pool{New: func() any { b := alignedBuffer(BlockSize); return &b }}
+
+// nextBuffer is a free block buffer: one handed back by a hasher or a
+// writer, else one more from blockPool while the object holds fewer than
+// writeBuffers, else the first to come back. An object takes only what its
+// blocks in flight need: before, each took writeBuffers (GOMAXPROCS+2, 130
+// on a 128-core host: a GiB) at its start, however small.
+func (o *objectWriter) nextBuffer() []byte {
+	select {
+	case b := <-o.free:
+		return b
+	default:
+	}
+	if o.taken < cap(o.free) {
+		o.taken++
+		return (*blockPool.Get().(*[]byte))[:0]
+	}
+	return <-o.free
+}
+
+// releaseBuffers gives the object's buffers back to blockPool, once every
+// block is written and hashed (each buffer is then free, or the one being
+// filled).
+func (o *objectWriter) releaseBuffers() {
+	if o.taken == 0 {
+		return
+	}
+	put := func(b []byte) {
+		b = b[:0:BlockSize]
+		blockPool.Put(&b)
+	}
+	for range o.taken - 1 {
+		put(<-o.free)
+	}
+	put(o.block)
+	o.block, o.taken = nil, 0
 }
 
 // inPlaceMin is the least a Write hands a local file from its own bytes,
@@ -705,7 +744,8 @@ func (o *objectWriter) Close() error {
 			o.flushBlock()
 		}
 	}
-	root := o.hashes.root(o.blocks)
+	root := o.hashes.root(o.blocks) // every block hashed: every buffer free
+	o.releaseBuffers()
 	o.w.mu.Lock()
 	defer o.w.mu.Unlock()
 	o.w.open--
