@@ -652,17 +652,9 @@ func TestProgramsDieWithTheWorker(t *testing.T) {
 // A metric that is not a finite number ends the program with a message
 // that says the training diverged, as the user's error.
 func TestNonFiniteMetricSaysTrainingDiverged(t *testing.T) {
-	py, _ := filepath.Abs("../../python")
 	prog := "import durabletrain as dt\nfor e in dt.epochs():\n    dt.report({'train_loss': float('nan')})\n"
-	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir(), PythonPath: py, Saves: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	if err := tr.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+	tr := startInline(t, prog, t.TempDir())
+	_, err := tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
 	if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "metric train_loss is nan at epoch 0") || !strings.Contains(err.Error(), "diverged") {
 		t.Fatalf("got %v", err)
 	}
@@ -694,7 +686,6 @@ func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
 		t.Skip("no /usr/bin/python3")
 	}
-	py, _ := filepath.Abs("../../python")
 	for _, c := range []struct {
 		name, dir string
 		files     int // empty files beside value.json
@@ -715,15 +706,8 @@ func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 				"    dt._send({'op': 'report', 'epoch': epoch, 'step': 0, 'metrics': {'test_accuracy': 0.5}, 'checkpoint_dir': " + strconv.Quote(c.dir) + ", 'end': True})\n" +
 				"    dt._receive()\n"
 			scratch := t.TempDir()
-			tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: scratch, PythonPath: py, Saves: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.Close()
-			if err := tr.Init(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+			tr := startInline(t, prog, scratch)
+			_, err := tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
 			if c.want == "" {
 				if err != nil {
 					t.Fatalf("a relative checkpoint_dir: %v", err)
@@ -745,4 +729,20 @@ func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startInline starts a one-rank trainer that saves, in scratch, running the
+// Python program prog with the durabletrain module on its path.
+func startInline(t *testing.T, prog, scratch string) *Trainer {
+	t.Helper()
+	py, _ := filepath.Abs("../../python")
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: scratch, PythonPath: py, Saves: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	if err := tr.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return tr
 }
