@@ -297,7 +297,9 @@ func (t *Trainer) keep(dir string, c trainer.Cursor) error {
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(cmp.Or(t.cfg.Dir, t.cfg.Scratch), dir)
 	}
-	dir = filepath.Clean(dir)
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs // cleaned, and absolute as the scratch directory it is compared with
+	}
 	if scratch, err := filepath.Abs(t.cfg.Scratch); err == nil && within(scratch, dir) {
 		return trainer.UserError(fmt.Errorf("exec trainer: rank %d's program reported checkpoint_dir %s at epoch %d step %d, which holds the rank's scratch directory %s (its control socket, the checkpoints restored and saved); want a directory of the checkpoint's own, such as a subdirectory",
 			t.cfg.Rank, dir, c.Epoch, c.Step, scratch))
