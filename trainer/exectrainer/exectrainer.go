@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net"
 	"os"
@@ -523,15 +524,28 @@ func saveFile(ctx context.Context, to trainer.StateWriter, path, name string) (s
 	return hex.EncodeToString(h.Sum(nil)), w.Close()
 }
 
+// copyFile copies the regular file src, or the one a symbolic link src
+// names, to dst. Anything else is refused without blocking: a named pipe
+// would wait forever for a writer, a device such as /dev/zero never ends,
+// and the worker copies while it should be answering its gang. It opens
+// src without waiting and asks the open file what it is, so a file swapped
+// for a pipe after a look is refused all the same.
 func copyFile(src, dst string) error {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	in, err := os.Open(src)
+	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
+	info, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%s is a %s, not a regular file; a checkpoint directory may hold only files and directories (and links to files)", src, fileKind(info.Mode()))
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
 	out, err := os.Create(dst)
 	if err != nil {
 		return err
@@ -541,6 +555,23 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// fileKind names what a file that is not a regular one is.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "special file (" + m.String() + ")"
 }
 
 // tailBuffer keeps the last lines of a stream.

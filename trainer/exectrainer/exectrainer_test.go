@@ -688,19 +688,25 @@ func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name, dir string
-		files     int // empty files beside value.json
+		setup     string // Python run in the program's working directory, beside ckpt/value.json
 		want      string
+		scratch   bool // the error names the scratch directory
 	}{
-		{"relative", "ckpt", 0, ""},
-		{"its working directory, the scratch", ".", 0, "which holds the rank's scratch directory"},
-		{"the root", "/", 0, "which holds the rank's scratch directory"},
-		{"more files than a manifest lists", "ckpt", MaxCheckpointFiles, fmt.Sprintf("more than %d files", MaxCheckpointFiles)},
+		{"relative", "ckpt", "", "", false},
+		{"a link to a file", "ckpt", "os.rename('ckpt/value.json', 'v'); os.symlink(os.path.abspath('v'), 'ckpt/value.json')", "", false},
+		{"its working directory, the scratch", ".", "", "which holds the rank's scratch directory", true},
+		{"the root", "/", "", "which holds the rank's scratch directory", true},
+		{"more files than a manifest lists", "ckpt", "for i in range(" + strconv.Itoa(MaxCheckpointFiles) + "): open('ckpt/f%05d' % i, 'w').close()",
+			fmt.Sprintf("more than %d files", MaxCheckpointFiles), false},
+		// Each of these blocked the worker for ever, past cancellation.
+		{"a named pipe", "ckpt", "os.mkfifo('ckpt/pipe')", "pipe is a named pipe, not a regular file", false},
+		{"a link to /dev/zero", "ckpt", "os.symlink('/dev/zero', 'ckpt/zeros')", "zeros is a character device, not a regular file", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			prog := "import os, durabletrain as dt\n" +
 				"os.makedirs('ckpt', exist_ok=True)\n" +
 				"open('ckpt/value.json', 'w').write('42')\n" +
-				"for i in range(" + strconv.Itoa(c.files) + "): open('ckpt/f%05d' % i, 'w').close()\n" +
+				c.setup + "\n" +
 				"for epoch in dt.epochs():\n" +
 				"    # the epoch's report as durabletrain.report sends it, less its abspath: a program of its own\n" +
 				"    dt._send({'op': 'report', 'epoch': epoch, 'step': 0, 'metrics': {'test_accuracy': 0.5}, 'checkpoint_dir': " + strconv.Quote(c.dir) + ", 'end': True})\n" +
@@ -721,7 +727,7 @@ func TestCheckpointDirIsTheProgramsOwn(t *testing.T) {
 			if !errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v; want a user error saying %q", err, c.want)
 			}
-			if c.files == 0 && !strings.Contains(err.Error(), scratch) {
+			if c.scratch && !strings.Contains(err.Error(), scratch) {
 				t.Fatalf("got %v; want it to name the scratch directory %s", err, scratch)
 			}
 			if copies, _ := filepath.Glob(filepath.Join(scratch, "saved-*")); len(copies) != 0 {
