@@ -234,7 +234,7 @@ func train(cmd string, args []string) {
 		if s.Checkpoint.URL, err = bloburl.FromFlag("-checkpoint", *ckpt); err != nil {
 			fail(exitUsage, "%v", err)
 		}
-		if strings.HasPrefix(*ckpt, "/") { // a folder of the workers': made if missing
+		if bloburl.IsFlagPath(*ckpt) { // a folder of the workers': made if missing
 			s.Checkpoint.URL += "?create_dir=1"
 		}
 	}

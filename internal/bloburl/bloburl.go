@@ -102,7 +102,7 @@ func FromPath(p string) string {
 // flag that says both forms are accepted (a relative path is the likely
 // slip: the path is opened on the workers, not where the flag was given).
 func FromFlag(flag, v string) (string, error) {
-	if !strings.HasPrefix(v, "/") {
+	if !IsFlagPath(v) {
 		if err := Check(flag, v); err != nil {
 			if !strings.Contains(v, "://") {
 				return "", fmt.Errorf("%s is %s; want an absolute path on the workers (/var/lib/durabletrain/ckpt) or a blob URL (file:///absolute/path, s3://bucket?prefix=dir/, gs://bucket, azblob://container, mem://)", flag, strictjson.Quote(v))
@@ -117,6 +117,10 @@ func FromFlag(flag, v string) (string, error) {
 	}
 	return FromPath(p), nil
 }
+
+// IsFlagPath says whether FromFlag takes a flag's value v to be a local
+// path rather than a URL.
+func IsFlagPath(v string) bool { return strings.HasPrefix(v, "/") }
 
 // LocalPath is the local path a file:// URL names, its escapes undone and
 // its query left off: the inverse of FromPath. A URL that Check refuses, or
