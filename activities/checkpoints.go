@@ -56,6 +56,9 @@ func (a *Agent) saveShard(ctx context.Context, rep *replica, in spec.EpochInput)
 		if err = rep.tr.Save(ctx, sw); err == nil {
 			err = sw.Close(ctx)
 		}
+		if err != nil {
+			a.abort(ctx, in.Run, sw)
+		}
 	}
 	done := []float32{0}
 	if err == nil {
@@ -116,6 +119,7 @@ func (a *Agent) commit(ctx context.Context, rep *replica, run string, s spec.Tra
 		return nil, err
 	}
 	if err := write(ctx, w); err != nil {
+		a.abort(ctx, run, w)
 		return nil, err
 	}
 	info := checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity}}
@@ -124,6 +128,7 @@ func (a *Agent) commit(ctx context.Context, rep *replica, run string, s spec.Tra
 	}
 	manifest, err := w.Commit(ctx, info)
 	if err != nil {
+		a.abort(ctx, run, w)
 		return nil, err
 	}
 	rep.metrics.checkpoint("save", manifest.Bytes(), time.Since(start))
@@ -134,4 +139,12 @@ func (a *Agent) commit(ctx context.Context, rep *replica, run string, s spec.Tra
 		a.Log.Info("checkpoints pruned", zap.String("run", run), zap.Strings("deleted", deleted))
 	}
 	return &spec.CheckpointRef{URL: rep.storeURL, Run: run, ID: manifest.ID, Epoch: manifest.Epoch, Step: manifest.Step}, nil
+}
+
+// abort removes what a failed save wrote (checkpoint.Writer.Abort): on a
+// full disk, its objects would fail the next save too.
+func (a *Agent) abort(ctx context.Context, run string, w interface{ Abort(context.Context) error }) {
+	if err := w.Abort(ctx); err != nil {
+		a.Log.Warn("removing a failed checkpoint's objects failed; the next commit's retention removes them", zap.String("run", run), zap.Error(err))
+	}
 }

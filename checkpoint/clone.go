@@ -18,12 +18,17 @@ const MetaClonedFrom = "cloned_from"
 // becomes a checkpoint. The clone is signed with this store's key, if it
 // has one; its Meta names the source. Cloning again replaces an earlier
 // clone at the same cursor.
-func (s *Store) Clone(ctx context.Context, from *Checkpoint, toRun string) (Manifest, error) {
+func (s *Store) Clone(ctx context.Context, from *Checkpoint, toRun string) (_ Manifest, err error) {
 	src := from.Manifest
 	w, err := s.Begin(ctx, toRun, src.Epoch, src.Step)
 	if err != nil {
 		return Manifest{}, err
 	}
+	defer func() {
+		if err != nil {
+			w.Abort(ctx) // nothing of a failed clone stays behind
+		}
+	}()
 	w.format = src.Format // the same hashes: each object's is checked against the source's
 	for _, o := range src.Objects {
 		if err := copyObject(ctx, from, w, o.Name); err != nil {

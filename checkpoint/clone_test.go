@@ -58,4 +58,7 @@ func TestCloneCopiesAVerifiedCheckpointAndNeverAHalfOne(t *testing.T) {
 	if _, err := dst.LatestVerified(ctx, "trial-4-clone-1"); !errors.Is(err, ErrNoCheckpoint) {
 		t.Fatalf("after a failed clone the target has %v; want no checkpoint", err)
 	}
+	if files := regularFiles(t, filepath.Join(root, "b", "trial-4-clone-1")); len(files) != 0 {
+		t.Fatalf("a failed clone left %v", files)
+	}
 }

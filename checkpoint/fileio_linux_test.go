@@ -468,3 +468,74 @@ func TestReadsOfEveryLengthGiveTheObjectAndCatchDamage(t *testing.T) {
 		})
 	}
 }
+
+// A save onto a full file system fails, with the file system's error, and
+// costs nothing else: the checkpoint before it stays the latest verified
+// one, and Abort removes the failed save's objects (the one that failed
+// discards itself; those written before it need Abort), so the space is
+// there again for the next save. (Root only: it mounts a small tmpfs.)
+func TestAFullDiskFailsTheSaveAndKeepsTheLast(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=24m"); err != nil {
+		t.Skipf("mounting a tmpfs: %v (root only)", err)
+	}
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	s, err := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	small := shapedBytes(BlockSize + 5)
+	put(t, s, "r", 1, map[string][]byte{"state": small}, nil)
+	free := func() uint64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(root, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Bavail * uint64(st.Bsize)
+	}
+	before := free()
+
+	w, err := s.Begin(ctx, "r", 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errs []error
+	for _, o := range []struct {
+		name string
+		size int
+	}{{"a", BlockSize}, {"b", 4 * BlockSize}} { // a fits, b does not
+		ow, err := w.Create(ctx, o.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, werr := ow.Write(shapedBytes(o.size))
+		errs = append(errs, werr, ow.Close())
+	}
+	_, cerr := w.Commit(ctx, Info{WorldSize: 1})
+	err = errors.Join(append(errs, cerr)...)
+	if !errors.Is(err, unix.ENOSPC) && !strings.Contains(fmt.Sprint(err), "no space left") {
+		t.Fatalf("saving 40 MiB onto a 24 MiB file system: %v; want the file system's ENOSPC", err)
+	}
+	if after := free(); after >= before {
+		t.Fatalf("before Abort, %d bytes free of %d: want object a still there", after, before)
+	}
+	if err := w.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := free(); after < before {
+		t.Errorf("Abort left %d bytes of the failed save behind", before-after)
+	}
+	c, err := s.LatestVerified(ctx, "r")
+	if err != nil || c.Manifest.Epoch != 1 {
+		t.Fatalf("latest verified after the failed save: %+v, %v; want epoch 1's", c, err)
+	}
+	if got := readObject(t, c, "state"); !bytes.Equal(got, small) {
+		t.Fatal("epoch 1's state read back differently")
+	}
+	put(t, s, "r", 3, map[string][]byte{"state": small}, nil)
+	if c, err := s.LatestVerified(ctx, "r"); err != nil || c.Manifest.Epoch != 3 {
+		t.Fatalf("latest verified after a save that fits again: %+v, %v; want epoch 3's", c, err)
+	}
+}

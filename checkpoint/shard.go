@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -75,6 +76,12 @@ func (sw *ShardWriter) Close(ctx context.Context) error {
 		return fmt.Errorf("checkpoint: listing shard %d of %s/%s: %w", sw.rank, w.run, w.id, err)
 	}
 	return nil
+}
+
+// Abort removes the rank's part (its objects and its list), for a
+// checkpoint that will not be committed; see Writer.Abort.
+func (sw *ShardWriter) Abort(ctx context.Context) error {
+	return errors.Join(sw.w.Abort(ctx), sw.w.s.deleteKeys(ctx, []string{prefix(sw.w.run, sw.w.id) + shardListName(sw.rank)}))
 }
 
 // AdoptShards adds the parts ranks 0 to world-1 wrote at this writer's

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,4 +125,54 @@ func TestShardedCheckpointNeedsEveryPart(t *testing.T) {
 	if c, err := s.LatestVerified(ctx, "run"); !errors.Is(err, ErrNoCheckpoint) {
 		t.Fatalf("a checkpoint without every part: %+v, %v", c, err)
 	}
+}
+
+// A save that fails removes what it wrote: a rank's part (its objects and
+// its list) through ShardWriter.Abort, and every part rank 0 adopted
+// through Writer.Abort, leaving no file behind.
+func TestAbortRemovesAFailedSavesObjects(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s, _ := Open(ctx, bloburl.FromPath(root)+"?metadata=skip", nil)
+	dir := filepath.Join(root, "run", ID(1, 5))
+	writeShards(t, s, "run", 3, func(r int) string { return fmt.Sprint(r) })
+	sw, _ := s.BeginShard(ctx, "run", 1, 5, 2)
+	for _, name := range []string{"state", "meta/rank.json"} {
+		out, _ := sw.Create(ctx, name)
+		io.WriteString(out, name)
+		out.Close()
+	}
+	if err := sw.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if files := regularFiles(t, dir); len(files) != 6 || slices.ContainsFunc(files, func(f string) bool { return strings.HasPrefix(f, "shards/2") }) {
+		t.Fatalf("after rank 2's part was aborted: %v; want ranks 0 and 1's parts only", files)
+	}
+	w, _ := s.Begin(ctx, "run", 1, 5)
+	if err := w.AdoptShards(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if files := regularFiles(t, dir); len(files) != 2 {
+		t.Fatalf("after the adopted parts were aborted: %v; want the two ranks' lists only", files)
+	}
+}
+
+// regularFiles lists the files under dir, by their slash-separated names below it.
+func regularFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			rel, _ := filepath.Rel(dir, path)
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return err
+	})
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return files
 }

@@ -813,6 +813,41 @@ func (w *Writer) Commit(ctx context.Context, info Info) (Manifest, error) {
 	return m, nil
 }
 
+// Abort removes the objects the writer wrote, for a checkpoint that will
+// not be committed: call it instead of Commit, or after Commit failed (it
+// then wrote no manifest). A failed save so leaves nothing behind to hold
+// the space the next save needs: on a full disk, the objects of the save
+// that failed would fail the next one too. It removes no manifest, and no
+// object but the writer's own and those AdoptShards took (their checkpoint
+// fails with this one). A cancelled ctx still gets abortTimeout to clean up:
+// a save is often failed by its activity's cancellation.
+func (w *Writer) Abort(ctx context.Context) error {
+	w.mu.Lock()
+	keys := make([]string, 0, len(w.objects))
+	for name := range w.objects {
+		keys = append(keys, prefix(w.run, w.id)+name)
+	}
+	w.mu.Unlock()
+	return w.s.deleteKeys(ctx, keys)
+}
+
+// deleteKeys deletes keys, each that exists, for at most abortTimeout,
+// whether or not ctx is cancelled.
+func (s *Store) deleteKeys(ctx context.Context, keys []string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	var errs []error
+	for _, key := range keys {
+		if err := s.bucket.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+			errs = append(errs, fmt.Errorf("checkpoint: removing %s of a failed save: %w", key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// abortTimeout bounds the cleanup of a failed save.
+const abortTimeout = 30 * time.Second
+
 // Bytes is the size of the checkpoint's objects together.
 func (m Manifest) Bytes() int64 {
 	var n int64
