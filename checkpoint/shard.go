@@ -18,6 +18,9 @@ import (
 // list into its Writer (AdoptShards) and commits. A rank reads its part
 // back through Checkpoint.Shard, verified as any object is.
 
+// MaxShardRank is the highest rank whose part a sharded checkpoint holds.
+const MaxShardRank = 99999
+
 // ShardPrefix is where rank's objects sit in a sharded checkpoint.
 func ShardPrefix(rank int) string { return fmt.Sprintf("shards/%d/", rank) }
 
@@ -33,8 +36,8 @@ type ShardWriter struct {
 // step). Like Begin, it uncommits a checkpoint already committed at that
 // cursor first: every rank does, before it overwrites anything.
 func (s *Store) BeginShard(ctx context.Context, run string, epoch, step, rank int) (*ShardWriter, error) {
-	if rank < 0 || rank > 99999 {
-		return nil, fmt.Errorf("checkpoint: shard of rank %d; want 0 to 99999", rank)
+	if rank < 0 || rank > MaxShardRank {
+		return nil, fmt.Errorf("checkpoint: shard of rank %d; want 0 to %d", rank, MaxShardRank)
 	}
 	w, err := s.Begin(ctx, run, epoch, step)
 	if err != nil {
@@ -105,7 +108,7 @@ func (w *Writer) AdoptShards(ctx context.Context, world int) error {
 			if o.lacksMAC(w.algo(), w.s.key) {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %s without a MAC: it was written without the pool key", r, w.run, w.id, o.Name)
 			}
-			if !strings.HasPrefix(o.Name, ShardPrefix(r)) || !objectNamePattern.MatchString(o.Name) || strings.Contains(o.Name, "..") {
+			if !strings.HasPrefix(o.Name, ShardPrefix(r)) || !ValidObjectName(o.Name) {
 				return fmt.Errorf("checkpoint: shard %d of %s/%s lists %q, outside %s", r, w.run, w.id, o.Name, ShardPrefix(r))
 			}
 			attrs, err := w.s.bucket.Attributes(ctx, prefix(w.run, w.id)+o.Name)

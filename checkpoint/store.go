@@ -297,6 +297,30 @@ func checkRun(run string) error {
 	return nil
 }
 
+// ValidObjectName says whether Writer.Create takes name: slash-separated
+// parts of letters, digits and ._=+@-, none longer than maxObjectNamePart
+// bytes, without "..", at most MaxObjectName bytes, and not ManifestName.
+// The bounds keep every key within what blob stores take: S3's 1,024
+// bytes with the run and ID before it, a local file system's 255 bytes a
+// part with the temporary suffix fileblob adds while it writes.
+func ValidObjectName(name string) bool {
+	if len(name) > MaxObjectName || name == ManifestName || strings.Contains(name, "..") || !objectNamePattern.MatchString(name) {
+		return false
+	}
+	for part := range strings.SplitSeq(name, "/") {
+		if len(part) > maxObjectNamePart {
+			return false
+		}
+	}
+	return true
+}
+
+// MaxObjectName bounds an object's name; maxObjectNamePart each part of it.
+const (
+	MaxObjectName     = 512
+	maxObjectNamePart = 200
+)
+
 // ID names the checkpoint taken at a cursor; IDs sort in training order.
 func ID(epoch, step int) string { return fmt.Sprintf("ckpt-e%06d-s%09d", epoch, step) }
 
@@ -335,8 +359,13 @@ func (s *Store) Begin(ctx context.Context, run string, epoch, step int) (*Writer
 // Create starts one object; its size and SHA-256 are taken as it is written,
 // and on local disk it is fsynced before it is closed.
 func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error) {
-	if !objectNamePattern.MatchString(name) || name == ManifestName || strings.Contains(name, "..") {
-		return nil, fmt.Errorf("checkpoint: object name %q; want slash-separated parts of letters, digits and ._=+@-, not %s", name, ManifestName)
+	if !ValidObjectName(name) {
+		shown := name
+		if len(shown) > 120 {
+			shown = fmt.Sprintf("%s… (%d bytes)", shown[:120], len(name))
+		}
+		return nil, fmt.Errorf("checkpoint: object name %q; want slash-separated parts of letters, digits and ._=+@- (no \"..\"), at most %d bytes each and %d in all, not %s",
+			shown, maxObjectNamePart, MaxObjectName, ManifestName)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -37,6 +37,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
 )
@@ -120,7 +121,18 @@ const stateObject = "exec-state.json"
 type state struct {
 	Cursor trainer.Cursor    `json:"cursor"`
 	Files  map[string]string `json:"files"` // relative path -> SHA-256
+	// Objects names the object of each file whose path is no object name
+	// (checkpoint.ValidObjectName: a space, a letter beyond ASCII, a long
+	// name): renamedPrefix and a number. Every other file's is "files/"
+	// and its path.
+	Objects map[string]string `json:"objects,omitempty"`
 }
+
+// renamedPrefix begins the object names of files whose paths are not object names.
+const renamedPrefix = "renamed/"
+
+// objectOf is the object that holds the file at relative path rel.
+func (st state) objectOf(rel string) string { return cmp.Or(st.Objects[rel], "files/"+rel) }
 
 // New checks the config; the program starts at Init or Restore.
 func New(cfg Config) (*Trainer, error) {
@@ -172,7 +184,7 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 		return err
 	}
 	for rel, sum := range st.Files {
-		if err := restoreFile(ctx, from, rel, sum, dir); err != nil {
+		if err := restoreFile(ctx, from, st.objectOf(rel), rel, sum, dir); err != nil {
 			os.RemoveAll(dir)
 			return fmt.Errorf("exec trainer: restoring %s: %w", rel, err)
 		}
@@ -192,11 +204,11 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 	return nil
 }
 
-func restoreFile(ctx context.Context, from trainer.StateReader, rel, sum, dir string) error {
-	if strings.Contains(rel, "..") || filepath.IsAbs(rel) {
+func restoreFile(ctx context.Context, from trainer.StateReader, object, rel, sum, dir string) error {
+	if !filepath.IsLocal(filepath.FromSlash(rel)) {
 		return fmt.Errorf("bad file name %q", rel)
 	}
-	r, err := from.Open(ctx, "files/"+rel)
+	r, err := from.Open(ctx, object)
 	if err != nil {
 		return err
 	}
@@ -440,8 +452,18 @@ func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 			return err
 		}
 		rel, _ := filepath.Rel(t.savedDir, path)
-		sum, err := saveFile(ctx, to, path, "files/"+filepath.ToSlash(rel))
-		st.Files[filepath.ToSlash(rel)] = sum
+		rel = filepath.ToSlash(rel)
+		object := "files/" + rel
+		// Checked with the longest prefix a rank's part of a sharded checkpoint adds.
+		if !checkpoint.ValidObjectName(checkpoint.ShardPrefix(checkpoint.MaxShardRank) + object) {
+			object = fmt.Sprintf("%s%06d", renamedPrefix, len(st.Objects))
+			if st.Objects == nil {
+				st.Objects = map[string]string{}
+			}
+			st.Objects[rel] = object
+		}
+		sum, err := saveFile(ctx, to, path, object)
+		st.Files[rel] = sum
 		return err
 	})
 	if err != nil {

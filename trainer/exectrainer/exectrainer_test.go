@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/race"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/trainer"
@@ -751,4 +753,73 @@ func startInline(t *testing.T, prog, scratch string) *Trainer {
 		t.Fatal(err)
 	}
 	return tr
+}
+
+// A checkpoint directory's files keep their names through a real
+// checkpoint store, whatever the names: spaces, letters beyond ASCII, two
+// dots, names longer than a blob key should be. Each file comes back, under
+// its own name, to the program restored from it.
+func TestAnyFileNameRoundTripsThroughAStore(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	ctx := context.Background()
+	names := []string{"optimizer state.pt", "ü/modèle.bin", "model..pt", "epoch=3-step=100.ckpt", "a%20b", strings.Repeat("long", 60) + "/" + strings.Repeat("name", 60)}
+	write := "import os, json, durabletrain as dt\n" +
+		"names = " + pyList(names) + "\n" +
+		"for epoch in dt.epochs():\n" +
+		"    for n in names:\n" +
+		"        p = os.path.join('ckpt', n); os.makedirs(os.path.dirname(p), exist_ok=True)\n" +
+		"        open(p, 'w').write(n)\n" +
+		"    dt.report({'test_accuracy': 0.5}, checkpoint_dir='ckpt')\n"
+	a := startInline(t, write, t.TempDir())
+	if _, err := a.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := checkpoint.Open(ctx, bloburl.FromPath(t.TempDir())+"?metadata=skip", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	w, err := store.Begin(ctx, "names", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Save(ctx, w); err != nil {
+		t.Fatalf("saving files named %q: %v", names, err)
+	}
+	if _, err := w.Commit(ctx, checkpoint.Info{WorldSize: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := store.LatestVerified(ctx, "names")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The restored program checks every file, by name and content.
+	check := "import os, sys, durabletrain as dt\n" +
+		"names = " + pyList(names) + "\n" +
+		"for epoch in dt.epochs():\n" +
+		"    d = str(dt.get_checkpoint())\n" +
+		"    for n in names:\n" +
+		"        got = open(os.path.join(d, n)).read()\n" +
+		"        if got != n: sys.exit('file %r holds %r' % (n, got))\n" +
+		"    dt.report({'test_accuracy': 1.0}, checkpoint_dir=d)\n"
+	py, _ := filepath.Abs("../../python")
+	b, err := New(Config{Command: []string{"/usr/bin/python3", "-c", check}, World: 1, Scratch: t.TempDir(), PythonPath: py, Saves: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Restore(ctx, c); err != nil {
+		t.Fatalf("restoring files named %q: %v", names, err)
+	}
+	if _, err := b.TrainEpoch(ctx, 1, trainer.EpochOptions{}); err != nil {
+		t.Fatalf("the restored program: %v", err)
+	}
+}
+
+// pyList writes names as a Python list of strings.
+func pyList(names []string) string {
+	b, _ := json.Marshal(names)
+	return string(b)
 }
