@@ -14,6 +14,7 @@ package exectrainer
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -289,7 +290,8 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	for name, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
 		streams.Go(func() {
 			sc := bufio.NewScanner(r)
-			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			sc.Buffer(make([]byte, 64<<10), maxOutputLine)
+			sc.Split(splitOutputLines)
 			for sc.Scan() {
 				line := sc.Text()
 				if name == "stderr" {
@@ -578,6 +580,38 @@ func copyFile(src, dst string) error {
 	}
 	return out.Close()
 }
+
+// splitOutputLines splits a program's output into lines as a terminal
+// shows them: at '\n', at '\r' (a progress bar redrawing its line; "\r\n"
+// is one end), and every maxOutputLine bytes of a line that goes on, which
+// is logged in pieces. A reader that stopped at a long line instead would
+// leave the program blocked on its next write, its gang waiting on it.
+func splitOutputLines(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
+		switch {
+		case data[i] == '\n':
+			return i + 1, data[:i], nil
+		case i+1 < len(data):
+			if data[i+1] == '\n' {
+				return i + 2, data[:i], nil
+			}
+			return i + 1, data[:i], nil
+		case atEOF || len(data) >= maxOutputLine:
+			return i + 1, data[:i], nil
+		}
+		return 0, nil, nil // a '\r' last: is a '\n' next?
+	}
+	if len(data) >= maxOutputLine {
+		return maxOutputLine, data[:maxOutputLine], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
+}
+
+// maxOutputLine is the longest line of a program's output logged whole.
+const maxOutputLine = 64 << 10
 
 // fileKind names what a file that is not a regular one is.
 func fileKind(m fs.FileMode) string {

@@ -6,14 +6,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"go.uber.org/zap"
@@ -822,4 +825,91 @@ func TestAnyFileNameRoundTripsThroughAStore(t *testing.T) {
 func pyList(names []string) string {
 	b, _ := json.Marshal(names)
 	return string(b)
+}
+
+// A program's output is read whatever its lines: a progress bar that
+// redraws its line with '\r' for a whole epoch (tqdm's way) and a line
+// longer than any buffer are logged in pieces, never left unread, which
+// would block the program on its next write and wedge its gang.
+func TestEndlessOutputLinesAreReadAndLogged(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	prog := "import sys, durabletrain as dt\n" +
+		"for epoch in dt.epochs():\n" +
+		"    for i in range(30000): sys.stderr.write('\\rstep %6d of 30000 |' % i + '#' * 60)\n" + // 3 MiB, no newline
+		"    sys.stdout.write('x' * (3 << 20)); sys.stdout.flush()\n" + // one line of 3 MiB
+		"    sys.stderr.write('\\rdone\\r\\nlast line\\n'); sys.stderr.flush()\n" +
+		"    dt.report({'test_accuracy': 0.5})\n"
+	core, logs := observer.New(zap.InfoLevel)
+	py, _ := filepath.Abs("../../python")
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir(), PythonPath: py, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatalf("a program writing endless lines: %v", err)
+	}
+	stderr, stdout := 0, 0
+	for _, e := range logs.All() {
+		switch e.ContextMap()["stream"] {
+		case "stderr":
+			stderr++
+			if len(e.Message) > maxOutputLine {
+				t.Fatalf("a logged line of %d bytes; want at most %d", len(e.Message), maxOutputLine)
+			}
+		case "stdout":
+			stdout += len(e.Message)
+		}
+	}
+	if stderr < 30000 || stdout != 3<<20 {
+		t.Fatalf("logged %d lines of stderr (want the 30,000 redraws and more) and %d bytes of stdout (want 3 MiB)", stderr, stdout)
+	}
+	if tail := tr.tail.lines(); len(tail) < 2 || tail[len(tail)-2] != "done" || tail[len(tail)-1] != "last line" {
+		t.Fatalf("stderr's last lines %q; want …, \"done\", \"last line\"", tail)
+	}
+}
+
+// Lines end at '\n', '\r' and "\r\n" (one end, even when it arrives in two
+// reads), and a line that goes on is cut every maxOutputLine bytes.
+func TestSplitOutputLines(t *testing.T) {
+	long := strings.Repeat("y", maxOutputLine)
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"a\nb\n", []string{"a", "b"}},
+		{"a\r\nb", []string{"a", "b"}},
+		{"\r10%\r20%\r\n", []string{"", "10%", "20%"}},
+		{"a\r", []string{"a"}},
+		{"a\n\nb", []string{"a", "", "b"}},
+		{long + "zz\n", []string{long, "zz"}},
+		{long + "\r\n", []string{long, ""}}, // the cut comes before the end is seen
+	} {
+		for _, oneByte := range []bool{false, true} {
+			if oneByte && len(c.in) > 100 {
+				continue // a scanner's buffer full, not its reads, cuts a long line
+			}
+			var r io.Reader = strings.NewReader(c.in)
+			if oneByte {
+				r = iotest.OneByteReader(r)
+			}
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 16), maxOutputLine)
+			sc.Split(splitOutputLines)
+			var got []string
+			for sc.Scan() {
+				got = append(got, sc.Text())
+			}
+			if sc.Err() != nil || !slices.Equal(got, c.want) {
+				t.Errorf("%.20q (one byte a read: %v): %.60q, %v; want %.60q", c.in, oneByte, got, sc.Err(), c.want)
+			}
+		}
+	}
 }
