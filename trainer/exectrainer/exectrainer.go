@@ -278,8 +278,13 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		env = append(env, k+"="+v)
 	}
 	cmd.Env = env
-	stdout, _ := cmd.StdoutPipe()
-	stderr, _ := cmd.StderrPipe()
+	// The output goes through pipes of exec's own, copied by Wait's
+	// goroutines: Wait then waits for it to close for at most WaitDelay
+	// after the program exits, where a process the program left behind,
+	// in a session of its own, may hold it open for ever.
+	stdout, stdoutW := io.Pipe()
+	stderr, stderrW := io.Pipe()
+	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = stdoutW, stderrW, outputWaitDelay
 	if err := cmd.Start(); err != nil {
 		// No such program, not executable, no such directory: the spec's
 		// exec section is wrong, and no retry on any worker will start it.
@@ -302,8 +307,14 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		})
 	}
 	go func() {
+		err := cmd.Wait()
+		if errors.Is(err, exec.ErrWaitDelay) {
+			err = nil // it exited by itself, with status 0; something it left holds its output
+		}
+		stdoutW.Close()
+		stderrW.Close()
 		streams.Wait()
-		t.exitErr = cmd.Wait()
+		t.exitErr = err
 		close(t.exited)
 	}()
 	accepted := make(chan net.Conn, 1)
@@ -672,3 +683,7 @@ func quotedCommand(c []string) string {
 	}
 	return s
 }
+
+// outputWaitDelay is how long, after a program exits, its output may stay
+// open (held by a process it left behind) before the worker stops reading it.
+const outputWaitDelay = 5 * time.Second

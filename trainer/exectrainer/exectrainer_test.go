@@ -913,3 +913,60 @@ func TestSplitOutputLines(t *testing.T) {
 		}
 	}
 }
+
+// A program that leaves a process of its own behind, in a session of its
+// own (out of reach of the kill of its process group) and holding its
+// stdout and stderr, still ends: the worker learns of the exit within
+// outputWaitDelay of it, and its error, instead of waiting for the output
+// to close, for as long as the leftover lives.
+func TestALeftoverHoldingTheOutputDoesNotWedgeTheWorker(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	pidFile := filepath.Join(t.TempDir(), "leftover.pid")
+	prog := "import os, subprocess, durabletrain as dt\n" +
+		"p = subprocess.Popen(['sleep', '600'], start_new_session=True)\n" + // inherits stdout and stderr
+		"open(" + strconv.Quote(pidFile) + ", 'a').write('%d\\n' % p.pid)\n" +
+		"for epoch in dt.epochs():\n" +
+		"    if epoch == 1: print('failing', flush=True); os._exit(3)\n" +
+		"    dt.report({'test_accuracy': 0.5})\n"
+	t.Cleanup(func() {
+		b, _ := os.ReadFile(pidFile)
+		for _, line := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(line); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	py, _ := filepath.Abs("../../python")
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, World: 1, Scratch: t.TempDir(), PythonPath: py})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.TrainEpoch(ctx, 0, trainer.EpochOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = tr.TrainEpoch(ctx, 1, trainer.EpochOptions{})
+	var exit *ExitError
+	if !errors.As(err, &exit) || !strings.Contains(err.Error(), "exit status 3") {
+		t.Fatalf("a program that exited with 3, its leftover holding its output: %v; want its ExitError", err)
+	}
+	if took := time.Since(start); took > outputWaitDelay+exitStatusWait+5*time.Second {
+		t.Fatalf("the exit took %v to learn", took)
+	}
+	// A program killed while its leftover lives ends as promptly.
+	if err := tr.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	tr.Close()
+	if took := time.Since(start); took > outputWaitDelay+10*time.Second {
+		t.Fatalf("Close took %v", took)
+	}
+}

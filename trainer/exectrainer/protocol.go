@@ -110,8 +110,9 @@ func (t *Trainer) ended(ctx context.Context, what string) error {
 }
 
 // exitStatusWait is how long a program whose control socket closed has to
-// exit before it is killed as broken.
-const exitStatusWait = 5 * time.Second
+// exit before it is killed as broken: 5 s, and the outputWaitDelay its exit
+// status may wait for its output to close.
+const exitStatusWait = 5*time.Second + outputWaitDelay
 
 // next is the program's next message; a cancelled context kills its
 // process group. doing says what the program should be doing, for the
