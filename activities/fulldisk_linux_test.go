@@ -18,7 +18,10 @@ import (
 // An epoch whose checkpoint does not fit on its disk fails as the
 // infrastructure's fault (retryable, naming the disk's error), not as the
 // user's, and leaves no object of the failed save behind; with room again,
-// the next gang's epoch commits. (Root only: it mounts a small tmpfs.)
+// the next gang's epoch commits. (Root only: it mounts a small tmpfs.) The
+// native trainer writes one object, which the failed write discards by
+// itself; checkpoint's TestAFullDiskFailsTheSaveAndKeepsTheLast is the one
+// that needs Abort, for the objects written before the one that failed.
 func TestACheckpointOntoAFullDiskFailsTheEpochCleanly(t *testing.T) {
 	root := t.TempDir()
 	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=16k"); err != nil {

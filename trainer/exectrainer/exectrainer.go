@@ -576,7 +576,7 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	if !info.Mode().IsRegular() {
-		return fmt.Errorf("%s is a %s, not a regular file; a checkpoint directory may hold only files and directories (and links to files)", src, fileKind(info.Mode()))
+		return fmt.Errorf("%s is a %s, not a regular file; want a checkpoint directory of regular files, links to them and directories (not links to directories)", src, fileKind(info.Mode()))
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
