@@ -52,9 +52,16 @@ func (s *Store) Prune(ctx context.Context, run string, r Retention) ([]string, e
 	committed := map[string]Manifest{}
 	var order []string // committed IDs, oldest first
 	for _, id := range ids {
-		if m, err := s.readManifest(ctx, run, id, nil); err == nil {
+		m, err := s.readManifest(ctx, run, id, nil)
+		if err == nil {
 			committed[id] = m
 			order = append(order, id)
+			continue
+		}
+		if _, ok := damaged(err); !ok {
+			// A manifest the store did not hand over may be a kept one:
+			// nothing is deleted on a guess.
+			return nil, fmt.Errorf("checkpoint: not pruning %s: %w", run, err)
 		}
 	}
 	if len(order) == 0 {

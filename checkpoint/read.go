@@ -126,49 +126,74 @@ func (s *Store) readManifest(ctx context.Context, run, id string, read *atomic.I
 	return m, err
 }
 
+// errUncommitted says a checkpoint folder has no manifest: a write that
+// never committed (or one being written).
+var errUncommitted = errors.New("no manifest: the checkpoint was never committed")
+
+// damaged says whether err is about the checkpoint itself (it was never
+// committed, or it does not verify), with the reason, rather than about
+// the store, which failed to answer (a 503, a reset connection, a stall,
+// a refused credential): the store's failures say nothing of a checkpoint,
+// so no checkpoint is passed over or deleted for one.
+func damaged(err error) (reason string, ok bool) {
+	var corrupt *CorruptError
+	switch {
+	case errors.As(err, &corrupt):
+		return corrupt.Reason, true
+	case errors.Is(err, errUncommitted):
+		return errUncommitted.Error(), true
+	}
+	return "", false
+}
+
+// manifest reads and checks a manifest: an error is errUncommitted, a
+// *CorruptError, or the store's.
 func (s *Store) manifest(ctx context.Context, run, id string) (m Manifest, data []byte, err error) {
 	r, err := s.bucket.NewReader(ctx, prefix(run, id)+ManifestName, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
-			return m, nil, errors.New("no manifest: the checkpoint was never committed")
+			return m, nil, errUncommitted
 		}
-		return m, nil, fmt.Errorf("reading the manifest: %w", err)
+		return m, nil, fmt.Errorf("checkpoint %s/%s: reading the manifest: %w", run, id, err)
 	}
 	defer r.Close()
+	bad := func(format string, args ...any) error {
+		return &CorruptError{Run: run, ID: id, Reason: fmt.Sprintf(format, args...)}
+	}
 	if r.Size() > MaxManifestBytes {
-		return m, nil, fmt.Errorf("manifest of %d bytes; a manifest is at most %d", r.Size(), MaxManifestBytes)
+		return m, nil, bad("manifest of %d bytes; a manifest is at most %d", r.Size(), MaxManifestBytes)
 	}
 	data, err = io.ReadAll(io.LimitReader(r, MaxManifestBytes+1))
 	if err != nil {
-		return m, data, fmt.Errorf("reading the manifest: %w", err)
+		return m, data, fmt.Errorf("checkpoint %s/%s: reading the manifest: %w", run, id, err)
 	}
 	if len(data) > MaxManifestBytes {
-		return m, data, fmt.Errorf("manifest of more than %d bytes", MaxManifestBytes)
+		return m, data, bad("manifest of more than %d bytes", MaxManifestBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return m, data, fmt.Errorf("manifest is not valid JSON: %v", err)
+		return m, data, bad("manifest is not valid JSON: %v", err)
 	}
 	switch {
 	case !knownFormat(m.Format):
-		return m, data, fmt.Errorf("manifest format %d; this version reads formats 1 to %d", m.Format, FormatVersion)
+		return m, data, bad("manifest format %d; this version reads formats 1 to %d", m.Format, FormatVersion)
 	case m.Checksum != m.checksum():
-		return m, data, errors.New("manifest checksum mismatch: the manifest was altered or damaged")
+		return m, data, bad("manifest checksum mismatch: the manifest was altered or damaged")
 	case s.checkSignature(m) != nil:
-		return m, data, s.checkSignature(m)
+		return m, data, bad("%v", s.checkSignature(m))
 	case m.Run != run || m.ID != id:
-		return m, data, fmt.Errorf("manifest names %s/%s but lies at %s/%s", m.Run, m.ID, run, id)
+		return m, data, bad("manifest names %s/%s but lies at %s/%s", m.Run, m.ID, run, id)
 	case len(m.Objects) == 0:
-		return m, data, errors.New("manifest lists no objects")
+		return m, data, bad("manifest lists no objects")
 	}
 	algo, _ := algoOf(m.Format)
 	for _, o := range m.Objects {
 		if !o.hashIs(algo) {
-			return m, data, fmt.Errorf("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
+			return m, data, bad("object %s has no %s hash, which a format %d manifest gives every object", o.Name, algo, m.Format)
 		}
 		if o.lacksMAC(algo, s.key) {
-			return m, data, fmt.Errorf("object %s has no MAC, which a format %d manifest signed with the pool key gives every object", o.Name, m.Format)
+			return m, data, bad("object %s has no MAC, which a format %d manifest signed with the pool key gives every object", o.Name, m.Format)
 		}
 	}
 	return m, data, nil
@@ -224,8 +249,12 @@ func (s *Store) LatestVerified(ctx context.Context, run string) (*Checkpoint, er
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		s.log.Warn("checkpoint skipped", zap.String("run", run), zap.String("id", id), zap.String("reason", err.Error()))
-		skipped = append(skipped, Skip{ID: id, Reason: err.Error()})
+		reason, ok := damaged(err)
+		if !ok {
+			return nil, fmt.Errorf("checkpoint: run %s in %s: %w", run, s.url, err)
+		}
+		s.log.Warn("checkpoint skipped", zap.String("run", run), zap.String("id", id), zap.String("reason", reason))
+		skipped = append(skipped, Skip{ID: id, Reason: reason})
 	}
 	if len(skipped) == 0 {
 		return nil, fmt.Errorf("checkpoint: run %s in %s: %w (it has none)", run, s.url, ErrNoCheckpoint)
@@ -252,22 +281,18 @@ func (s *Store) RestoreLatest(ctx context.Context, run string, load func(*Checkp
 	read := new(atomic.Int64) // by every checkpoint tried
 	for _, id := range slices.Backward(ids) {
 		m, err := s.readManifest(ctx, run, id, read)
-		if err != nil {
-			skip(id, err.Error())
-			continue
+		if err == nil {
+			c := &Checkpoint{Manifest: m, s: s, read: read}
+			if err = load(c); err == nil {
+				c.Skipped = skipped
+				return c, nil
+			}
 		}
-		c := &Checkpoint{Manifest: m, s: s, read: read}
-		err = load(c)
-		var corrupt *CorruptError
-		switch {
-		case err == nil:
-			c.Skipped = skipped
-			return c, nil
-		case errors.As(err, &corrupt):
-			skip(id, corrupt.Reason)
-		default:
+		reason, ok := damaged(err)
+		if !ok {
 			return nil, err
 		}
+		skip(id, reason)
 	}
 	if len(skipped) == 0 {
 		return nil, fmt.Errorf("checkpoint: run %s in %s: %w (it has none)", run, s.url, ErrNoCheckpoint)

@@ -40,7 +40,7 @@ const FormatVersion = 3
 
 // Store is a bucket of checkpoints, shared by any number of runs.
 type Store struct {
-	bucket *blob.Bucket
+	bucket *bucket // every call watched for stalls (stall.go)
 	url    string
 	log    *zap.Logger
 	key    []byte // signs and verifies manifests (Sign)
@@ -130,7 +130,7 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
-	return &Store{bucket: b, url: url, log: log, directIO: directIO}, nil
+	return &Store{bucket: &bucket{b: b, url: url, stall: DefaultStallTimeout}, url: url, log: log, directIO: directIO}, nil
 }
 
 // DirectIOParam is the file:// URL parameter that says whether objects
@@ -401,7 +401,7 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 // An object's writer (blocks) writes whole blocks at their offsets instead,
 // with O_DIRECT where the file system takes it (fileio.go).
 type syncedWriter struct {
-	bw     *blob.Writer
+	bw     *writer
 	file   *os.File
 	cancel context.CancelFunc
 

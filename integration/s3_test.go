@@ -16,35 +16,10 @@ import (
 	"gocloud.dev/blob"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/internal/minio"
+	"github.com/durabletrain/durabletrain/internal/minio/miniotest"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
-
-// startMinIO runs a real MinIO for the test with one bucket, and points
-// this process's AWS SDK at it.
-func startMinIO(t *testing.T, bucket string) *minio.Server {
-	t.Helper()
-	bin, err := minio.Binary("..")
-	if err != nil {
-		if os.Getenv("DURABLETRAIN_REQUIRE_S3") != "" {
-			t.Fatal(err)
-		}
-		t.Skipf("%v: skipping", err)
-	}
-	dir := filepath.Join(t.TempDir(), "data")
-	os.MkdirAll(dir, 0o755)
-	s, err := minio.Start(bin, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	s.SetEnv(t.Setenv)
-	if err := s.CreateBucket(context.Background(), bucket); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // TestTrainsOnS3: a run reads its data set from S3 and checkpoints to S3
 // (a real MinIO, through the worker's storage root that holds the endpoint),
@@ -53,7 +28,7 @@ func TestTrainsOnS3(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts MinIO and worker processes")
 	}
-	s3 := startMinIO(t, "durabletrain")
+	s3 := miniotest.Start(t, "..", "durabletrain")
 	ctx := context.Background()
 	// The committed data subset, uploaded.
 	data, err := blob.OpenBucket(ctx, s3.BucketURL("durabletrain", "data/"))
@@ -117,7 +92,7 @@ func TestBigCheckpointOnS3(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 1 GiB twice")
 	}
-	s3 := startMinIO(t, "big")
+	s3 := miniotest.Start(t, "..", "big")
 	ctx := context.Background()
 	url := s3.BucketURL("big", "ckpt/")
 
