@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/durabletrain/durabletrain/dataset"
+	"github.com/durabletrain/durabletrain/internal/blobwatch"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -71,7 +72,7 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 			l.err = err
 			return
 		}
-		l.train, l.test, l.err = loader.Load(dataset.WithMemoryLimit(ctx, a.Policy.DatasetMemory()), url)
+		l.train, l.test, l.err = loader.Load(dataset.WithMemoryLimit(a.Policy.StorageContext(ctx), a.Policy.DatasetMemory()), url)
 	})
 	if l.err != nil {
 		c.mu.Lock()
@@ -79,6 +80,9 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 			delete(c.m, d) // try again next time
 		}
 		c.mu.Unlock()
+		if blobwatch.IsStoreFailure(l.err) {
+			return nil, nil, l.err // the store's failure, not the data set's: a worker fault, retried
+		}
 		return nil, nil, userError(l.err)
 	}
 	return l.train, l.test, nil

@@ -142,7 +142,7 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		return nil, nil, userError(fmt.Errorf("worker %s: %w", a.Identity, err))
 	}
 	ckptURL, _ := a.Policy.Resolve("checkpoint.url", in.Spec.Checkpoint.URL)
-	store, err := checkpoint.Open(ctx, ckptURL, a.Log)
+	store, err := checkpoint.Open(a.Policy.StorageContext(ctx), ckptURL, a.Log)
 	if err != nil {
 		return nil, nil, userError(err)
 	}

@@ -246,12 +246,12 @@ func (r Results) CloneCheckpoint(ctx context.Context, in spec.CloneCheckpointInp
 	if err := spec.CheckName("run", in.Run); err != nil {
 		return nil, userError(err)
 	}
-	src, err := checkpoint.Open(ctx, fromURL, r.Log)
+	src, err := checkpoint.Open(r.Policy.StorageContext(ctx), fromURL, r.Log)
 	if err != nil {
 		return nil, err
 	}
 	defer src.Close()
-	dst, err := checkpoint.Open(ctx, toURL, r.Log)
+	dst, err := checkpoint.Open(r.Policy.StorageContext(ctx), toURL, r.Log)
 	if err != nil {
 		return nil, err
 	}

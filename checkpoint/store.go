@@ -27,6 +27,7 @@ import (
 	"gocloud.dev/gcerrors"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
+	"github.com/durabletrain/durabletrain/internal/blobwatch"
 )
 
 // ManifestName is the object that commits a checkpoint.
@@ -40,7 +41,7 @@ const FormatVersion = 3
 
 // Store is a bucket of checkpoints, shared by any number of runs.
 type Store struct {
-	bucket *bucket // every call watched for stalls (stall.go)
+	bucket *blobwatch.Bucket // every call watched for stalls
 	url    string
 	log    *zap.Logger
 	key    []byte // signs and verifies manifests (Sign)
@@ -130,7 +131,7 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}
-	return &Store{bucket: &bucket{b: b, url: url, stall: DefaultStallTimeout}, url: url, log: log, directIO: directIO}, nil
+	return &Store{bucket: blobwatch.Wrap(b, url, blobwatch.StallTimeout(ctx)), url: url, log: log, directIO: directIO}, nil
 }
 
 // DirectIOParam is the file:// URL parameter that says whether objects
@@ -182,6 +183,19 @@ func withFileDefaults(raw string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// StallError says a call to the store moved nothing for the stall timeout
+// (a hung or unreachable store): the store's failure, never a checkpoint's.
+type StallError = blobwatch.StallError
+
+// DefaultStallTimeout is how long a call to a store may move nothing before
+// it fails, unless Open's context (blobwatch.WithStallTimeout) or
+// SetStallTimeout says otherwise.
+const DefaultStallTimeout = blobwatch.DefaultStallTimeout
+
+// SetStallTimeout sets how long a call to the store may move nothing before
+// it fails with a *StallError; 0 or less: DefaultStallTimeout.
+func (s *Store) SetStallTimeout(d time.Duration) { s.bucket.SetStallTimeout(d) }
 
 // URL is the storage URL the store was opened with.
 func (s *Store) URL() string { return s.url }
@@ -401,7 +415,7 @@ func (w *Writer) Create(ctx context.Context, name string) (io.WriteCloser, error
 // An object's writer (blocks) writes whole blocks at their offsets instead,
 // with O_DIRECT where the file system takes it (fileio.go).
 type syncedWriter struct {
-	bw     *writer
+	bw     *blobwatch.Writer
 	file   *os.File
 	cancel context.CancelFunc
 

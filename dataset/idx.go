@@ -14,6 +14,7 @@ import (
 	"gocloud.dev/gcerrors"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
+	"github.com/durabletrain/durabletrain/internal/blobwatch"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -91,7 +92,11 @@ func Load(ctx context.Context, url string, split Split) (*Set, error) {
 	return loadFrom(ctx, b, url, split)
 }
 
-func loadFrom(ctx context.Context, b *blob.Bucket, url string, split Split) (*Set, error) {
+// loadFrom reads one split from b, opened from url. A read that fails
+// (a store that errs or stalls: blobwatch) returns the store's error,
+// which says so (blobwatch.IsStoreFailure): it says nothing about the data.
+func loadFrom(ctx context.Context, raw *blob.Bucket, url string, split Split) (*Set, error) {
+	b := blobwatch.Wrap(raw, url, blobwatch.StallTimeout(ctx))
 	imagesName, labelsName := split.Files()
 	limit := MemoryLimit(ctx)
 	// In memory an image's pixel takes a float32 and a label a byte.
@@ -127,25 +132,28 @@ func loadFrom(ctx context.Context, b *blob.Bucket, url string, split Split) (*Se
 // before any is read. Memory follows the data that arrives, not the
 // header's claim: a file of a few bytes whose header claims gigabytes is
 // refused as truncated having allocated little.
-func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32, ndims int, loaded, limit int64) ([]byte, []int, error) {
+func readIDX(ctx context.Context, b *blobwatch.Bucket, url, name string, magic uint32, ndims int, loaded, limit int64) ([]byte, []int, error) {
 	fail := func(format string, args ...any) ([]byte, []int, error) {
-		return nil, nil, fmt.Errorf("dataset: %s in %s: %s", name, url, fmt.Sprintf(format, args...))
+		return nil, nil, fmt.Errorf("dataset: %s in %s: "+format, append([]any{name, url}, args...)...)
 	}
 	r, err := b.NewReader(ctx, name, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
 			return fail("not found%s", installHint(url))
 		}
-		return fail("%v", err)
+		return fail("%w", err)
 	}
 	defer r.Close()
 	z, err := gzip.NewReader(bufio.NewReader(r))
+	if blobwatch.IsStoreFailure(err) {
+		return fail("%w", err)
+	}
 	if err != nil {
 		return fail("not a gzip file (%v); want the .gz files as Fashion-MNIST publishes them", err)
 	}
 	head := make([]byte, 4+4*ndims)
 	if _, err := io.ReadFull(z, head); err != nil {
-		return fail("header: %v", err)
+		return fail("header: %w", err)
 	}
 	if got := binary.BigEndian.Uint32(head); got != magic {
 		return fail("magic number %#08x; want %#08x (an IDX file of unsigned bytes with %d dimensions)", got, magic, ndims)
@@ -170,7 +178,7 @@ func readIDX(ctx context.Context, b *blob.Bucket, url, name string, magic uint32
 	}
 	data, err := readUpTo(z, total)
 	if err != nil {
-		return fail("truncated: %d of %d bytes of data (%v)", len(data), total, err)
+		return fail("truncated: %d of %d bytes of data (%w)", len(data), total, err)
 	}
 	if n, _ := z.Read(make([]byte, 1)); n != 0 {
 		return fail("more data than its header's %v dimensions", dims)
@@ -224,7 +232,7 @@ func Write(ctx context.Context, url string, split Split, s *Set) error {
 	if err := bloburl.Check("dataset URL", url); err != nil {
 		return fmt.Errorf("dataset: %w", err)
 	}
-	b, err := blob.OpenBucket(ctx, url)
+	b, err := blobwatch.Open(ctx, url)
 	if err != nil {
 		return fmt.Errorf("dataset: opening %s: %w", url, err)
 	}
@@ -240,7 +248,7 @@ func Write(ctx context.Context, url string, split Split, s *Set) error {
 	return writeIDX(ctx, b, labelsName, idxLabelsMagic, []int{s.Len()}, s.Labels)
 }
 
-func writeIDX(ctx context.Context, b *blob.Bucket, name string, magic uint32, dims []int, data []byte) error {
+func writeIDX(ctx context.Context, b *blobwatch.Bucket, name string, magic uint32, dims []int, data []byte) error {
 	w, err := b.NewWriter(ctx, name, nil)
 	if err != nil {
 		return err

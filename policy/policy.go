@@ -8,6 +8,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/url"
@@ -18,8 +19,10 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
+	"github.com/durabletrain/durabletrain/internal/blobwatch"
 	"github.com/durabletrain/durabletrain/internal/strictjson"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -57,6 +60,17 @@ type Policy struct {
 	// the worker's memory (DatasetMemory). A data set is loaded once per
 	// worker and shared by its ranks.
 	MaxDatasetMemory int64
+	// StorageStallTimeout is how long a call to blob storage (a
+	// checkpoint's object written or read, a listing, a data set's file)
+	// may move nothing before it fails as the store's fault, and the gang
+	// re-forms; 0: blobwatch.DefaultStallTimeout (2 minutes).
+	StorageStallTimeout time.Duration
+}
+
+// StorageContext is ctx for opening blob storage under this policy: its
+// buckets fail a call that moves nothing for StorageStallTimeout.
+func (p Policy) StorageContext(ctx context.Context) context.Context {
+	return blobwatch.WithStallTimeout(ctx, p.StorageStallTimeout)
 }
 
 // DefaultStorageRoots: the default data set and checkpoint directories, and memory.

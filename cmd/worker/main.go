@@ -27,6 +27,7 @@ import (
 	_ "github.com/durabletrain/durabletrain/blobdrivers" // file://, mem://, s3://
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
+	"github.com/durabletrain/durabletrain/internal/blobwatch"
 	"github.com/durabletrain/durabletrain/internal/buildinfo"
 	"github.com/durabletrain/durabletrain/internal/keyfile"
 	"github.com/durabletrain/durabletrain/internal/logging"
@@ -65,6 +66,7 @@ func main() {
 		"file holding the secret all workers of this pool share (at least 32 bytes, mode 600): it signs slot grants and checkpoints, so nobody outside the pool can join a gang or forge a checkpoint")
 	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
 	flag.Int64Var(&cfg.Policy.MaxDatasetMemory, "max-dataset-memory", 0, "bytes one data set's examples may take in memory, both splits (default: a quarter of the worker's memory or cgroup limit)")
+	flag.DurationVar(&cfg.Policy.StorageStallTimeout, "storage-stall-timeout", blobwatch.DefaultStallTimeout, "how long a call to blob storage (a checkpoint object written or read, a listing, a data set file) may move nothing before it fails and the gang re-forms: a hung or unreachable store")
 	// Operations: logs, metrics, health, tracing, versioning.
 	var logOpts logging.Options
 	logOpts.Register(flag.CommandLine, "json")
@@ -130,6 +132,10 @@ func main() {
 			fmt.Fprintf(os.Stderr, "worker: %s is %d; want a number of bytes, such as 8589934592 for 8 GiB, or 0 for the default\n", m.flag, m.bytes)
 			os.Exit(2)
 		}
+	}
+	if cfg.Policy.StorageStallTimeout < time.Second {
+		fmt.Fprintf(os.Stderr, "worker: -storage-stall-timeout is %v; want 1s or more, such as %v (the default)\n", cfg.Policy.StorageStallTimeout, blobwatch.DefaultStallTimeout)
+		os.Exit(2)
 	}
 	if cfg.StickyTimeout <= 0 {
 		fmt.Fprintf(os.Stderr, "worker: -sticky-timeout is %v; want a positive duration such as %v (the default)\n", cfg.StickyTimeout, gpuworker.DefaultStickyTimeout)
