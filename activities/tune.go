@@ -15,6 +15,7 @@ import (
 	"gocloud.dev/blob"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
+	"github.com/durabletrain/durabletrain/internal/blobwatch"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -96,7 +97,7 @@ func (r Results) WriteTuneRows(ctx context.Context, in spec.WriteTuneRowsInput) 
 }
 
 // open opens the bucket of a search's results, where the policy allows.
-func (r Results) open(ctx context.Context, url, name string) (*blob.Bucket, error) {
+func (r Results) open(ctx context.Context, url, name string) (*blobwatch.Bucket, error) {
 	resolved, err := r.Policy.Resolve("results_url", url)
 	if err != nil {
 		return nil, userError(err)
@@ -104,7 +105,7 @@ func (r Results) open(ctx context.Context, url, name string) (*blob.Bucket, erro
 	if err := spec.CheckName("name", name); err != nil {
 		return nil, userError(err)
 	}
-	b, err := blob.OpenBucket(ctx, resolved)
+	b, err := blobwatch.Open(r.Policy.StorageContext(ctx), resolved)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s for the results: %w", url, err)
 	}
@@ -117,7 +118,7 @@ const maxPartBytes = 256 << 20
 
 // readParts reads the rows of a search's parts; a part must be the
 // search's own (under <name>/trials/).
-func readParts(ctx context.Context, b *blob.Bucket, name string, parts []string) ([]spec.TrialStatus, error) {
+func readParts(ctx context.Context, b *blobwatch.Bucket, name string, parts []string) ([]spec.TrialStatus, error) {
 	var rows []spec.TrialStatus
 	for _, key := range parts {
 		if !strings.HasPrefix(key, name+"/trials/part-") || strings.Contains(key, "..") {
