@@ -62,7 +62,7 @@ func (s *Store) Claim(ctx context.Context, run, owner string) error {
 				return fmt.Errorf("checkpoint: claiming run %s in %s: %w", run, s.url, err)
 			}
 		}
-		got, rerr := s.bucket.ReadAll(ctx, key)
+		got, rerr := s.bucket.ReadAll(ctx, key, maxOwnerBytes)
 		if gcerrors.Code(rerr) == gcerrors.NotFound {
 			continue // removed between the two calls: try again
 		}
@@ -81,6 +81,9 @@ func (s *Store) Claim(ctx context.Context, run, owner string) error {
 	}
 	return fmt.Errorf("checkpoint: claiming run %s in %s: its owner record keeps changing", run, s.url)
 }
+
+// maxOwnerBytes bounds an owner record read back (ours are under 200 bytes).
+const maxOwnerBytes = 64 << 10
 
 // localPath is where key lies on local disk, for a file:// store.
 func (s *Store) localPath(key string) (string, bool) {

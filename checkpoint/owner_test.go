@@ -48,3 +48,17 @@ func TestOneOwnerPerRunName(t *testing.T) {
 		}
 	})
 }
+
+// An owner record planted by whoever can write the bucket, of any size, is
+// refused from its size, not read into memory.
+func TestAHugeOwnerRecordIsRefusedUnread(t *testing.T) {
+	stores(t, func(t *testing.T, s *Store, url string) {
+		ctx := context.Background()
+		if err := s.bucket.WriteAll(ctx, "r/"+OwnerName, make([]byte, maxOwnerBytes+1), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Claim(ctx, "r", "wf"); err == nil || !strings.Contains(err.Error(), "at most") {
+			t.Fatalf("a claim over a %d-byte owner record: %v; want it refused by its size", maxOwnerBytes+1, err)
+		}
+	})
+}

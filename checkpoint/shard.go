@@ -93,7 +93,7 @@ func (sw *ShardWriter) Abort(ctx context.Context) error {
 // is not the listed one, fails it: the checkpoint is then never committed.
 func (w *Writer) AdoptShards(ctx context.Context, world int) error {
 	for r := range world {
-		data, err := w.s.bucket.ReadAll(ctx, prefix(w.run, w.id)+shardListName(r))
+		data, err := w.s.bucket.ReadAll(ctx, prefix(w.run, w.id)+shardListName(r), MaxManifestBytes)
 		if err != nil {
 			return fmt.Errorf("checkpoint: shard %d of %s/%s: %w", r, w.run, w.id, err)
 		}

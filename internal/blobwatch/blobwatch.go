@@ -192,14 +192,24 @@ func (b *Bucket) WriteAll(ctx context.Context, key string, data []byte, opts *bl
 	return b.once(ctx, "writing "+key, func(ctx context.Context) error { return b.b.WriteAll(ctx, key, data, opts) })
 }
 
-// ReadAll reads key whole: small objects only (an owner record, a shard's list).
-func (b *Bucket) ReadAll(ctx context.Context, key string) ([]byte, error) {
+// ReadAll reads key whole, refusing one of more than limit bytes before
+// it reads it (and one that grows past limit while it does): small
+// objects only (an owner record, a shard's list), which whoever can write
+// the bucket could make huge.
+func (b *Bucket) ReadAll(ctx context.Context, key string, limit int64) ([]byte, error) {
 	r, err := b.NewReader(ctx, key, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	return io.ReadAll(r)
+	if r.Size() > limit {
+		return nil, fmt.Errorf("%s has %d bytes; at most %d are read", key, r.Size(), limit)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err == nil && int64(len(data)) > limit {
+		err = fmt.Errorf("%s has more than %d bytes; at most %d are read", key, limit, limit)
+	}
+	return data, err
 }
 
 // List lists as blob.Bucket.List does; each page is watched.
