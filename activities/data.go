@@ -21,7 +21,10 @@ type dataCache struct {
 }
 
 type loadedData struct {
-	once        sync.Once
+	// loading is held by the one caller loading the data set; the others
+	// wait for it, or for their own cancellation.
+	loading     chan struct{}
+	done        bool // loaded, or failed for a reason of its own
 	train, test *dataset.Set
 	err         error
 	used        uint64 // the cache's tick when last asked for
@@ -45,7 +48,10 @@ func (c *dataCache) evictLocked(limit int) {
 }
 
 // dataset loads the spec's data set with its registered format; a failure is
-// the user's (a wrong URL, a missing or malformed file, an unknown format).
+// the user's (a wrong URL, a missing or malformed file, an unknown format),
+// unless it is the store's (blobwatch: a stall, an error status), which a
+// new gang retries. The callers asking at once share one load; one cancelled
+// while it loads returns its cancellation, and the next loads instead.
 func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dataset.Set, error) {
 	c := &a.data
 	c.mu.Lock()
@@ -54,26 +60,29 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 	}
 	l := c.m[d]
 	if l == nil {
-		l = &loadedData{}
+		l = &loadedData{loading: make(chan struct{}, 1)}
 		c.m[d] = l
 	}
 	c.tick++
 	l.used = c.tick
 	c.evictLocked(maxCachedDatasets(len(a.Slots)))
 	c.mu.Unlock()
-	l.once.Do(func() {
-		loader, err := a.Datasets.Lookup(d.Format)
-		if err != nil {
-			l.err = err
-			return
+	select {
+	case l.loading <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	if !l.done {
+		train, test, err := a.loadDataset(ctx, d)
+		if err != nil && ctx.Err() != nil {
+			// Cancelled while loading: that is this caller's end, not the
+			// data set's; whoever waits loads it with a context of its own.
+			<-l.loading
+			return nil, nil, ctx.Err()
 		}
-		url, err := a.Policy.Resolve("dataset.url", d.URL)
-		if err != nil {
-			l.err = err
-			return
-		}
-		l.train, l.test, l.err = loader.Load(dataset.WithMemoryLimit(a.Policy.StorageContext(ctx), a.Policy.DatasetMemory()), url)
-	})
+		l.train, l.test, l.err, l.done = train, test, err, true
+	}
+	<-l.loading
 	if l.err != nil {
 		c.mu.Lock()
 		if c.m[d] == l {
@@ -86,4 +95,18 @@ func (a *Agent) dataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dat
 		return nil, nil, userError(l.err)
 	}
 	return l.train, l.test, nil
+}
+
+// loadDataset reads the data set with its registered format, under the
+// worker's policy.
+func (a *Agent) loadDataset(ctx context.Context, d spec.Dataset) (*dataset.Set, *dataset.Set, error) {
+	loader, err := a.Datasets.Lookup(d.Format)
+	if err != nil {
+		return nil, nil, err
+	}
+	url, err := a.Policy.Resolve("dataset.url", d.URL)
+	if err != nil {
+		return nil, nil, err
+	}
+	return loader.Load(dataset.WithMemoryLimit(a.Policy.StorageContext(ctx), a.Policy.DatasetMemory()), url)
 }

@@ -15,6 +15,7 @@ import (
 	"gocloud.dev/blob"
 
 	"github.com/durabletrain/durabletrain/internal/faultproxy"
+	"github.com/durabletrain/durabletrain/internal/minio"
 	"github.com/durabletrain/durabletrain/internal/minio/miniotest"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
@@ -28,27 +29,7 @@ import (
 // behind a proxy that holds the requests a step picks. Without the watch,
 // each step waited for ever: the heartbeat went on beating meanwhile.
 func TestAHungStoreFailsTheEpochAsTheStoresFault(t *testing.T) {
-	srv := miniotest.Start(t, "..", "faults")
-	p, err := faultproxy.Start(srv.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	ctx := context.Background()
-	data, err := blob.OpenBucket(ctx, srv.BucketURL("faults", "data/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := testdata.FashionMNISTSmallDir()
-	files, _ := os.ReadDir(local)
-	for _, f := range files {
-		b, _ := os.ReadFile(filepath.Join(local, f.Name()))
-		if err := data.WriteAll(ctx, f.Name(), b, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	data.Close()
-
+	srv, p := dataOnFaultyS3(t)
 	const stall = 2 * time.Second
 	via := *srv // the same MinIO, through the proxy
 	via.Endpoint = p.URL
@@ -107,6 +88,86 @@ func TestAHungStoreFailsTheEpochAsTheStoresFault(t *testing.T) {
 	}
 	if p.Faulted() == 0 {
 		t.Fatal("the proxy held no request: the test tested nothing")
+	}
+}
+
+// dataOnFaultyS3 is a real MinIO holding the small Fashion-MNIST under
+// data/ (uploaded directly), and a fault proxy in front of it.
+func dataOnFaultyS3(t *testing.T) (*minio.Server, *faultproxy.Proxy) {
+	t.Helper()
+	srv := miniotest.Start(t, "..", "faults")
+	p, err := faultproxy.Start(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx := context.Background()
+	data, err := blob.OpenBucket(ctx, srv.BucketURL("faults", "data/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
+	local := testdata.FashionMNISTSmallDir()
+	files, _ := os.ReadDir(local)
+	for _, f := range files {
+		b, _ := os.ReadFile(filepath.Join(local, f.Name()))
+		if err := data.WriteAll(ctx, f.Name(), b, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv, p
+}
+
+// A data set is loaded once per worker for every rank and run that asks for
+// it at once. One of them cancelled (its run cancelled by its user, its
+// gang broken) while it was the one loading does not fail the others: they
+// load it themselves. Before, they were handed its "context canceled" as
+// their own run's user error, which failed the run for good.
+func TestACancelledLoadDoesNotFailTheOthersWaitingOnIt(t *testing.T) {
+	srv, p := dataOnFaultyS3(t)
+	via := *srv
+	via.Endpoint = p.URL
+	agents, _ := newAgents(t, 1)
+	a := agents[0]
+	a.Policy.StorageRoots = append(a.Policy.StorageRoots, via.BucketURL("faults", ""))
+	a.init()
+	d := spec.Dataset{URL: "s3://faults?prefix=data/", Format: "idx"}
+	held := make(chan struct{}, 16)
+	p.Set(func(r *http.Request) faultproxy.Fault {
+		if strings.HasPrefix(r.URL.Path, "/faults/data/") {
+			held <- struct{}{}
+			return faultproxy.Hang
+		}
+		return faultproxy.Pass
+	})
+	first, cancelFirst := context.WithCancel(context.Background())
+	firstDone := make(chan error, 1)
+	go func() {
+		_, _, err := a.dataset(first, d)
+		firstDone <- err
+	}()
+	<-held // the first is loading, and its read is held
+	secondDone := make(chan error, 1)
+	go func() {
+		train, _, err := a.dataset(context.Background(), d)
+		if err == nil && train.Len() == 0 {
+			err = errors.New("an empty training split")
+		}
+		secondDone <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the second waits on the first's load
+	p.Set(nil)
+	cancelFirst()
+	if err := <-firstDone; err == nil {
+		t.Fatal("the cancelled load returned no error")
+	}
+	select {
+	case err := <-secondDone:
+		if err != nil {
+			t.Fatalf("the second caller, not cancelled, got %v; want the data set", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the second caller still waits a minute after the first was cancelled")
 	}
 }
 
