@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
-	"gocloud.dev/blob"
 
 	"github.com/durabletrain/durabletrain/internal/faultproxy"
 	"github.com/durabletrain/durabletrain/internal/minio"
@@ -29,10 +26,8 @@ import (
 // behind a proxy that holds the requests a step picks. Without the watch,
 // each step waited for ever: the heartbeat went on beating meanwhile.
 func TestAHungStoreFailsTheEpochAsTheStoresFault(t *testing.T) {
-	srv, p := dataOnFaultyS3(t)
+	p, via := dataOnFaultyS3(t)
 	const stall = 2 * time.Second
-	via := *srv // the same MinIO, through the proxy
-	via.Endpoint = p.URL
 	agents, peers := newAgents(t, 2)
 	for _, a := range agents {
 		a.Policy.StorageRoots = append(a.Policy.StorageRoots, via.BucketURL("faults", ""))
@@ -92,30 +87,13 @@ func TestAHungStoreFailsTheEpochAsTheStoresFault(t *testing.T) {
 }
 
 // dataOnFaultyS3 is a real MinIO holding the small Fashion-MNIST under
-// data/ (uploaded directly), and a fault proxy in front of it.
-func dataOnFaultyS3(t *testing.T) (*minio.Server, *faultproxy.Proxy) {
+// data/ (uploaded directly), with a fault proxy in front of it, and the
+// server as reached through the proxy.
+func dataOnFaultyS3(t *testing.T) (*faultproxy.Proxy, *minio.Server) {
 	t.Helper()
-	srv := miniotest.Start(t, "..", "faults")
-	p, err := faultproxy.Start(srv.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	ctx := context.Background()
-	data, err := blob.OpenBucket(ctx, srv.BucketURL("faults", "data/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer data.Close()
-	local := testdata.FashionMNISTSmallDir()
-	files, _ := os.ReadDir(local)
-	for _, f := range files {
-		b, _ := os.ReadFile(filepath.Join(local, f.Name()))
-		if err := data.WriteAll(ctx, f.Name(), b, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return srv, p
+	p, via := miniotest.StartBehindFaults(t, "..", "faults")
+	miniotest.UploadDir(t, via, "faults", "data/", testdata.FashionMNISTSmallDir())
+	return p, via
 }
 
 // A data set is loaded once per worker for every rank and run that asks for
@@ -124,9 +102,7 @@ func dataOnFaultyS3(t *testing.T) (*minio.Server, *faultproxy.Proxy) {
 // load it themselves. Before, they were handed its "context canceled" as
 // their own run's user error, which failed the run for good.
 func TestACancelledLoadDoesNotFailTheOthersWaitingOnIt(t *testing.T) {
-	srv, p := dataOnFaultyS3(t)
-	via := *srv
-	via.Endpoint = p.URL
+	p, via := dataOnFaultyS3(t)
 	agents, _ := newAgents(t, 1)
 	a := agents[0]
 	a.Policy.StorageRoots = append(a.Policy.StorageRoots, via.BucketURL("faults", ""))

@@ -23,16 +23,8 @@ import (
 // faultyS3 is a store on a real MinIO reached through a fault proxy.
 func faultyS3(t *testing.T) (*Store, *faultproxy.Proxy) {
 	t.Helper()
-	srv := miniotest.Start(t, "..", "faults")
-	p, err := faultproxy.Start(srv.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	via := *srv // the same server, reached through the proxy
-	via.Endpoint = p.URL
-	url := via.BucketURL("faults", "")
-	s, err := Open(context.Background(), url, nil)
+	p, via := miniotest.StartBehindFaults(t, "..", "faults")
+	s, err := Open(context.Background(), via.BucketURL("faults", ""), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

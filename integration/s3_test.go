@@ -8,12 +8,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
-
-	"gocloud.dev/blob"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/minio/miniotest"
@@ -31,19 +28,7 @@ func TestTrainsOnS3(t *testing.T) {
 	s3 := miniotest.Start(t, "..", "durabletrain")
 	ctx := context.Background()
 	// The committed data subset, uploaded.
-	data, err := blob.OpenBucket(ctx, s3.BucketURL("durabletrain", "data/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := testdata.FashionMNISTSmallDir()
-	files, _ := os.ReadDir(local)
-	for _, f := range files {
-		b, _ := os.ReadFile(filepath.Join(local, f.Name()))
-		if err := data.WriteAll(ctx, f.Name(), b, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	data.Close()
+	miniotest.UploadDir(t, s3, "durabletrain", "data/", testdata.FashionMNISTSmallDir())
 
 	queue := "it-s3"
 	root := s3.BucketURL("durabletrain", "")
