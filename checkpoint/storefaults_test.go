@@ -114,6 +114,44 @@ func TestAStoreThatFailsIsNotADamagedCheckpoint(t *testing.T) {
 	}
 }
 
+// A connection cut while an object streams is the store's failure, not a
+// short object: the restore fails with it and loads nothing older, and
+// nothing is reported skipped.
+func TestAConnectionCutMidObjectIsNotACorruptCheckpoint(t *testing.T) {
+	s, p := faultyS3(t)
+	ctx := context.Background()
+	state := bytes.Repeat([]byte("durable"), 3<<20) // 21 MiB: several blocks, each a range read
+	put(t, s, "r", 1, map[string][]byte{"state.bin": state}, nil)
+	put(t, s, "r", 2, map[string][]byte{"state.bin": state}, nil)
+	p.Set(fault(faultproxy.Truncate, keyIs("r/"+ID(2, 0)+"/state.bin", http.MethodGet)))
+	loaded := ""
+	c, err := s.RestoreLatest(ctx, "r", func(c *Checkpoint) error {
+		loaded = c.Manifest.ID
+		r, err := c.Open(ctx, "state.bin")
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.Copy(io.Discard, r)
+		return err
+	})
+	var corrupt *CorruptError
+	if err == nil || errors.As(err, &corrupt) || loaded != ID(2, 0) {
+		t.Fatalf("RestoreLatest with epoch 2's reads cut halfway: %v, %v (last loaded %s); want the store's error, epoch 2 tried and nothing older", c, err, loaded)
+	}
+	if _, err := s.LatestVerified(ctx, "r"); err == nil || errors.As(err, &corrupt) || errors.Is(err, ErrNoCheckpoint) {
+		t.Fatalf("LatestVerified with epoch 2's reads cut halfway: %v; want the store's error", err)
+	}
+	t.Logf("cut halfway: %v", err)
+	if p.Faulted() == 0 {
+		t.Fatal("the proxy cut nothing: the test tested nothing")
+	}
+	p.Set(nil)
+	if c, err := s.LatestVerified(ctx, "r"); err != nil || c.Manifest.ID != ID(2, 0) || len(c.Skipped) > 0 {
+		t.Fatalf("with the store well again: %v, %v", c, err)
+	}
+}
+
 func mustOpen(t *testing.T, c *Checkpoint, name string) io.ReadCloser {
 	t.Helper()
 	r, err := c.Open(context.Background(), name)

@@ -2,11 +2,15 @@
 // HTTP server (an S3-compatible store such as MinIO): a reverse proxy that
 // passes requests through, or answers chosen ones with an error status the
 // server could send (503 SlowDown, as S3 does under load), or holds them
-// without an answer (a hung or partitioned server), or cuts their connection.
+// without an answer (a hung or partitioned server), or cuts their connection,
+// before the answer or halfway through its body.
 // What it passes, it passes untouched, so the client talks to the real server.
 package faultproxy
 
 import (
+	"errors"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -20,10 +24,11 @@ import (
 type Fault int
 
 const (
-	Pass Fault = iota // forwarded to the server, its answer returned
-	Fail              // answered 503 SlowDown, as S3 answers when it sheds load
-	Hang              // held, unanswered, until the client gives up or the proxy closes
-	Cut               // its connection closed without an answer
+	Pass     Fault = iota // forwarded to the server, its answer returned
+	Fail                  // answered 503 SlowDown, as S3 answers when it sheds load
+	Hang                  // held, unanswered, until the client gives up or the proxy closes
+	Cut                   // its connection closed without an answer
+	Truncate              // forwarded, but its connection cut halfway through the answer's body
 )
 
 // Rule picks the fault for a request; nil passes everything.
@@ -49,7 +54,15 @@ func Start(target string) (*Proxy, error) {
 	}
 	p := &Proxy{closing: make(chan struct{})}
 	forward := httputil.NewSingleHostReverseProxy(u)
-	forward.ErrorLog = nil
+	forward.ErrorLog = log.New(io.Discard, "", 0)
+	truncated := httputil.NewSingleHostReverseProxy(u)
+	truncated.ErrorLog = forward.ErrorLog
+	truncated.ModifyResponse = func(resp *http.Response) error {
+		if resp.ContentLength > 1 {
+			resp.Body = &halfBody{r: resp.Body, left: resp.ContentLength / 2}
+		}
+		return nil
+	}
 	p.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		rule := p.rule
@@ -80,6 +93,8 @@ func Start(target string) (*Proxy, error) {
 					c.Close()
 				}
 			}
+		case Truncate:
+			truncated.ServeHTTP(w, r) // a body that fails halfway: the proxy aborts the connection
 		default:
 			forward.ServeHTTP(w, r)
 		}
@@ -88,6 +103,23 @@ func Start(target string) (*Proxy, error) {
 	p.URL = p.srv.URL
 	return p, nil
 }
+
+// halfBody is a response body that fails after its first left bytes.
+type halfBody struct {
+	r    io.ReadCloser
+	left int64
+}
+
+func (h *halfBody) Read(p []byte) (int, error) {
+	if h.left <= 0 {
+		return 0, errors.New("faultproxy: the body is cut here")
+	}
+	n, err := h.r.Read(p[:min(int64(len(p)), h.left)])
+	h.left -= int64(n)
+	return n, err
+}
+
+func (h *halfBody) Close() error { return h.r.Close() }
 
 // Set makes rule pick the fault of every request from now on (nil: none).
 func (p *Proxy) Set(rule Rule) {
