@@ -579,18 +579,32 @@ func copyFile(src, dst string) error {
 		return fmt.Errorf("%s is a %s, not a regular file; want a checkpoint directory of regular files, links to them and directories (not links to directories)", src, fileKind(info.Mode()))
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
+		return &copyError{err}
 	}
 	out, err := os.Create(dst)
 	if err != nil {
-		return err
+		return &copyError{err}
 	}
 	if _, err := io.Copy(out, in); err != nil {
 		out.Close()
+		if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Path == dst {
+			return &copyError{err} // the worker's write (a full or failing disk), not the program's file
+		}
 		return err
 	}
-	return out.Close()
+	if err := out.Close(); err != nil {
+		return &copyError{err}
+	}
+	return nil
 }
+
+// copyError is a failure to write the worker's copy of a checkpoint file
+// (its scratch disk full or failing): the worker's fault, which another
+// gang may not meet, not the program's.
+type copyError struct{ err error }
+
+func (e *copyError) Error() string { return e.err.Error() }
+func (e *copyError) Unwrap() error { return e.err }
 
 // splitOutputLines splits a program's output into lines as a terminal
 // shows them: at '\n', at '\r' (a progress bar redrawing its line; "\r\n"

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 	"testing/iotest"
 	"time"
 
@@ -975,5 +977,36 @@ func TestALeftoverHoldingTheOutputDoesNotWedgeTheWorker(t *testing.T) {
 	tr.Close()
 	if took := time.Since(start); took > outputWaitDelay+10*time.Second {
 		t.Fatalf("Close took %v", took)
+	}
+}
+
+// A worker whose scratch disk cannot hold the copy of a checkpoint
+// directory fails the epoch as its own fault (another gang, on another
+// worker, may have the room), not as the program's: before, the run
+// failed for good as the user's error. (Root only: it mounts a tmpfs.)
+func TestAFullScratchDiskIsTheWorkersFaultNotTheProgramsOwn(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	scratch := t.TempDir()
+	if err := unix.Mount("tmpfs", scratch, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("mounting a tmpfs: %v (root only)", err)
+	}
+	t.Cleanup(func() { unix.Unmount(scratch, unix.MNT_DETACH) })
+	// The program's checkpoint (1.5 MiB) is elsewhere; the worker's copy of it does not fit in 1 MiB.
+	ckpt := filepath.Join(t.TempDir(), "ckpt")
+	prog := "import os, durabletrain as dt\n" +
+		"os.makedirs(" + strconv.Quote(ckpt) + ", exist_ok=True)\n" +
+		"open(os.path.join(" + strconv.Quote(ckpt) + ", 'state.bin'), 'wb').write(b'x' * (1536 << 10))\n" +
+		"for epoch in dt.epochs():\n" +
+		"    dt._send({'op': 'report', 'epoch': epoch, 'step': 0, 'metrics': {'test_accuracy': 0.5}, 'checkpoint_dir': " + strconv.Quote(ckpt) + ", 'end': True})\n" +
+		"    dt._receive()\n"
+	tr := startInline(t, prog, scratch)
+	_, err := tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+	if err == nil || errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "on this worker") {
+		t.Fatalf("a checkpoint the worker's scratch cannot hold: %v; want the worker's error naming its disk's, not the user's", err)
+	}
+	if copies, _ := filepath.Glob(filepath.Join(scratch, "saved-*")); len(copies) != 0 {
+		t.Fatalf("the failed copy left %v", copies)
 	}
 }
