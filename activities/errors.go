@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.temporal.io/sdk/temporal"
 
@@ -20,6 +21,7 @@ var errShuttingDown = errors.New("the worker is shutting down")
 // at the last step the gang completed, is kept for the next gang unless the
 // worker is stopping or the error is the user's (survivors.go).
 func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err error, leave <-chan struct{}) error {
+	err = gangBrokeFirst(a.replicas.get(key), err, gangBreakGrace)
 	stopping := errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave)
 	if !stopping {
 		a.keepSurvivor(ctx, a.replicas.get(key), err)
@@ -36,6 +38,48 @@ func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err erro
 	}
 	return err
 }
+
+// gangBreakGrace is how long a rank whose program failed by itself waits
+// for its gang's collective to say whether the gang broke first.
+const gangBreakGrace = 2 * time.Second
+
+// gangBrokeFirst is err, a rank's own user error (its program exited by
+// itself, say), unless the rank's gang broke meanwhile, within grace: then
+// it is the gang's failure, with err in its text. A program talking to its
+// peers directly (torch.distributed's gloo or NCCL) fails by itself as soon
+// as a peer's worker dies and the link resets, at the moment the worker's
+// own collective hears of the same death: reported as the user's error, it
+// ended a run that a new gang would have carried on. A program that fails
+// for a reason of its own leaves its gang whole, and waits out the grace.
+func gangBrokeFirst(rep *replica, err error, grace time.Duration) error {
+	if rep == nil || !errors.Is(err, trainer.ErrUser) {
+		return err
+	}
+	g, ok := rep.group.(interface{ Err() error })
+	if !ok {
+		return err
+	}
+	for deadline := time.Now().Add(grace); ; time.Sleep(10 * time.Millisecond) {
+		if gerr := g.Err(); gerr != nil && !errors.Is(gerr, collective.ErrClosed) {
+			return &gangBrokeError{gang: gerr, own: err}
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+	}
+}
+
+// gangBrokeError is a rank's failure after its gang broke: the gang's
+// failure (a *collective.PeerError naming the culprit, for blame) with the
+// rank's own error beside it, not wrapped (it is not the user's).
+type gangBrokeError struct {
+	gang, own error
+}
+
+func (e *gangBrokeError) Error() string {
+	return fmt.Sprintf("%v; the rank's own failure came after its gang broke: %v", e.gang, e.own)
+}
+func (e *gangBrokeError) Unwrap() error { return e.gang }
 
 // blame tells the run when a host's epoch ended only because a rank of
 // another host broke the gang (a *collective.PeerError naming it): the error

@@ -473,3 +473,77 @@ func sigtermRankWorker(t *testing.T, c client.Client, run string, agents []*work
 	}
 	return victim
 }
+
+// linkedRanksScript is an exec program whose two ranks talk to each other
+// directly every step, as torch.distributed's gloo or NCCL do, over a TCP
+// link rank 0 opens on MASTER_PORT: a peer that dies resets the link, and
+// the survivor's program raises and exits 1 by itself, as a PyTorch rank
+// does ("Connection closed by peer").
+const linkedRanksScript = `import os, socket, time, durabletrain as dt
+rank = dt.world_rank()
+addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
+ckdir = os.path.abspath('ckpt-%d-%d' % (rank, os.getpid()))
+os.makedirs(ckdir, exist_ok=True)
+if rank == 0:
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((addr, port))
+    srv.listen(1)
+    peer, _ = srv.accept()
+else:
+    for _ in range(400):
+        try:
+            peer = socket.create_connection((addr, port))
+            break
+        except OSError:
+            time.sleep(0.05)
+def exchange():
+    peer.sendall(b'x')
+    if peer.recv(1) != b'x':
+        raise RuntimeError('the peer closed the link')
+dt.get_checkpoint()
+for epoch in dt.epochs():
+    for step, _ in dt.steps(range(150)):
+        exchange()
+        time.sleep(0.01)
+    open(os.path.join(ckdir, 'epoch'), 'w').write(str(epoch))
+    dt.report({'train_loss': 1.0 / (epoch + 1), 'test_loss': 1.0, 'test_accuracy': 0.5}, checkpoint_dir=ckdir)
+`
+
+// TestAnExecRunSurvivesAWorkerKilledUnderIt: a 2-rank exec run whose
+// programs talk to each other directly (linkedRanksScript, standard library
+// only), and a worker holding one of its ranks killed with SIGKILL mid-run.
+// Its program dies with it (Pdeathsig), the other rank's program fails by
+// itself on the reset link, and the run must count that as the gang's
+// failure, a worker's, and go on with a spare: not as the user's error,
+// which would end it.
+func TestAnExecRunSurvivesAWorkerKilledUnderIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-exec-kill"
+	py, _ := filepath.Abs("../python")
+	dir := t.TempDir()
+	script := filepath.Join(dir, "linked.py")
+	if err := os.WriteFile(script, []byte(linkedRanksScript), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, "exec-kill-ctl", "workflows", queue, "DURABLETRAIN_PYTHONPATH="+py)
+	var agents []*workerProc
+	for i := range 3 { // one spare
+		agents = append(agents, startWorker(t, fmt.Sprintf("exec-kill-%d", i), "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
+	}
+	c := dial(t)
+	s := subsetSpec(t, queue, 2, 3)
+	s.Trainer = "exec"
+	s.Exec = &spec.Exec{Command: []string{"/usr/bin/python3", script}, Dir: dir}
+	id := "it-exec-kill-1"
+	run := startRun(t, c, id, queue, s)
+	victim := killRankWorker(t, c, id, agents, 1)
+	t.Logf("killed %s", victim.name)
+	p := awaitRun(t, run, 4*time.Minute)
+	if p.State != spec.StateCompleted || p.Epoch != 3 || p.Generation < 2 {
+		t.Fatalf("after a worker under the exec run was killed: %+v; want it completed by a new gang", p)
+	}
+	t.Logf("completed: %d gangs, %d failures, incidents %+v", p.Generation, p.Failures, p.Incidents)
+}
