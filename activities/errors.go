@@ -21,8 +21,12 @@ var errShuttingDown = errors.New("the worker is shutting down")
 // at the last step the gang completed, is kept for the next gang unless the
 // worker is stopping or the error is the user's (survivors.go).
 func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err error, leave <-chan struct{}) error {
-	err = gangBrokeFirst(a.replicas.get(key), err, gangBreakGrace)
 	stopping := errors.Is(err, errShuttingDown) || errors.Is(context.Cause(ctx), errShuttingDown) || isClosed(leave)
+	if !stopping && ctx.Err() == nil {
+		// A stopping worker's rank reports its preemption at once: its
+		// grace is short, and the run must hear it before the worker exits.
+		err = gangBrokeFirst(ctx, a.replicas.get(key), err, gangBreakGrace)
+	}
 	if !stopping {
 		a.keepSurvivor(ctx, a.replicas.get(key), err)
 	}
@@ -51,7 +55,7 @@ const gangBreakGrace = 2 * time.Second
 // own collective hears of the same death: reported as the user's error, it
 // ended a run that a new gang would have carried on. A program that fails
 // for a reason of its own leaves its gang whole, and waits out the grace.
-func gangBrokeFirst(rep *replica, err error, grace time.Duration) error {
+func gangBrokeFirst(ctx context.Context, rep *replica, err error, grace time.Duration) error {
 	if rep == nil || !errors.Is(err, trainer.ErrUser) {
 		return err
 	}
@@ -59,11 +63,16 @@ func gangBrokeFirst(rep *replica, err error, grace time.Duration) error {
 	if !ok {
 		return err
 	}
-	for deadline := time.Now().Add(grace); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(grace); ; {
 		if gerr := g.Err(); gerr != nil && !errors.Is(gerr, collective.ErrClosed) {
 			return &gangBrokeError{gang: gerr, own: err}
 		}
 		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
 			return err
 		}
 	}

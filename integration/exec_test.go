@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -433,7 +434,9 @@ func pytorchWorkers(t *testing.T, queue string, agentNames ...string) []*workerP
 	startWorker(t, "ctl", "workflows", queue)
 	var agents []*workerProc
 	for _, name := range agentNames {
-		agents = append(agents, startWorker(t, name, "agent", queue, "DURABLETRAIN_PYTHONPATH="+py))
+		// A grace of 5 s, not 2: a PyTorch rank that saves as it leaves
+		// took over 2 s on a 2-core machine busy with other packages' tests.
+		agents = append(agents, startWorkerWith(t, name, "agent", queue, append(slices.Clone(testPolicy), "-grace", "5s"), "DURABLETRAIN_PYTHONPATH="+py))
 	}
 	return agents
 }
