@@ -83,12 +83,17 @@ func (g *pollGate) changed() {
 
 func (g *pollGate) ReserveSlot(ctx context.Context, _ worker.SlotReservationInfo) (*worker.SlotPermit, error) {
 	for {
-		if p := g.TryReserveSlot(nil); p != nil {
+		// The look and the channel to wait on are taken under one lock: a
+		// change between them (slots freed after a look that found none)
+		// would otherwise close a channel this reservation never waits on,
+		// and it would sleep through it, a worker with free slots not
+		// polling for holds until the next change.
+		g.mu.Lock()
+		p, wake := g.tryReserveLocked(), g.wake
+		g.mu.Unlock()
+		if p != nil {
 			return p, nil
 		}
-		g.mu.Lock()
-		wake := g.wake
-		g.mu.Unlock()
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -100,6 +105,11 @@ func (g *pollGate) ReserveSlot(ctx context.Context, _ worker.SlotReservationInfo
 func (g *pollGate) TryReserveSlot(worker.SlotReservationInfo) *worker.SlotPermit {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.tryReserveLocked()
+}
+
+// tryReserveLocked is TryReserveSlot; mu is held.
+func (g *pollGate) tryReserveLocked() *worker.SlotPermit {
 	// One poll at a time: the SDK may reserve the next permit before it
 	// marks the last one used, and until a hold has taken its slots, how
 	// many are left is unknown.
