@@ -70,11 +70,7 @@ func TestAStoreThatFailsIsNotADamagedCheckpoint(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			p.Set(fault(f.fault, keyIs(newest, http.MethodGet, http.MethodHead)))
 			loaded := ""
-			c, err := s.RestoreLatest(ctx, "r", func(c *Checkpoint) error {
-				loaded = c.Manifest.ID
-				_, err := io.Copy(io.Discard, mustOpen(t, c, "state.bin"))
-				return err
-			})
+			c, err := s.RestoreLatest(ctx, "r", readState(ctx, &loaded))
 			if err == nil || errors.Is(err, ErrNoCheckpoint) {
 				t.Fatalf("RestoreLatest with the newest manifest unreadable: %v, %v (loaded %q); want the store's error", c, err, loaded)
 			}
@@ -101,10 +97,7 @@ func TestAStoreThatFailsIsNotADamagedCheckpoint(t *testing.T) {
 		})
 	}
 	p.Set(nil)
-	c, err := s.RestoreLatest(ctx, "r", func(c *Checkpoint) error {
-		_, err := io.Copy(io.Discard, mustOpen(t, c, "state.bin"))
-		return err
-	})
+	c, err := s.RestoreLatest(ctx, "r", readState(ctx, nil))
 	if err != nil || c.Manifest.ID != ID(3, 0) || len(c.Skipped) > 0 {
 		t.Fatalf("with the store well again, RestoreLatest gave %v (%v)", c, err)
 	}
@@ -125,16 +118,7 @@ func TestAConnectionCutMidObjectIsNotACorruptCheckpoint(t *testing.T) {
 	put(t, s, "r", 2, map[string][]byte{"state.bin": state}, nil)
 	p.Set(fault(faultproxy.Truncate, keyIs("r/"+ID(2, 0)+"/state.bin", http.MethodGet)))
 	loaded := ""
-	c, err := s.RestoreLatest(ctx, "r", func(c *Checkpoint) error {
-		loaded = c.Manifest.ID
-		r, err := c.Open(ctx, "state.bin")
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		_, err = io.Copy(io.Discard, r)
-		return err
-	})
+	c, err := s.RestoreLatest(ctx, "r", readState(ctx, &loaded))
 	var corrupt *CorruptError
 	if err == nil || errors.As(err, &corrupt) || loaded != ID(2, 0) {
 		t.Fatalf("RestoreLatest with epoch 2's reads cut halfway: %v, %v (last loaded %s); want the store's error, epoch 2 tried and nothing older", c, err, loaded)
@@ -152,19 +136,23 @@ func TestAConnectionCutMidObjectIsNotACorruptCheckpoint(t *testing.T) {
 	}
 }
 
-func mustOpen(t *testing.T, c *Checkpoint, name string) io.ReadCloser {
-	t.Helper()
-	r, err := c.Open(context.Background(), name)
-	if err != nil {
-		return io.NopCloser(errReader{err})
+// readState is a RestoreLatest load that reads the checkpoint's state.bin
+// to its end (verifying it), noting in loaded, if not nil, the checkpoint
+// it tried last.
+func readState(ctx context.Context, loaded *string) func(*Checkpoint) error {
+	return func(c *Checkpoint) error {
+		if loaded != nil {
+			*loaded = c.Manifest.ID
+		}
+		r, err := c.Open(ctx, "state.bin")
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.Copy(io.Discard, r)
+		return err
 	}
-	t.Cleanup(func() { r.Close() })
-	return r
 }
-
-type errReader struct{ err error }
-
-func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // A store that stops answering fails the call that waits on it, within the
 // stall timeout, with a *StallError: without the watch, a save or a restore
@@ -198,15 +186,7 @@ func TestAHungStoreFailsTheCallWithinTheStallTimeout(t *testing.T) {
 		return err
 	}
 	restore := func() error {
-		_, err := s.RestoreLatest(ctx, "r", func(c *Checkpoint) error {
-			r, err := c.Open(ctx, "state.bin")
-			if err != nil {
-				return err
-			}
-			defer r.Close()
-			_, err = io.Copy(io.Discard, r)
-			return err
-		})
+		_, err := s.RestoreLatest(ctx, "r", readState(ctx, nil))
 		return err
 	}
 	uploads := func(r *http.Request) bool { return r.Method == http.MethodPut || r.Method == http.MethodPost }
