@@ -81,6 +81,12 @@ func (g *Group) blame(peer int, reason string) {
 // blocked call returns. local is what this rank's callers get.
 func (g *Group) fail(local error, pe *PeerError) {
 	g.failOnce.Do(func() {
+		if g.windows != nil && local != ErrClosed {
+			// Before any caller can see the error (and close the group,
+			// marking its window closed): a peer that finds the window
+			// closed then finds why.
+			g.publishWindowFailure(pe)
+		}
 		g.err = local
 		close(g.done)
 		if g.world == 1 {

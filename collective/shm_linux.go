@@ -128,6 +128,9 @@ func (r *shmRing) slot(i int) []byte {
 
 func (r *shmRing) close() { unix.Munmap(r.mem) }
 
+// headerBytes is n bytes of the header page from off.
+func (r *shmRing) headerBytes(off, n int) []byte { return r.mem[off : off+n] }
+
 // The header page, after the token: four 32-bit words, each on its own
 // cache line, and one descriptor per slot. Counters wrap (they are compared
 // by difference); the futex words are the counters themselves.

@@ -34,8 +34,9 @@ func (r *shmRing) desc(int) (seq, op, length *atomic.Uint32) { return nil, nil, 
 func futexWait(*atomic.Uint32, uint32, time.Duration)        {}
 func futexWake(*atomic.Uint32)                               {}
 
-func osYield()                              {}
-func (r *shmRing) release()                 {}
-func (r *shmRing) acquire()                 {}
-func (r *shmRing) setClock([]byte) *shmRing { return r }
-func (r *shmRing) word(int) *atomic.Uint32  { return nil }
+func osYield()                                 {}
+func (r *shmRing) release()                    {}
+func (r *shmRing) acquire()                    {}
+func (r *shmRing) setClock([]byte) *shmRing    { return r }
+func (r *shmRing) word(int) *atomic.Uint32     { return nil }
+func (r *shmRing) headerBytes(int, int) []byte { return nil }

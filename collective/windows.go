@@ -45,6 +45,16 @@ const (
 	winArrivedOffset = 64  // barriers this rank has reached (it writes)
 	winWaitersOffset = 128 // peers sleeping on arrived (each adds itself)
 	winClosedOffset  = 192 // 1 once the rank closed its group
+	// The rank's group failure, written once before its callers see it:
+	// the culprit plus 2 (1: nobody to blame; 0: not failed), written last,
+	// the rank that detected it, and the reason (up to maxAbortMsg bytes).
+	// A peer at a barrier reads it as it would the rank's abort frame,
+	// which travels the ring's TCP links and may come after the rank
+	// closed its window.
+	winFailedOffset       = 320
+	winFailReporterOffset = 324
+	winFailReasonLen      = 328
+	winFailReasonOffset   = 384
 	// winDescOffset: the operation begun, in two descriptors of 32 bytes:
 	// seq, kind, length (low, high), root. An operation whose first barrier
 	// is the rank's e-th writes descriptor e%2: a peer reads it after seeing
@@ -283,8 +293,14 @@ func (g *Group) awaitAll(first bool) error {
 			if err := g.Err(); err != nil {
 				return err
 			}
+			if g.peerWindowFailed(win) {
+				return g.err
+			}
 			if win.word(winClosedOffset).Load() != 0 && int32(arrived.Load()-h.epoch) < 0 {
-				g.blame(q, closedReason+" before this operation")
+				// A rank whose group failed published why before it closed.
+				if !g.peerWindowFailed(win) {
+					g.blame(q, closedReason+" before this operation")
+				}
 				return g.err
 			}
 			if wait.poll(g) {
@@ -457,6 +473,42 @@ func (g *Group) markWindowClosed() {
 		own.word(winClosedOffset).Store(1)
 		futexWake(own.word(winArrivedOffset))
 	})
+}
+
+// publishWindowFailure writes this rank's group failure into its window
+// (see winFailedOffset) and wakes peers sleeping on its counter.
+func (g *Group) publishWindowFailure(pe *PeerError) {
+	own := g.windows.own(g.rank)
+	reason := pe.Reason[:min(len(pe.Reason), maxAbortMsg)]
+	copy(own.headerBytes(winFailReasonOffset, len(reason)), reason)
+	own.word(winFailReasonLen).Store(uint32(len(reason)))
+	own.word(winFailReporterOffset).Store(uint32(pe.Reporter))
+	own.release()
+	own.word(winFailedOffset).Store(uint32(pe.Rank + 2))
+	futexWake(own.word(winArrivedOffset))
+}
+
+// peerWindowFailed fails this rank's group as the peer owning win failed,
+// if it did, as the peer's abort frame would, and reports whether it did.
+func (g *Group) peerWindowFailed(win *shmRing) bool {
+	failed := win.word(winFailedOffset).Load()
+	if failed == 0 {
+		return false
+	}
+	win.acquire()
+	n := min(int(win.word(winFailReasonLen).Load()), maxAbortMsg)
+	culprit := int(failed) - 2
+	if culprit >= g.world {
+		culprit = -1 // not a rank of this gang: blame nobody rather than a stranger
+	}
+	pe := &PeerError{
+		Rank:     culprit,
+		Addr:     g.addrOf(culprit),
+		Reporter: int(win.word(winFailReporterOffset).Load()),
+		Reason:   string(win.headerBytes(winFailReasonOffset, n)),
+	}
+	g.fail(pe, pe)
+	return true
 }
 
 // wakeWindows wakes this rank's own sleepers on its peers' counters (the

@@ -216,6 +216,41 @@ func TestHostWindowsPeersWaitingForAClosedOrCancelledRankFail(t *testing.T) {
 	}
 }
 
+// A rank that found a peer failed and closed its group at once (as every
+// caller does on an error) makes the ranks waiting for it at a barrier blame
+// the peer it found failed, not itself: its window says why it closed, and
+// its abort frame over TCP may come after its peers see the window closed.
+// (Before, a rank could see the window closed first and blame the closer:
+// CI's TestRealPeerFailures, 4 ranks through host windows, kill -9 of rank
+// 2, rank 0 blamed rank 1.)
+func TestHostWindowsPeersOfARankThatFailedAndClosedBlameTheCulprit(t *testing.T) {
+	for round := range 20 {
+		groups := windowGang(t, 4, Options{StallTimeout: time.Minute})
+		errs := each(groups, func(r int, g *Group) error {
+			buf := make([]float32, 1<<12)
+			switch r {
+			case 1:
+				time.Sleep(20 * time.Millisecond) // the others wait at the barrier
+				g.blame(2, "the test says rank 2 died")
+				g.Close()
+				return nil
+			case 2:
+				return nil // a rank that died does not reach the barrier
+			}
+			return g.AllReduce(context.Background(), buf)
+		})
+		for _, r := range []int{0, 3} {
+			var pe *PeerError
+			if !errors.As(errs[r], &pe) || pe.Rank != 2 || pe.Reporter != 1 || !strings.Contains(pe.Reason, "the test says rank 2 died") {
+				t.Fatalf("round %d: rank %d: %v; want rank 2 named, as rank 1 found it", round, r, errs[r])
+			}
+		}
+		for _, g := range groups {
+			g.Close()
+		}
+	}
+}
+
 // WindowBytes out of range is refused, naming the option and what it takes.
 func TestWindowBytesOutOfRangeIsRefused(t *testing.T) {
 	for _, bad := range []int{1, 4095, 4098, 2 << 30} {
