@@ -129,6 +129,8 @@ func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.Loca
 	if err != nil {
 		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}
+	rep.metrics.heartbeat()
+	beat.onBeat(rep.metrics.heartbeat)
 	if c := rep.tr.Cursor(); restored != nil && c.Epoch >= in.Spec.Hyper.Epochs {
 		return a.nothingLeft(ctx, key, rep, in, restored)
 	}

@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ type heartbeat struct {
 	mu      sync.Mutex
 	details map[string]any
 	gpu     func() (GPUStats, bool) // nil on a CPU slot
+	each    []func()                // run at every beat (onBeat)
 	done    chan struct{}
 }
 
@@ -31,11 +33,24 @@ func startHeartbeat(ctx context.Context, gpu func() (GPUStats, bool)) *heartbeat
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				h.mu.Lock()
+				each := h.each
+				h.mu.Unlock()
+				for _, f := range each {
+					f()
+				}
 				activity.RecordHeartbeat(ctx, h.snapshot())
 			}
 		}
 	}()
 	return h
+}
+
+// onBeat runs f at every beat from now on, until the heartbeat stops.
+func (h *heartbeat) onBeat(f func()) {
+	h.mu.Lock()
+	h.each = append(slices.Clip(h.each), f)
+	h.mu.Unlock()
 }
 
 func (h *heartbeat) set(d map[string]any) {

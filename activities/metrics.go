@@ -25,6 +25,7 @@ type rankMetrics struct {
 
 	stepLatency, allReduceLatency client.MetricsTimer
 	epochG, stepG, loss, busBW    client.MetricsGauge
+	heartbeatG                    client.MetricsGauge
 	steps, samples, reducedBytes  client.MetricsCounter
 }
 
@@ -37,8 +38,9 @@ func newRankMetrics(ctx context.Context, run string, rank int) *rankMetrics {
 	return &rankMetrics{h: h,
 		stepLatency: h.Timer(metricname.StepLatency), allReduceLatency: h.Timer(metricname.AllReduceLatency),
 		epochG: h.Gauge(metricname.Epoch), stepG: h.Gauge(metricname.Step), busBW: h.Gauge(metricname.AllReduceBusBandwidth),
-		loss:  h.WithTags(map[string]string{"name": "loss"}).Gauge(metricname.ReportedMetric),
-		steps: h.Counter(metricname.Steps), samples: h.Counter(metricname.Samples), reducedBytes: h.Counter(metricname.AllReduceBytes)}
+		heartbeatG: h.Gauge(metricname.RankHeartbeat),
+		loss:       h.WithTags(map[string]string{"name": "loss"}).Gauge(metricname.ReportedMetric),
+		steps:      h.Counter(metricname.Steps), samples: h.Counter(metricname.Samples), reducedBytes: h.Counter(metricname.AllReduceBytes)}
 }
 
 // step records a training step: position, loss, and the time since the last.
@@ -53,6 +55,13 @@ func (m *rankMetrics) step(p trainer.Progress, batch int) {
 	m.steps.Inc(1)
 	m.samples.Inc(int64(batch))
 	m.loss.Update(p.Loss)
+}
+
+// heartbeat records that the rank lives, at every heartbeat of its epoch:
+// it keeps the run's series on a worker's /metrics through an epoch's long
+// evaluation or checkpoint, when no step updates them.
+func (m *rankMetrics) heartbeat() {
+	m.heartbeatG.Update(float64(time.Now().UnixMilli()) / 1e3)
 }
 
 // pause marks a gap in training (a checkpoint, an evaluation) so that the

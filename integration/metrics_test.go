@@ -156,6 +156,7 @@ func TestWorkerServesMetrics(t *testing.T) {
 		{"durabletrain_steps_total", []string{`run="it-metrics-1"`}, 4 * 2 * 10},
 		{"durabletrain_epoch", []string{`run="it-metrics-1"`}, 3},
 		{"durabletrain_samples_per_second", []string{`run="it-metrics-1"`}, 1},
+		{"durabletrain_rank_heartbeat_timestamp_seconds", []string{`run="it-metrics-1"`, `rank="1"`}, float64(time.Now().Add(-5 * time.Minute).Unix())},
 		{"durabletrain_metric", []string{`name="test_accuracy"`, `run="it-metrics-1"`}, 0.5},
 		{"durabletrain_metric", []string{`name="train_loss"`, `run="it-metrics-1"`}, 0.01},
 		{"durabletrain_step_latency_seconds_count", []string{`run="it-metrics-1"`}, 10},

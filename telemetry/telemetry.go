@@ -5,7 +5,9 @@
 //
 // Every metric goes through the SDK's client.MetricsHandler: the SDK's
 // contrib/opentelemetry handler over an OpenTelemetry meter whose reader is
-// the Prometheus exporter. Workflow code records through
+// the Prometheus exporter, except the per-rank ones (metricname.PerRank),
+// kept in client_golang series that are forgotten once their run is idle
+// (runseries.go). Workflow code records through
 // workflow.GetMetricsHandler (the SDK drops what replay would repeat),
 // activities through activity.GetMetricsHandler, the worker's samplers
 // through Telemetry.Metrics. The names are package metricname's.
@@ -53,6 +55,12 @@ type Options struct {
 	OTLPEndpoint string
 	// OTLPInsecure sends spans without TLS (a collector beside the worker).
 	OTLPInsecure bool
+	// RunRetention is how long a run's per-rank series (metricname.PerRank)
+	// stay on /metrics after the last update of any of them; zero:
+	// DefaultRunRetention.
+	RunRetention time.Duration
+	// MaxRunSeries bounds the per-rank series kept; zero: DefaultMaxRunSeries.
+	MaxRunSeries int
 }
 
 // Telemetry is one process's metrics, tracing and health.
@@ -69,6 +77,7 @@ type Telemetry struct {
 	Health       *Health
 
 	log      *zap.Logger
+	runs     *runSeries
 	shutdown []func(context.Context) error
 	mu       sync.Mutex
 	server   *http.Server
@@ -95,13 +104,16 @@ func New(ctx context.Context, o Options, log *zap.Logger) (*Telemetry, error) {
 		sdkmetric.WithView(sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram, Unit: "s"},
 			sdkmetric.Stream{Aggregation: sdkmetric.AggregationExplicitBucketHistogram{Boundaries: secondsBuckets}})))
 	t.shutdown = append(t.shutdown, provider.Shutdown)
-	t.Metrics = temporalotel.NewMetricsHandler(temporalotel.MetricsHandlerOptions{
+	otelHandler := temporalotel.NewMetricsHandler(temporalotel.MetricsHandlerOptions{
 		Meter: provider.Meter("durabletrain"),
 		// The SDK's default panics on an instrument error: a metric must never take a worker down.
 		OnError:              func(err error) { log.Warn("metric not recorded", zap.Error(err)) },
 		UseMonotonicCounters: true,
 		InitialAttributes:    attribute.NewSet(),
 	})
+	t.runs = newRunSeries(o.RunRetention, o.MaxRunSeries, log)
+	t.Registry.MustRegister(t.runs)
+	t.Metrics = &runAwareHandler{base: otelHandler, tags: map[string]string{}, store: t.runs}
 	t.Tracer = noop.NewTracerProvider().Tracer("durabletrain")
 	if o.Tracing {
 		opts := []otlptracegrpc.Option{}
@@ -134,7 +146,9 @@ func New(ctx context.Context, o Options, log *zap.Logger) (*Telemetry, error) {
 // Handler serves /metrics, /healthz and /readyz.
 func (t *Telemetry) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(t.Registry, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(t.log), Registry: t.Registry}))
+	// A series that cannot be gathered is logged and left out; the rest are served.
+	mux.Handle("/metrics", promhttp.HandlerFor(t.Registry, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(t.log), Registry: t.Registry,
+		ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("/healthz", t.Health.serveLive)
 	mux.HandleFunc("/readyz", t.Health.serveReady)
 	return mux

@@ -75,6 +75,8 @@ func main() {
 	flag.BoolVar(&tel.Tracing, "tracing", false, "export OpenTelemetry spans (Temporal's interceptor, and gang, epoch and checkpoint spans) over OTLP/gRPC to -otlp-endpoint or $OTEL_EXPORTER_OTLP_ENDPOINT")
 	flag.StringVar(&tel.OTLPEndpoint, "otlp-endpoint", "", "host:port of the OpenTelemetry collector (default $OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4317)")
 	flag.BoolVar(&tel.OTLPInsecure, "otlp-insecure", false, "send spans without TLS (a collector on this host or in this pod)")
+	flag.DurationVar(&tel.RunRetention, "metrics-run-retention", telemetry.DefaultRunRetention, "how long a run's per-rank series (run and rank labels) stay on /metrics after the last update of any of them on this worker; a worker forgets the series of runs gone from it")
+	flag.IntVar(&tel.MaxRunSeries, "metrics-max-run-series", telemetry.DefaultMaxRunSeries, "the most per-rank series a worker keeps on /metrics; past it new ones are counted (durabletrain_metric_series_refused_total) and not kept")
 	flag.StringVar(&cfg.Deployment, "deployment-name", "", "Temporal worker deployment this worker is a version of (worker versioning; the version is this binary's build ID, see -version); empty: unversioned")
 	version := flag.Bool("version", false, "print the version and build ID, and exit")
 	flag.Parse()

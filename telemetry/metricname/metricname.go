@@ -14,6 +14,10 @@ const (
 	Samples          = "durabletrain_samples"            // counter: training examples seen by this rank
 	SamplesPerSecond = "durabletrain_samples_per_second" // gauge: the last epoch's, over all ranks
 	StepLatency      = "durabletrain_step_latency"       // timer: one training step, all-reduce included
+	// RankHeartbeat is the Unix time of the rank's latest heartbeat on this
+	// worker (every few seconds while an epoch runs): time() minus it is how
+	// long ago the rank last showed signs of life here.
+	RankHeartbeat = "durabletrain_rank_heartbeat_timestamp_seconds"
 	// ReportedMetric is every metric an epoch reports (tag name: train_loss,
 	// test_loss, test_accuracy, loss for the latest step, and any other).
 	ReportedMetric = "durabletrain_metric"
@@ -56,9 +60,15 @@ const (
 // below it the latency, not the bandwidth, is what is measured.
 const BusBandwidthFloor = busBandwidthFloor
 
+// PerRank are the names recorded per rank (tags run and rank). A worker
+// keeps a run's series while the run trains on it and forgets them once
+// none was updated for its -metrics-run-retention (package telemetry).
+var PerRank = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatency, RankHeartbeat, ReportedMetric,
+	AllReduceLatency, AllReduceBytes, AllReduceBusBandwidth, CheckpointBytes, CheckpointLatency}
+
 // All is every name above, for the checks that dashboards and alerts chart
 // only what is recorded.
-var All = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatency, ReportedMetric,
+var All = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatency, RankHeartbeat, ReportedMetric,
 	AllReduceLatency, AllReduceBytes, AllReduceBusBandwidth, CheckpointBytes, CheckpointLatency,
 	GangFormationLatency, Failures, Preemptions, RunsEnded, SlotsWanted,
 	Slots, GPUUtilization, GPUMemoryUsed, GPUMemoryTotal, GPUTemperature, GPUPowerWatts, WorkerInfo}
