@@ -167,8 +167,9 @@ func TestPerRankSeriesAreBounded(t *testing.T) {
 // Tags no Prometheus label takes (a name with a dash, one of the label
 // names Prometheus keeps for itself, a value that is not UTF-8, the
 // histograms' own le) and one name recorded as two kinds lose at most their
-// own series: /metrics still serves every other (before a refused label
-// would have failed every scrape), and nothing panics.
+// own series: /metrics still serves every other, and nothing panics
+// (client_golang panics on a histogram labelled le, and a series it refuses
+// fails the whole scrape unless the handler continues on errors).
 func TestHostileTagsDoNotBreakMetrics(t *testing.T) {
 	tel, _, scrapeNow := newTestTelemetry(t, Options{}, nil)
 	h := tel.Metrics.WithTags(map[string]string{"run": "r\xff\xfe", "rank": "0", "task-queue": "q", "__name__": "x", "le": "1"})
