@@ -298,17 +298,26 @@ type runInstrument struct {
 	kind seriesKind
 	name string
 	cur  atomic.Pointer[series]
+	// retryAt is when an instrument refused its series (the bound reached,
+	// the name another kind) asks again: until then it records nothing
+	// without taking the store's lock, at every step.
+	retryAt atomic.Int64
 }
 
 func (i *runInstrument) series() *series {
+	now := i.h.store.now().UnixNano()
 	se := i.cur.Load()
 	if se == nil || se.gone.Load() {
+		if now < i.retryAt.Load() {
+			return nil
+		}
 		if se = i.h.store.get(i.kind, i.name, promLabels(i.h.tags)); se == nil {
+			i.retryAt.Store(now + int64(time.Second))
 			return nil
 		}
 		i.cur.Store(se)
 	}
-	se.run.last.Store(i.h.store.now().UnixNano())
+	se.run.last.Store(now)
 	return se
 }
 
