@@ -286,6 +286,9 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	stderr, stderrW := io.Pipe()
 	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = stdoutW, stderrW, outputWaitDelay
 	if err := cmd.Start(); err != nil {
+		if outOfWorkerResources(err) {
+			return fmt.Errorf("exec trainer: this worker cannot start exec.command %s now: %w (its own limits, not the program: another attempt, or another worker, may)", quotedCommand(t.cfg.Command), err)
+		}
 		// No such program, not executable, no such directory: the spec's
 		// exec section is wrong, and no retry on any worker will start it.
 		return trainer.UserError(fmt.Errorf("exec trainer: cannot start exec.command %s: %w", quotedCommand(t.cfg.Command), err))
@@ -339,6 +342,20 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		t.stop()
 		return ctx.Err()
 	}
+}
+
+// outOfWorkerResources says whether err is a want of the worker's own
+// resources (no descriptor left, for the worker or the system; a fork or
+// an allocation refused for want of memory or processes): the worker's
+// fault, which a user error would make the run's for good, whether it met
+// starting the program or reading the program's files.
+func outOfWorkerResources(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.EAGAIN, syscall.ENOMEM} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
 }
 
 // socketPath is where the control socket goes: in the scratch directory,

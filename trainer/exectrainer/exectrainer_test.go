@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1009,4 +1010,83 @@ func TestAFullScratchDiskIsTheWorkersFaultNotTheProgramsOwn(t *testing.T) {
 	if copies, _ := filepath.Glob(filepath.Join(scratch, "saved-*")); len(copies) != 0 {
 		t.Fatalf("the failed copy left %v", copies)
 	}
+}
+
+// A program the worker cannot start for want of its own resources (here no
+// file descriptor left: a worker that leaks them; likewise a fork refused
+// for want of memory or processes) is the worker's fault, which another
+// attempt or another worker may not have, not the user's, which ends the
+// run for good. The test lowers its own descriptor limit, so it runs in a
+// process of its own.
+func TestAWorkerOutOfDescriptorsIsTheWorkersFaultNotTheProgramsOwn(t *testing.T) {
+	if os.Getenv("EXECTRAINER_TEST_FD_LIMIT") == "" {
+		child := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
+		child.Env = append(os.Environ(), "EXECTRAINER_TEST_FD_LIMIT=1")
+		out, err := child.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "started under the limit:") {
+			t.Fatalf("the test's own process: %v\n%s", err, out)
+		}
+		return
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // the poller's own descriptors, opened before counting
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	tr, err := New(Config{Command: []string{"/bin/true"}, Scratch: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lim unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+	low := lim
+	low.Cur = lowestFreeDescriptor(t) + 1 // the control socket's, and no other
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	err = tr.Init(context.Background())
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	t.Logf("started under the limit: %v", err)
+	if err == nil {
+		tr.Close()
+		t.Fatal("the program started with no descriptor left for its output")
+	}
+	if errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "too many open files") || !strings.Contains(err.Error(), "this worker") {
+		t.Fatalf("got %v; want the worker's error, naming its limit, not the user's", err)
+	}
+
+	// Likewise a worker that cannot open the program's checkpoint
+	// directory to keep its copy of it.
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	ckpt := t.TempDir()
+	os.WriteFile(filepath.Join(ckpt, "state.bin"), []byte("state"), 0o644)
+	prog := "import durabletrain as dt\n" +
+		"for epoch in dt.epochs():\n" +
+		"    dt._send({'op': 'report', 'epoch': epoch, 'step': 0, 'metrics': {'test_accuracy': 0.5}, 'checkpoint_dir': " + strconv.Quote(ckpt) + ", 'end': True})\n" +
+		"    dt._receive()\n"
+	tr = startInline(t, prog, t.TempDir())
+	low.Cur = lowestFreeDescriptor(t) // no new descriptor
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tr.TrainEpoch(context.Background(), 0, trainer.EpochOptions{})
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	t.Logf("kept the checkpoint under the limit: %v", err)
+	if err == nil || errors.Is(err, trainer.ErrUser) || !strings.Contains(err.Error(), "too many open files") || !strings.Contains(err.Error(), "on this worker") {
+		t.Fatalf("got %v; want the worker's error, naming its limit, not the user's", err)
+	}
+}
+
+// lowestFreeDescriptor is the number the next descriptor opened gets: a
+// limit of it lets none be opened (the limit bounds numbers, not a count).
+func lowestFreeDescriptor(t *testing.T) uint64 {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := f.Fd()
+	f.Close()
+	return uint64(fd)
 }

@@ -322,7 +322,7 @@ func (t *Trainer) keep(dir string, c trainer.Cursor) error {
 	if err != nil {
 		os.RemoveAll(dst)
 		var ce *copyError
-		if errors.As(err, &ce) {
+		if errors.As(err, &ce) || outOfWorkerResources(err) {
 			return fmt.Errorf("exec trainer: keeping a copy of the checkpoint directory %s on this worker, in %s: %w", dir, t.cfg.Scratch, err)
 		}
 		return trainer.UserError(fmt.Errorf("exec trainer: taking the checkpoint directory %s: %w", dir, err))
