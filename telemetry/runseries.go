@@ -65,20 +65,16 @@ func (k seriesKind) String() string {
 	return [...]string{"", "counter", "gauge", "timer"}[k]
 }
 
-// runEntry is one run's series on this worker and when any was last updated.
+// runEntry is when any of one run's series on this worker was last updated.
 type runEntry struct {
-	last  atomic.Int64 // unix nanoseconds
-	count int          // series of the run (under runSeries.mu)
+	last atomic.Int64 // unix nanoseconds
 }
 
 // series is one series: a client_golang metric with its labels as constant
 // labels. gone is set once it is forgotten; its instruments then look up
 // (or make) the series anew at their next update.
 type series struct {
-	key    string
 	run    *runEntry
-	runKey string
-	kind   seriesKind
 	metric prometheus.Metric
 	gone   atomic.Bool
 }
@@ -169,7 +165,7 @@ func (s *runSeries) get(kind seriesKind, name string, labels map[string]string) 
 		r.last.Store(s.now().UnixNano())
 		s.runs[runKey] = r
 	}
-	se := &series{key: key, run: r, runKey: runKey, kind: kind, metric: newMetric(kind, name, labels)}
+	se := &series{run: r, metric: newMetric(kind, name, labels)}
 	s.series[key] = se
 	return se
 }
