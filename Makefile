@@ -8,7 +8,7 @@ TAGS      ?= openblas
 export OPENBLAS_NUM_THREADS ?= 1
 export OMP_NUM_THREADS      ?= 1
 # Everything but the integration package (it links the Temporal server: 10 more minutes under -race).
-RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/...
+RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spec/... ./workflows/... ./activities/... ./gpuworker/... ./tune/... ./telemetry/...
 
 # The longest-running test packages, named first so that they start first: two packages run at
 # a time, and one of them left to run alone at the end kept a core idle (integration 440 s,

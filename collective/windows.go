@@ -293,14 +293,14 @@ func (g *Group) awaitAll(first bool) error {
 			if err := g.Err(); err != nil {
 				return err
 			}
+			// Closed is read first: a rank whose group failed published why
+			// before it could close, so a closed window's failure is seen.
+			closed := win.word(winClosedOffset).Load() != 0
 			if g.peerWindowFailed(win) {
 				return g.err
 			}
-			if win.word(winClosedOffset).Load() != 0 && int32(arrived.Load()-h.epoch) < 0 {
-				// A rank whose group failed published why before it closed.
-				if !g.peerWindowFailed(win) {
-					g.blame(q, closedReason+" before this operation")
-				}
+			if closed && int32(arrived.Load()-h.epoch) < 0 {
+				g.blame(q, closedReason+" before this operation")
 				return g.err
 			}
 			if wait.poll(g) {

@@ -191,15 +191,21 @@ func TestHostileTagsDoNotBreakMetrics(t *testing.T) {
 	}
 }
 
-// Ranks record while Prometheus scrapes and idle runs are forgotten.
+// Ranks record while Prometheus scrapes and idle runs are forgotten: a
+// run that keeps recording loses no update (its counter is exact), and the
+// runs idle for longer than the retention are gone (run under -race, which
+// make test's race pass does).
 func TestPerRankSeriesUnderConcurrentUse(t *testing.T) {
-	tel, clock, scrapeNow := newTestTelemetry(t, Options{RunRetention: time.Second}, nil)
+	tel, clock, scrapeNow := newTestTelemetry(t, Options{RunRetention: time.Minute}, nil)
+	const ranks, steps = 4, 2000
 	var wg sync.WaitGroup
-	for r := range 4 {
+	for r := range ranks {
 		wg.Go(func() {
-			for i := range 2000 {
-				h := tel.Metrics.WithTags(map[string]string{"run": fmt.Sprint("run-", i%50), "rank": fmt.Sprint(r)})
-				h.Counter(metricname.Steps).Inc(1)
+			steady := tel.Metrics.WithTags(map[string]string{"run": "steady", "rank": "0"}).Counter(metricname.Steps)
+			for i := range steps {
+				steady.Inc(1)
+				// A run of its own every 100 steps, recorded once, then idle.
+				h := tel.Metrics.WithTags(map[string]string{"run": fmt.Sprint("brief-", r, "-", i/100), "rank": fmt.Sprint(r)})
 				h.Timer(metricname.StepLatency).Record(time.Millisecond)
 				if i%100 == 0 {
 					clock.advance(time.Second)
@@ -213,4 +219,17 @@ func TestPerRankSeriesUnderConcurrentUse(t *testing.T) {
 		}
 	})
 	wg.Wait()
+	body := scrapeNow()
+	if want := fmt.Sprintf(`durabletrain_steps_total{rank="0",run="steady"} %d`, ranks*steps); !strings.Contains(body, want) {
+		t.Errorf("/metrics lacks %s: updates lost while runs were forgotten", want)
+	}
+	// The clock moved 80 s: each rank's first brief run was idle for over a minute.
+	for r := range ranks {
+		if first := fmt.Sprintf(`run="brief-%d-0"`, r); strings.Contains(body, first) {
+			t.Errorf("/metrics still shows %s, idle for longer than the retention", first)
+		}
+		if last := fmt.Sprintf(`run="brief-%d-19"`, r); !strings.Contains(body, last) {
+			t.Errorf("/metrics lacks %s, the newest", last)
+		}
+	}
 }

@@ -287,7 +287,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = stdoutW, stderrW, outputWaitDelay
 	if err := cmd.Start(); err != nil {
 		if outOfWorkerResources(err) {
-			return fmt.Errorf("exec trainer: this worker cannot start exec.command %s now: %w (its own limits, not the program: another attempt, or another worker, may)", quotedCommand(t.cfg.Command), err)
+			return fmt.Errorf("exec trainer: this worker cannot start exec.command %s now: %w (the worker's own limits, not a fault of the program: the run tries again)", quotedCommand(t.cfg.Command), err)
 		}
 		// No such program, not executable, no such directory: the spec's
 		// exec section is wrong, and no retry on any worker will start it.
