@@ -219,11 +219,19 @@ func TestPerRankSeriesUnderConcurrentUse(t *testing.T) {
 		}
 	})
 	wg.Wait()
+	// However the goroutines were scheduled (one may have run all its steps
+	// before another began), every run is now idle for over a minute but the
+	// steady one and each rank's newest, which record once more.
+	clock.advance(time.Minute + time.Second)
+	tel.Metrics.WithTags(map[string]string{"run": "steady", "rank": "0"}).Counter(metricname.Steps).Inc(0)
+	for r := range ranks {
+		tel.Metrics.WithTags(map[string]string{"run": fmt.Sprint("brief-", r, "-", steps/100-1), "rank": fmt.Sprint(r)}).
+			Timer(metricname.StepLatency).Record(time.Millisecond)
+	}
 	body := scrapeNow()
 	if want := fmt.Sprintf(`durabletrain_steps_total{rank="0",run="steady"} %d`, ranks*steps); !strings.Contains(body, want) {
 		t.Errorf("/metrics lacks %s: updates lost while runs were forgotten", want)
 	}
-	// The clock moved 80 s: each rank's first brief run was idle for over a minute.
 	for r := range ranks {
 		if first := fmt.Sprintf(`run="brief-%d-0"`, r); strings.Contains(body, first) {
 			t.Errorf("/metrics still shows %s, idle for longer than the retention", first)
