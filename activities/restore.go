@@ -155,6 +155,9 @@ func (a *Agent) reportRestored(ctx context.Context, in spec.EpochInput, report *
 		return
 	}
 	msg := spec.GangRestored{Generation: in.Generation, Epoch: in.Epoch, Report: *report}
+	if activity.IsActivity(ctx) {
+		msg.RunID = activity.GetInfo(ctx).WorkflowExecution.RunID
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
 	go func() {
 		defer cancel()

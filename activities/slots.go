@@ -202,7 +202,7 @@ func (a *Agent) keep(ctx context.Context, h *hold, handed <-chan struct{}, in sp
 		}
 	}()
 	if err := activity.GetClient(ctx).SignalWorkflow(ctx, in.WorkflowID, in.RunID, spec.SignalSlotGranted,
-		spec.SlotGranted{Generation: in.Generation, Request: in.Request, Attempt: in.Attempt, Placement: placement}); err != nil {
+		spec.SlotGranted{Generation: in.Generation, Request: in.Request, Attempt: in.Attempt, Placement: placement, RunID: in.RunID}); err != nil {
 		return fmt.Errorf("telling workflow %s about slot %d: %w", in.WorkflowID, slots[0].Index, err)
 	}
 	log := a.Log.With(zap.String("workflow", in.WorkflowID), zap.Int("generation", in.Generation), zap.Int("slot", slots[0].Index))

@@ -142,6 +142,11 @@ type SlotGranted struct {
 	Request    int       `json:"request"`
 	Attempt    int       `json:"attempt,omitempty"` // HoldSlotInput.Attempt
 	Placement  Placement `json:"placement"`
+	// RunID is the run that asked for the hold (HoldSlotInput.RunID). A
+	// reset run receives again the signals of the run it was reset from;
+	// their grants name that run, and are not taken for its own holds of
+	// the same generation and request. Empty from workers before it.
+	RunID string `json:"run_id,omitempty"`
 }
 
 // CheckpointRef points at a committed checkpoint; only references travel through Temporal.
@@ -260,6 +265,8 @@ type GangRestored struct {
 	Generation int           `json:"generation"`
 	Epoch      int           `json:"epoch"` // the epoch the gang trains
 	Report     RestoreReport `json:"report"`
+	// RunID is the run whose gang restored (SlotGranted.RunID says why).
+	RunID string `json:"run_id,omitempty"`
 }
 
 // RestoreReport says where a rank's state came from, and which newer

@@ -40,7 +40,7 @@ func (r *run) growGang(ctx workflow.Context) {
 			break
 		}
 		r.signals++
-		if s.Generation == pr.generation && slices.Contains(pr.requests, s.Request) {
+		if s.Generation == pr.generation && slices.Contains(pr.requests, s.Request) && !r.ofAnotherRun(ctx, s.RunID) {
 			pr.placements[s.Request] = s.Placement
 		}
 	}

@@ -262,8 +262,8 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 			}
 			r.signals++
 			if s.Generation != gen || s.Request < 0 || s.Request >= len(holds) || granted[s.Request] || ended[s.Request] ||
-				r.askAgain && s.Attempt != asked[s.Request] {
-				return // a slot of an older gang, a duplicate, or the late grant of a hold lost and asked for again
+				r.askAgain && s.Attempt != asked[s.Request] || r.ofAnotherRun(ctx, s.RunID) {
+				return // a slot of an older gang, a duplicate, the late grant of a hold lost and asked for again, or another run's
 			}
 			granted[s.Request] = true
 			placements[s.Request] = s.Placement

@@ -83,7 +83,7 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 			}
 			r.signals++
 			i, ok := pos[holdID{s.Generation, s.Request}]
-			if !ok || granted[i] {
+			if !ok || granted[i] || r.ofAnotherRun(ctx, s.RunID) {
 				return
 			}
 			granted[i] = true

@@ -34,7 +34,7 @@ var recordedIDs = map[string]string{
 // several workflow IDs could share), "v2-" from before the host-holds,
 // keep-gang, ask-again, tune-continue-as-new and release-by-host versions,
 // "v3-" from before the reuse-holds and await-releases versions, "v4-" from
-// before the hedge-holds version.
+// before the hedge-holds version, "v5-" from before the own-signals version.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {

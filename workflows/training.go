@@ -86,6 +86,10 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// A gang still missing hosts after hedgeAfter asks once for as many
 	// more (reserve); runs recorded before waited for the holds they asked.
 	r.hedgeHolds = workflow.GetVersion(ctx, "hedge-holds", workflow.DefaultVersion, 1) >= 1
+	// Grants and restore reports that name another run are not this run's
+	// (a reset run receives its base run's signals again); runs recorded
+	// before took them by generation and request alone.
+	r.ownSignals = workflow.GetVersion(ctx, "own-signals", workflow.DefaultVersion, 1) >= 1
 	if kept != nil && r.keepGang {
 		r.takeOverGang(ctx, *kept)
 	}
@@ -125,6 +129,8 @@ type run struct {
 	awaitReleases bool
 	// hedgeHolds: a gang still missing hosts after hedgeAfter asks for more.
 	hedgeHolds bool
+	// ownSignals: grants and restore reports of other runs are dropped (ofAnotherRun).
+	ownSignals bool
 	// releasing: those releases, while not answered (letGo).
 	releasing []workflow.Future
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
@@ -169,7 +175,7 @@ func (r *run) handle(ctx workflow.Context) error {
 				return
 			}
 			r.signals++
-			if g.Generation >= 1 && g.Generation <= r.p.Generation {
+			if g.Generation >= 1 && g.Generation <= r.p.Generation && !r.ofAnotherRun(ctx, g.RunID) {
 				r.restored(g.Generation, g.Epoch, g.Report)
 			}
 		}
@@ -186,6 +192,15 @@ func (r *run) handle(ctx workflow.Context) error {
 		}
 		return nil
 	}})
+}
+
+// ofAnotherRun says whether a grant or a restore report was sent to
+// another run of this workflow: the one a reset run was reset from, whose
+// signals Temporal applies again to the reset run. Its generations and
+// requests are numbered as this run's are, so they cannot tell. Senders
+// before SlotGranted.RunID name no run, and are taken as this run's.
+func (r *run) ofAnotherRun(ctx workflow.Context, runID string) bool {
+	return r.ownSignals && runID != "" && runID != workflow.GetInfo(ctx).WorkflowExecution.RunID
 }
 
 // requestStop asks the run to stop after its current epoch.

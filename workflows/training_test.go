@@ -116,7 +116,7 @@ func newHarness(t *testing.T) *harness {
 			for i := range in.Slots {
 				pl.Slots = append(pl.Slots, i)
 			}
-			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Attempt: in.Attempt, Placement: pl})
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, Attempt: in.Attempt, Placement: pl, RunID: in.RunID})
 		}
 		if h.hold != nil {
 			return h.hold(ctx, in)
@@ -632,6 +632,51 @@ func TestElasticProbeCountsOnlyTheRequestsItMade(t *testing.T) {
 	for _, in := range h.inputs() {
 		if len(in.Peers) != 1 {
 			t.Fatalf("epoch %d ran with %d ranks; the probe never held its slot, so the gang stays at 1", in.Epoch, len(in.Peers))
+		}
+	}
+}
+
+// A reset run receives again the signals its base run received: grants of
+// holds of the same generation and request, and restore reports, that name
+// the base run. It takes none of them for its own: its gang is made of the
+// slots its own holds were granted, and it is charged no failure.
+func TestAResetRunTakesNotItsBaseRunsGrants(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, 0)
+	h.lost = func(in spec.HoldSlotInput, asked int) error {
+		if in.RunID == "" || in.RunID == "the-base-run" {
+			t.Errorf("hold asked for by run %q", in.RunID)
+		}
+		if asked == 0 { // the base run's grant of this generation and request arrives first
+			h.env.SignalWorkflow(spec.SignalSlotGranted, spec.SlotGranted{Generation: in.Generation, Request: in.Request, RunID: "the-base-run",
+				Placement: spec.Placement{Worker: "base-run-host", HostQueue: "q-base", Collective: "10.9.9.9:7070", Slots: []int{0}}})
+		}
+		return nil
+	}
+	h.epoch = func(in spec.EpochInput) error {
+		if in.Epoch == 0 && in.Rank == 0 {
+			h.env.SignalWorkflow(spec.SignalGangRestored, spec.GangRestored{Generation: 1, RunID: "the-base-run",
+				Report: spec.RestoreReport{From: spec.CheckpointRef{Run: "r", ID: "ckpt-of-the-base-run"}}})
+		}
+		return nil
+	}
+	p, err := h.start(`{"hyper": {"epochs": 2}, "scaling": {"workers": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Generation != 1 || p.Failures != 0 {
+		t.Fatalf("progress %+v", p)
+	}
+	for _, in := range h.inputs() {
+		for _, peer := range in.Peers {
+			if peer == "10.9.9.9:7070" {
+				t.Fatalf("epoch %d ran on a slot granted to the base run: %+v", in.Epoch, in.Peers)
+			}
+		}
+	}
+	for _, inc := range p.Incidents {
+		if strings.Contains(inc.Detail, "ckpt-of-the-base-run") {
+			t.Fatalf("the base run's restore report was recorded: %+v", inc)
 		}
 	}
 }
