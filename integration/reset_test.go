@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +13,8 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 
+	"github.com/durabletrain/durabletrain/internal/bloburl"
+	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -94,4 +99,94 @@ func TestAResetRunTrainsAgain(t *testing.T) {
 		}
 	}
 	same("reset while training", untouched, awaitRun(t, resetToFirstTask(t, c, "it-reset-running"), 3*time.Minute))
+}
+
+// TestAResetSearchRunsItsTrialsAgain: a search reset to its first workflow
+// task once it has completed, and while its trials train (Temporal
+// terminates the running execution, and its trials are asked to cancel by
+// their parent close policy, but may still be closing): each reset search
+// runs its trials again as workflows of their own, apart from its base
+// run's (whose IDs may still be taken, and whose checkpoint run names they
+// own), and ends completed with every trial completed and its numbers
+// exactly those of the search untouched.
+func TestAResetSearchRunsItsTrialsAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-reset-tune"
+	startWorker(t, "rt-ctl", "workflows", queue)
+	startWorker(t, "rt-a", "agent", queue)
+	startWorker(t, "rt-b", "agent", queue)
+	c := dial(t)
+	search := func(id string) client.WorkflowRun {
+		raw, _ := json.Marshal(map[string]any{
+			"train": map[string]any{
+				"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+				"hyper":      map[string]any{"epochs": 2, "batch_size": 32},
+				"scaling":    map[string]any{"workers": 1, "task_queue": queue},
+				"checkpoint": map[string]any{"url": bloburl.FromPath(t.TempDir()) + "?metadata=skip"},
+				"failure":    map[string]any{"heartbeat_timeout": "3s"},
+			},
+			"param_space":           map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{1e-3, 3e-3, 1e-2, 3e-2}}},
+			"metric":                "test_accuracy",
+			"mode":                  "max",
+			"max_concurrent_trials": 2,
+		})
+		run, err := c.ExecuteWorkflow(t.Context(), client.StartWorkflowOptions{ID: id, TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run
+	}
+	await := func(what string, run client.WorkflowRun) spec.TuneResults {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+		defer cancel()
+		var res spec.TuneResults
+		if err := run.Get(ctx, &res); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		for _, tr := range res.Trials {
+			t.Logf("%s: trial %d %s epochs %d last %.4f %s", what, tr.Trial, tr.Status, tr.Epochs, deref(tr.Last), tr.Reason)
+		}
+		return res
+	}
+	untouched := await("untouched", search("it-reset-tune-done"))
+	same := func(what string, got spec.TuneResults) {
+		t.Helper()
+		if len(got.Trials) != len(untouched.Trials) || got.Best != untouched.Best {
+			t.Fatalf("%s: %d trials, best %d; the search untouched had %d, best %d", what, len(got.Trials), got.Best, len(untouched.Trials), untouched.Best)
+		}
+		for i, tr := range got.Trials {
+			u := untouched.Trials[i]
+			if what != "untouched" && (tr.WorkflowID == u.WorkflowID || !strings.Contains(tr.WorkflowID, "-reset-")) {
+				t.Fatalf("%s: trial %d ran as %s; its base run's trial was %s", what, i, tr.WorkflowID, u.WorkflowID)
+			}
+			if tr.Status != spec.TrialCompleted || tr.Epochs != u.Epochs || deref(tr.Last) != deref(u.Last) {
+				t.Fatalf("%s: trial %d %s after %d epochs at %.4f (%s); untouched, %s after %d at %.4f", what, i, tr.Status, tr.Epochs, deref(tr.Last), tr.Reason, u.Status, u.Epochs, deref(u.Last))
+			}
+		}
+	}
+	same("untouched", untouched)
+	same("reset once completed", await("reset once completed", resetToFirstTask(t, c, "it-reset-tune-done")))
+
+	search("it-reset-tune-running")
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var r *spec.TuneResults
+		if v, err := c.QueryWorkflow(t.Context(), "it-reset-tune-running", "", spec.QueryResults); err == nil && v.Get(&r) == nil && r != nil {
+			ended := 0
+			for _, tr := range r.Trials {
+				if tr.Status == spec.TrialCompleted {
+					ended++
+				}
+			}
+			if ended >= 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no trial of it-reset-tune-running ended in 2 minutes")
+		}
+	}
+	same("reset while its trials train", await("reset while its trials train", resetToFirstTask(t, c, "it-reset-tune-running")))
 }

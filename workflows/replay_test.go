@@ -22,6 +22,9 @@ var recordedIDs = map[string]string{
 	"v1-tune-cancelled-while-training.json": "it-end-search-2",
 	"v2-tune-asha-every-worker-killed.json": "it-tune-1",
 	"v2-tune-cancelled-while-training.json": "it-end-search-2",
+	"v5-tune-asha-every-worker-killed.json": "it-tune-1",
+	"v5-tune-cancelled-while-training.json": "it-end-search-2",
+	"v5-tune-pbt-every-worker-killed.json":  "it-pbt-1",
 }
 
 // TestReplayRecordedHistories replays histories recorded from real runs on the
@@ -34,7 +37,8 @@ var recordedIDs = map[string]string{
 // several workflow IDs could share), "v2-" from before the host-holds,
 // keep-gang, ask-again, tune-continue-as-new and release-by-host versions,
 // "v3-" from before the reuse-holds and await-releases versions, "v4-" from
-// before the hedge-holds version, "v5-" from before the own-signals version.
+// before the hedge-holds version, "v5-" from before the own-signals and
+// reset-trial-names versions.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {

@@ -1,6 +1,8 @@
 package workflows
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -36,6 +38,9 @@ type tuneCarried struct {
 	// Segments are PBT continuations cloned but not started when the
 	// search drained: the next execution starts them first.
 	Segments []pendingSegment `json:"segments,omitempty"`
+	// ResetTag sets apart the trials' run names of a search that was
+	// reset (trialRuns); empty for one never reset.
+	ResetTag string `json:"reset_tag,omitempty"`
 }
 
 // exploitPlan is a trial PBT told to exploit another: once it has stopped,
@@ -93,9 +98,28 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	if err != nil {
 		return nil, temporal.NewNonRetryableApplicationError("tune spec: "+err.Error(), spec.ErrUser, nil)
 	}
+	// A reset search (Temporal's Reset: a new run that replays its base
+	// run's history up to the point chosen; the base run is terminated and
+	// its trials asked to cancel) starts its trials again as new workflows.
+	// The base run's trials may still be closing under their workflow IDs,
+	// and own their checkpoint run names (checkpoint.Store.Claim), so a
+	// reset run names its trials apart, IDs and run names, with a tag of its
+	// own that it carries across continue-as-new; the reports of the base
+	// run's trials, which Temporal applies again to the reset run, name
+	// none of its trials. A run that was never reset has the run ID its
+	// start event was written with.
+	resetTag := ""
+	if carried != nil {
+		resetTag = carried.ResetTag
+	}
+	if workflow.GetVersion(ctx, "reset-trial-names", workflow.DefaultVersion, 1) >= 1 &&
+		info.OriginalRunID != "" && info.OriginalRunID != info.WorkflowExecution.RunID {
+		sum := sha256.Sum256([]byte(info.WorkflowExecution.RunID))
+		resetTag = "-reset-" + hex.EncodeToString(sum[:4])
+	}
 	// Trials are named after the search: an ID the server would refuse for
 	// a child would fail every workflow task, so it is refused here.
-	if err := spec.CheckWorkflowID("the search's workflow ID", info.WorkflowExecution.ID, len("-trial-00000")); err != nil {
+	if err := spec.CheckWorkflowID("the search's workflow ID", info.WorkflowExecution.ID, len("-trial-00000")+len(resetTag)); err != nil {
 		return nil, temporal.NewNonRetryableApplicationError(err.Error(), spec.ErrUser, nil)
 	}
 	sched, _ := s.NewScheduler()
@@ -116,7 +140,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	if url == "" && len(trials) > 0 {
 		url = trials[0].Spec.WithDefaults().Checkpoint.URL
 	}
-	trialID := func(i int) string { return fmt.Sprintf(trialSuffix, info.WorkflowExecution.ID, i) }
+	trialID := func(i int) string { return fmt.Sprintf(trialSuffix, info.WorkflowExecution.ID, i) + resetTag }
+	// trialRun is trial i's checkpoint run name.
+	trialRun := func(i int) string { return trialRunName(name+resetTag, trialID(i), i) }
 	pendingRow := func(i int) spec.TrialStatus {
 		return spec.TrialStatus{Trial: i, WorkflowID: trialID(i), Config: trials[i].Config, Status: spec.TrialPending}
 	}
@@ -177,9 +203,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	// runOf is the checkpoint run of trial i's segment (0: the trial's own).
 	runOf := func(i, segment int) string {
 		if segment == 0 {
-			return trialRunName(name, trialID(i), i)
+			return trialRun(i)
 		}
-		return runName(fmt.Sprintf("%s-p%d", trialRunName(name, trialID(i), i), segment))
+		return runName(fmt.Sprintf("%s-p%d", trialRun(i), segment))
 	}
 	// ended records that trial i is over, whatever ended it.
 	ended := func(i int) {
@@ -213,7 +239,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	// exploit clones a stopped trial's donor checkpoint, then continues it.
 	exploit := func(i int, plan *exploitPlan) {
 		row := res.Row(i)
-		clone := runName(fmt.Sprintf("%s-p%d-clone", trialRunName(name, trialID(i), i), row.Segment+1))
+		clone := runName(fmt.Sprintf("%s-p%d-clone", trialRun(i), row.Segment+1))
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Hour,
 			RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
 		f := workflow.ExecuteActivity(actx, spec.ActivityCloneCheckpoint, spec.CloneCheckpointInput{
@@ -296,7 +322,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		sp := trials[i].Spec
 		switch {
 		case owned:
-			sp.Name = trialRunName(name, t.WorkflowID, i)
+			sp.Name = trialRun(i)
 		case sp.Name == "":
 			sp.Name = legacyRunName(t.WorkflowID)
 		}
@@ -394,7 +420,7 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		if err != nil {
 			return nil, err
 		}
-		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st, Searcher: searched, Segments: carry})
+		next, err := encodeTuneInput(raw, &tuneCarried{Results: res, Scheduler: st, Searcher: searched, Segments: carry, ResetTag: resetTag})
 		if err != nil {
 			return nil, err
 		}
