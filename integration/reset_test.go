@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
+	"regexp"
 	"testing"
 	"time"
 
@@ -12,8 +12,11 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+	"go.uber.org/zap"
 
+	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
+	"github.com/durabletrain/durabletrain/internal/devserver"
 	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -101,6 +104,72 @@ func TestAResetRunTrainsAgain(t *testing.T) {
 	same("reset while training", untouched, awaitRun(t, resetToFirstTask(t, c, "it-reset-running"), 3*time.Minute))
 }
 
+// startSearch starts a search of 4 trials, at most concurrent at a time, over the learning rate.
+func startSearch(t *testing.T, c client.Client, id, queue string, concurrent int) client.WorkflowRun {
+	t.Helper()
+	raw, _ := json.Marshal(map[string]any{
+		"train": map[string]any{
+			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+			"hyper":      map[string]any{"epochs": 2, "batch_size": 32},
+			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
+			"checkpoint": map[string]any{"url": bloburl.FromPath(t.TempDir()) + "?metadata=skip"},
+			"failure":    map[string]any{"heartbeat_timeout": "3s"},
+		},
+		"param_space":           map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{1e-3, 3e-3, 1e-2, 3e-2}}},
+		"metric":                "test_accuracy",
+		"mode":                  "max",
+		"max_concurrent_trials": concurrent,
+	})
+	run, err := c.ExecuteWorkflow(t.Context(), client.StartWorkflowOptions{ID: id, TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run
+}
+
+// awaitSearch waits for a search's results and logs its trials.
+func awaitSearch(t *testing.T, what string, run client.WorkflowRun) spec.TuneResults {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var res spec.TuneResults
+	if err := run.Get(ctx, &res); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	for _, tr := range res.Trials {
+		t.Logf("%s: trial %d (%s) %s epochs %d last %.4f %s", what, tr.Trial, tr.WorkflowID, tr.Status, tr.Epochs, deref(tr.Last), tr.Reason)
+	}
+	return res
+}
+
+// resetTrialID is the ID of a trial a reset search started.
+var resetTrialID = regexp.MustCompile(`-trial-[0-9]+-reset-[0-9a-f]{8}$`)
+
+// sameSearch fails unless a search ran every trial to the numbers of the
+// search untouched, the trials from some k on (k returned) under IDs of a
+// reset run, and those before k under their own.
+func sameSearch(t *testing.T, what string, untouched, got spec.TuneResults) (k int) {
+	t.Helper()
+	if len(got.Trials) != len(untouched.Trials) || got.Best != untouched.Best {
+		t.Fatalf("%s: %d trials, best %d; the search untouched had %d, best %d", what, len(got.Trials), got.Best, len(untouched.Trials), untouched.Best)
+	}
+	k = len(got.Trials)
+	for i, tr := range got.Trials {
+		u := untouched.Trials[i]
+		tagged := resetTrialID.MatchString(tr.WorkflowID)
+		if tagged && k == len(got.Trials) {
+			k = i
+		}
+		if tagged != (i >= k) || tagged && tr.WorkflowID == u.WorkflowID {
+			t.Fatalf("%s: trial %d ran as %s; the search untouched ran it as %s", what, i, tr.WorkflowID, u.WorkflowID)
+		}
+		if tr.Status != spec.TrialCompleted || tr.Epochs != u.Epochs || deref(tr.Last) != deref(u.Last) {
+			t.Fatalf("%s: trial %d %s after %d epochs at %.4f (%s); untouched, %s after %d at %.4f", what, i, tr.Status, tr.Epochs, deref(tr.Last), tr.Reason, u.Status, u.Epochs, deref(u.Last))
+		}
+	}
+	return k
+}
+
 // TestAResetSearchRunsItsTrialsAgain: a search reset to its first workflow
 // task once it has completed, and while its trials train (Temporal
 // terminates the running execution, and its trials are asked to cancel by
@@ -118,59 +187,15 @@ func TestAResetSearchRunsItsTrialsAgain(t *testing.T) {
 	startWorker(t, "rt-a", "agent", queue)
 	startWorker(t, "rt-b", "agent", queue)
 	c := dial(t)
-	search := func(id string) client.WorkflowRun {
-		raw, _ := json.Marshal(map[string]any{
-			"train": map[string]any{
-				"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
-				"hyper":      map[string]any{"epochs": 2, "batch_size": 32},
-				"scaling":    map[string]any{"workers": 1, "task_queue": queue},
-				"checkpoint": map[string]any{"url": bloburl.FromPath(t.TempDir()) + "?metadata=skip"},
-				"failure":    map[string]any{"heartbeat_timeout": "3s"},
-			},
-			"param_space":           map[string]any{"hyper.lr": map[string]any{"grid_search": []float64{1e-3, 3e-3, 1e-2, 3e-2}}},
-			"metric":                "test_accuracy",
-			"mode":                  "max",
-			"max_concurrent_trials": 2,
-		})
-		run, err := c.ExecuteWorkflow(t.Context(), client.StartWorkflowOptions{ID: id, TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return run
+	untouched := awaitSearch(t, "untouched", startSearch(t, c, "it-reset-tune-done", queue, 2))
+	if k := sameSearch(t, "untouched", untouched, untouched); k != len(untouched.Trials) {
+		t.Fatalf("the search untouched ran trial %d as a reset search's", k)
 	}
-	await := func(what string, run client.WorkflowRun) spec.TuneResults {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-		defer cancel()
-		var res spec.TuneResults
-		if err := run.Get(ctx, &res); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		for _, tr := range res.Trials {
-			t.Logf("%s: trial %d %s epochs %d last %.4f %s", what, tr.Trial, tr.Status, tr.Epochs, deref(tr.Last), tr.Reason)
-		}
-		return res
+	if k := sameSearch(t, "reset once completed", untouched, awaitSearch(t, "reset once completed", resetToFirstTask(t, c, "it-reset-tune-done"))); k != 0 {
+		t.Fatalf("reset once completed: trials before %d kept their base run's IDs", k)
 	}
-	untouched := await("untouched", search("it-reset-tune-done"))
-	same := func(what string, got spec.TuneResults) {
-		t.Helper()
-		if len(got.Trials) != len(untouched.Trials) || got.Best != untouched.Best {
-			t.Fatalf("%s: %d trials, best %d; the search untouched had %d, best %d", what, len(got.Trials), got.Best, len(untouched.Trials), untouched.Best)
-		}
-		for i, tr := range got.Trials {
-			u := untouched.Trials[i]
-			if what != "untouched" && (tr.WorkflowID == u.WorkflowID || !strings.Contains(tr.WorkflowID, "-reset-")) {
-				t.Fatalf("%s: trial %d ran as %s; its base run's trial was %s", what, i, tr.WorkflowID, u.WorkflowID)
-			}
-			if tr.Status != spec.TrialCompleted || tr.Epochs != u.Epochs || deref(tr.Last) != deref(u.Last) {
-				t.Fatalf("%s: trial %d %s after %d epochs at %.4f (%s); untouched, %s after %d at %.4f", what, i, tr.Status, tr.Epochs, deref(tr.Last), tr.Reason, u.Status, u.Epochs, deref(u.Last))
-			}
-		}
-	}
-	same("untouched", untouched)
-	same("reset once completed", await("reset once completed", resetToFirstTask(t, c, "it-reset-tune-done")))
 
-	search("it-reset-tune-running")
+	startSearch(t, c, "it-reset-tune-running", queue, 2)
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		var r *spec.TuneResults
 		if v, err := c.QueryWorkflow(t.Context(), "it-reset-tune-running", "", spec.QueryResults); err == nil && v.Get(&r) == nil && r != nil {
@@ -188,5 +213,61 @@ func TestAResetSearchRunsItsTrialsAgain(t *testing.T) {
 			t.Fatal("no trial of it-reset-tune-running ended in 2 minutes")
 		}
 	}
-	same("reset while its trials train", await("reset while its trials train", resetToFirstTask(t, c, "it-reset-tune-running")))
+	if k := sameSearch(t, "reset while its trials train", untouched, awaitSearch(t, "reset while its trials train", resetToFirstTask(t, c, "it-reset-tune-running"))); k != 0 {
+		t.Fatalf("reset while its trials train: trials before %d kept their base run's IDs", k)
+	}
+}
+
+// TestAResetSearchAfterContinueAsNewRunsItsTrialsAgain: on a server that
+// suggests continue-as-new every 40 events, a search that continued as new
+// is reset to its new execution's first workflow task while that execution's
+// trials train. The trials listed before continue-as-new but started after
+// it run again under IDs of the reset run, and the search ends with the
+// numbers of the same search on that server untouched.
+func TestAResetSearchAfterContinueAsNewRunsItsTrialsAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server and worker processes")
+	}
+	often, err := devserver.Start(devserver.Options{Ephemeral: true, SuggestContinueAsNewAfter: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(often.Stop)
+	c, err := connect.Options{Address: often.Addr(), Namespace: "default"}.Dial(zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	queue := "it-reset-tune-can"
+	startWorkerAt(t, often.Addr(), "rtc-ctl", "workflows", queue, testPolicy)
+	startWorkerAt(t, often.Addr(), "rtc-a", "agent", queue, testPolicy)
+	startWorkerAt(t, often.Addr(), "rtc-b", "agent", queue, testPolicy)
+	untouched := awaitSearch(t, "untouched", startSearch(t, c, "it-reset-tune-can-ref", queue, 1))
+
+	first := startSearch(t, c, "it-reset-tune-can", queue, 1) // one at a time: it continues as new before the last
+	training := -1                                            // a trial the continued execution trains
+	for deadline := time.Now().Add(2 * time.Minute); training < 0; time.Sleep(20 * time.Millisecond) {
+		d, err := c.DescribeWorkflowExecution(t.Context(), "it-reset-tune-can", "")
+		var r *spec.TuneResults
+		if err == nil && d.WorkflowExecutionInfo.Execution.RunId != first.GetRunID() {
+			if v, err := c.QueryWorkflow(t.Context(), "it-reset-tune-can", "", spec.QueryResults); err == nil && v.Get(&r) == nil && r != nil {
+				for _, tr := range r.Trials {
+					if tr.Status == spec.TrialRunning && training < 0 {
+						training = tr.Trial
+					}
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Logf("describe: %v %v; first run %s; results %+v", d.GetWorkflowExecutionInfo().GetExecution(), err, first.GetRunID(), r)
+			t.Fatal("it-reset-tune-can never had a trial training after it continued as new")
+		}
+	}
+	// The execution reset started the trials from k on: the reset run
+	// starts them again under its own IDs; those before k ended before it.
+	k := sameSearch(t, "reset after continue-as-new", untouched, awaitSearch(t, "reset after continue-as-new", resetToFirstTask(t, c, "it-reset-tune-can")))
+	t.Logf("reset after continue-as-new while trial %d trained: trials %d on ran again", training, k)
+	if k < 1 || k > training {
+		t.Fatalf("trials from %d on ran again; want from the continued execution's first, at least 1 and at most %d (training when reset)", k, training)
+	}
 }

@@ -38,8 +38,8 @@ type tuneCarried struct {
 	// Segments are PBT continuations cloned but not started when the
 	// search drained: the next execution starts them first.
 	Segments []pendingSegment `json:"segments,omitempty"`
-	// ResetTag sets apart the trials' run names of a search that was
-	// reset (trialRuns); empty for one never reset.
+	// ResetTag sets apart the trials' workflow IDs and run names of a
+	// search that was reset (TuneWorkflow says why); empty if never reset.
 	ResetTag string `json:"reset_tag,omitempty"`
 }
 
@@ -326,6 +326,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 		case sp.Name == "":
 			sp.Name = legacyRunName(t.WorkflowID)
 		}
+		// A row carried across continue-as-new into a reset run was listed
+		// under the base run's trial ID: a pending trial takes this run's.
+		t.WorkflowID = trialID(i)
 		launch(i, t.WorkflowID, sp)
 	}
 	if carried != nil {
