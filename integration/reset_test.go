@@ -57,9 +57,10 @@ func resetToFirstTask(t *testing.T, c client.Client, id string) client.WorkflowR
 // TestAResetRunTrainsAgain: a user resets a run to its first workflow task
 // (the Temporal UI's "Reset"): once it has completed, and once while its
 // ranks train (Temporal terminates the running execution under them, and
-// they learn it only from their heartbeats). Each reset run trains again on
-// the checkpoints its earlier execution left under the same name and ends
-// completed with every epoch's numbers exactly those of the run untouched.
+// they learn it only from their heartbeats). Each reset run trains again
+// from the start under the same checkpoint name, writing over what its base
+// run left there, with no failure, and ends completed with every epoch's
+// numbers exactly those of the run untouched.
 func TestAResetRunTrainsAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
