@@ -35,12 +35,11 @@ func (r *run) growGang(ctx workflow.Context) {
 	}
 	pr := r.probe
 	for {
-		var s spec.SlotGranted
-		if !r.grants.ReceiveAsync(&s) {
+		s, received := r.takeGrant(ctx, r.grants)
+		if !received {
 			break
 		}
-		r.signals++
-		if s.Generation == pr.generation && slices.Contains(pr.requests, s.Request) && !r.ofAnotherRun(ctx, s.RunID) {
+		if s != nil && s.Generation == pr.generation && slices.Contains(pr.requests, s.Request) {
 			pr.placements[s.Request] = s.Placement
 		}
 	}

@@ -256,14 +256,13 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 	for count < workers && count+gone+hedgesGone < len(holds) && !timedOut && holdErr == nil && !r.p.Stopping {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
-			var s spec.SlotGranted
-			if !c.ReceiveAsync(&s) {
-				return // it did not decode (the SDK logs and drops it): not a grant
+			s, _ := r.takeGrant(ctx, c)
+			if s == nil {
+				return
 			}
-			r.signals++
 			if s.Generation != gen || s.Request < 0 || s.Request >= len(holds) || granted[s.Request] || ended[s.Request] ||
-				r.askAgain && s.Attempt != asked[s.Request] || r.ofAnotherRun(ctx, s.RunID) {
-				return // a slot of an older gang, a duplicate, the late grant of a hold lost and asked for again, or another run's
+				r.askAgain && s.Attempt != asked[s.Request] {
+				return // a slot of an older gang, a duplicate, or the late grant of a hold lost and asked for again
 			}
 			granted[s.Request] = true
 			placements[s.Request] = s.Placement

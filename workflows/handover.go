@@ -77,13 +77,12 @@ func (r *run) takeOverGang(ctx workflow.Context, kept keptGang) bool {
 	for count < len(placements) && failed == nil {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(r.grants, func(c workflow.ReceiveChannel, _ bool) {
-			var s spec.SlotGranted
-			if !c.ReceiveAsync(&s) {
-				return // it did not decode (the SDK logs and drops it): not a grant
+			s, _ := r.takeGrant(ctx, c)
+			if s == nil {
+				return
 			}
-			r.signals++
 			i, ok := pos[holdID{s.Generation, s.Request}]
-			if !ok || granted[i] || r.ofAnotherRun(ctx, s.RunID) {
+			if !ok || granted[i] {
 				return
 			}
 			granted[i] = true

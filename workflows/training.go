@@ -203,6 +203,22 @@ func (r *run) ofAnotherRun(ctx workflow.Context, runID string) bool {
 	return r.ownSignals && runID != "" && runID != workflow.GetInfo(ctx).WorkflowExecution.RunID
 }
 
+// takeGrant receives the next slot grant c holds, if it holds one, and
+// counts the signal. It returns the grant only if it is this run's: one
+// that did not decode (the SDK logs and drops it) is not received, and one
+// sent to another run (ofAnotherRun) is received but returned as nil.
+func (r *run) takeGrant(ctx workflow.Context, c workflow.ReceiveChannel) (_ *spec.SlotGranted, received bool) {
+	var s spec.SlotGranted
+	if !c.ReceiveAsync(&s) {
+		return nil, false
+	}
+	r.signals++
+	if r.ofAnotherRun(ctx, s.RunID) {
+		return nil, true
+	}
+	return &s, true
+}
+
 // requestStop asks the run to stop after its current epoch.
 func (r *run) requestStop() { r.stop.SendAsync(struct{}{}) }
 
