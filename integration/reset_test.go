@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -94,15 +95,31 @@ func TestAResetRunTrainsAgain(t *testing.T) {
 	// The same spec under another name: its own checkpoints.
 	s.Checkpoint.URL = subsetSpec(t, queue, 2, epochs).Checkpoint.URL
 	startRun(t, c, "it-reset-running", queue, s)
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if p := progress(t, c, "it-reset-running"); p != nil && p.Epoch >= 1 {
-			break
-		}
+	until(t, "it-reset-running to train an epoch", func() bool {
+		p := progress(t, c, "it-reset-running")
+		return p != nil && p.Epoch >= 1
+	})
+	same("reset while training", untouched, awaitRun(t, resetToFirstTask(t, c, "it-reset-running"), 3*time.Minute))
+}
+
+// until polls cond every 20 ms, for up to 2 minutes, and fails saying what
+// it waited for if cond never held.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("it-reset-running trained no epoch in 2 minutes")
+			t.Fatalf("waited 2 minutes for %s", what)
 		}
 	}
-	same("reset while training", untouched, awaitRun(t, resetToFirstTask(t, c, "it-reset-running"), 3*time.Minute))
+}
+
+// searchResults is a search's results query, or none while it does not answer.
+func searchResults(t *testing.T, c client.Client, id string) spec.TuneResults {
+	var r *spec.TuneResults
+	if v, err := c.QueryWorkflow(t.Context(), id, "", spec.QueryResults); err != nil || v.Get(&r) != nil || r == nil {
+		return spec.TuneResults{}
+	}
+	return *r
 }
 
 // startSearch starts a search of 4 trials, at most concurrent at a time, over the learning rate.
@@ -197,23 +214,9 @@ func TestAResetSearchRunsItsTrialsAgain(t *testing.T) {
 	}
 
 	startSearch(t, c, "it-reset-tune-running", queue, 2)
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		var r *spec.TuneResults
-		if v, err := c.QueryWorkflow(t.Context(), "it-reset-tune-running", "", spec.QueryResults); err == nil && v.Get(&r) == nil && r != nil {
-			ended := 0
-			for _, tr := range r.Trials {
-				if tr.Status == spec.TrialCompleted {
-					ended++
-				}
-			}
-			if ended >= 1 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no trial of it-reset-tune-running ended in 2 minutes")
-		}
-	}
+	until(t, "a trial of it-reset-tune-running to complete", func() bool {
+		return slices.ContainsFunc(searchResults(t, c, "it-reset-tune-running").Trials, func(tr spec.TrialStatus) bool { return tr.Status == spec.TrialCompleted })
+	})
 	if k := sameSearch(t, "reset while its trials train", untouched, awaitSearch(t, "reset while its trials train", resetToFirstTask(t, c, "it-reset-tune-running"))); k != 0 {
 		t.Fatalf("reset while its trials train: trials before %d kept their base run's IDs", k)
 	}
@@ -247,23 +250,19 @@ func TestAResetSearchAfterContinueAsNewRunsItsTrialsAgain(t *testing.T) {
 
 	first := startSearch(t, c, "it-reset-tune-can", queue, 1) // one at a time: it continues as new before the last
 	training := -1                                            // a trial the continued execution trains
-	for deadline := time.Now().Add(2 * time.Minute); training < 0; time.Sleep(20 * time.Millisecond) {
+	until(t, "it-reset-tune-can to train a trial after it continued as new", func() bool {
 		d, err := c.DescribeWorkflowExecution(t.Context(), "it-reset-tune-can", "")
-		var r *spec.TuneResults
-		if err == nil && d.WorkflowExecutionInfo.Execution.RunId != first.GetRunID() {
-			if v, err := c.QueryWorkflow(t.Context(), "it-reset-tune-can", "", spec.QueryResults); err == nil && v.Get(&r) == nil && r != nil {
-				for _, tr := range r.Trials {
-					if tr.Status == spec.TrialRunning && training < 0 {
-						training = tr.Trial
-					}
-				}
+		if err != nil || d.WorkflowExecutionInfo.Execution.RunId == first.GetRunID() {
+			return false
+		}
+		for _, tr := range searchResults(t, c, "it-reset-tune-can").Trials {
+			if tr.Status == spec.TrialRunning {
+				training = tr.Trial
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Logf("describe: %v %v; first run %s; results %+v", d.GetWorkflowExecutionInfo().GetExecution(), err, first.GetRunID(), r)
-			t.Fatal("it-reset-tune-can never had a trial training after it continued as new")
-		}
-	}
+		return false
+	})
 	// The execution reset started the trials from k on: the reset run
 	// starts them again under its own IDs; those before k ended before it.
 	k := sameSearch(t, "reset after continue-as-new", untouched, awaitSearch(t, "reset after continue-as-new", resetToFirstTask(t, c, "it-reset-tune-can")))
