@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"go.temporal.io/sdk/temporal"
 
@@ -50,5 +51,44 @@ func TestBlameNamesAnotherHostsRank(t *testing.T) {
 	}
 	if blame(nil, in, place) != nil {
 		t.Error("no error became one")
+	}
+}
+
+// A host whose own rank was declared stalled by another host's rank, and
+// heard the verdict, has a word for its run (spec.StallHeard): which rank,
+// who declared it, and how long it had been silent. Any other end has none.
+func TestAStallHeardByItsRankIsTold(t *testing.T) {
+	in := spec.EpochInput{Rank: 5, Generation: 3}
+	place := spec.LocalPlace{LocalRank: 1, LocalWorld: 4} // ranks 4..7
+	const silence = 2300 * time.Millisecond
+	verdict := func(rank, reporter int, reason string, silence time.Duration) error {
+		return fmt.Errorf("step 3: %w", &collective.PeerError{Rank: rank, Reporter: reporter, Reason: reason, Silence: silence})
+	}
+	stalled := collective.ReasonStalled + ": no data or keepalive for 2s"
+	for name, c := range map[string]struct {
+		err  error
+		want bool
+	}{
+		"heard, declared by another host":     {verdict(6, 8, stalled, silence), true},
+		"heard, after its gang broke":         {&gangBrokeError{gang: verdict(4, 3, stalled, silence), own: errors.New("exit 1")}, true},
+		"another host's rank stalled":         {verdict(8, 6, stalled, 0), false},
+		"declared by a rank of this host":     {verdict(6, 7, stalled, silence), false},
+		"lost, not stalled":                   {verdict(6, 8, "connection lost: EOF", silence), false},
+		"no silence measured (not its right)": {verdict(6, 8, stalled, 0), false},
+		"not the collective's":                {errors.New("disk full"), false},
+	} {
+		got := stallHeard(c.err, in, place)
+		if !c.want {
+			if got != nil {
+				t.Errorf("%s: told %+v; want nothing", name, got)
+			}
+			continue
+		}
+		var pe *collective.PeerError
+		errors.As(c.err, &pe)
+		want := spec.StallHeard{Generation: 3, Rank: pe.Rank, Reporter: pe.Reporter, Silence: spec.Duration(silence)}
+		if got == nil || *got != want {
+			t.Errorf("%s: told %+v; want %+v", name, got, want)
+		}
 	}
 }

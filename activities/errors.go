@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
+	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/spec"
@@ -106,6 +108,45 @@ func blame(err error, in spec.EpochInput, place spec.LocalPlace) error {
 		return err
 	}
 	return temporal.NewApplicationError(err.Error(), spec.ErrPeerFailed, spec.BrokenBy{Rank: pe.Rank, Reason: pe.Reason})
+}
+
+// stallHeard is what a host tells its run when its epoch ended because a
+// rank of another host declared one of this host's ranks stalled, and that
+// rank heard it (collective.PeerError.Silence): nil for any other end.
+func stallHeard(err error, in spec.EpochInput, place spec.LocalPlace) *spec.StallHeard {
+	var pe *collective.PeerError
+	if err == nil || !errors.As(err, &pe) || !pe.Stalled() || pe.Silence <= 0 {
+		return nil
+	}
+	first := in.Rank - place.LocalRank
+	ours := func(rank int) bool { return rank >= first && rank < first+max(1, place.LocalWorld) }
+	if !ours(pe.Rank) || ours(pe.Reporter) {
+		return nil
+	}
+	return &spec.StallHeard{Generation: in.Generation, Rank: pe.Rank, Reporter: pe.Reporter, Silence: spec.Duration(pe.Silence)}
+}
+
+// reportStallHeard tells the run, at once and without waiting, that a rank
+// of this host heard its ring declare it stalled (stallHeard): it was alive,
+// so the run may take back the failure and raise its stall timeout. The
+// activity's own error cannot say so: the run may have cancelled it already.
+func (a *Agent) reportStallHeard(ctx context.Context, in spec.EpochInput, place spec.LocalPlace, err error) {
+	msg := stallHeard(err, in, place)
+	if msg == nil {
+		return
+	}
+	if activity.IsActivity(ctx) {
+		msg.RunID = activity.GetInfo(ctx).WorkflowExecution.RunID
+	}
+	a.Log.Warn("a rank of this host was declared stalled, and heard it: telling the run", zap.String("run", in.Run),
+		zap.Int("generation", in.Generation), zap.Int("rank", msg.Rank), zap.Int("reporter", msg.Reporter), zap.Duration("silence", time.Duration(msg.Silence)))
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	go func() {
+		defer cancel()
+		if err := a.signalRun(sctx, spec.SignalStallHeard, *msg); err != nil {
+			a.Log.Warn("could not tell the run its rank heard its stall", zap.String("run", in.Run), zap.Error(err))
+		}
+	}()
 }
 
 func userError(err error) error {

@@ -1040,3 +1040,60 @@ func stillSums(t *testing.T, ctx context.Context, groups []*Group, when string) 
 		t.Fatalf("%s: sums %v, want [4 6] on each rank", when, bufs)
 	}
 }
+
+// A rank declared stalled that is alive hears its verdict, and learns from
+// it how long it had been silent (PeerError.Silence): its run tells a
+// starved or paused rank from a hung one by it. Rank 0 sends no keepalives
+// (an interval of an hour), as a process off its cores would not; it
+// still reads, so the abort of rank 1 (its right neighbour) reaches it.
+// Rank 1's own error names rank 0 with no Silence: it is the accuser.
+func TestAStalledRankThatHearsItsVerdictKnowsHowLongItWasSilent(t *testing.T) {
+	const stall = 400 * time.Millisecond
+	lns := []*Listener{listen(t), listen(t)}
+	gangSpec := Gang{Run: "heard", Generation: 1, Peers: []string{lns[0].Addr(), lns[1].Addr()}}
+	opts := []Options{
+		{Secret: testSecret, Transport: TransportTCP, KeepaliveInterval: time.Hour, StallTimeout: time.Hour},
+		{Secret: testSecret, Transport: TransportTCP, StallTimeout: stall},
+	}
+	groups := make([]*Group, 2)
+	if err := errors.Join(each(groups, func(r int, _ *Group) error {
+		g, err := Join(context.Background(), lns[r], gangSpec, r, opts[r])
+		groups[r] = g
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	}()
+	if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(context.Background()) })...); err != nil {
+		t.Fatal(err)
+	}
+	lastSent := time.Now()
+	for _, g := range groups {
+		select {
+		case <-g.done:
+		case <-time.After(20 * stall):
+			t.Fatalf("rank %d: no failure %v after the barrier", g.rank, time.Since(lastSent))
+		}
+	}
+	heardAfter := time.Since(lastSent)
+	var accused, accuser *PeerError
+	if !errors.As(groups[0].Err(), &accused) || !errors.As(groups[1].Err(), &accuser) {
+		t.Fatalf("got %v and %v, want PeerErrors", groups[0].Err(), groups[1].Err())
+	}
+	for r, pe := range []*PeerError{accused, accuser} {
+		if pe.Rank != 0 || pe.Reporter != 1 || !pe.Stalled() {
+			t.Fatalf("rank %d: got %+v, want rank 0 declared stalled by rank 1", r, pe)
+		}
+	}
+	t.Logf("rank 0 heard its verdict: %v; silence %v, at most %v", accused, accused.Silence.Round(time.Millisecond), heardAfter.Round(time.Millisecond))
+	if accused.Silence < stall || accused.Silence > heardAfter {
+		t.Errorf("rank 0's silence %v; want from the StallTimeout %v to the %v since its last frame", accused.Silence, stall, heardAfter)
+	}
+	if accuser.Silence != 0 {
+		t.Errorf("the accuser's error has a silence %v; want none", accuser.Silence)
+	}
+}

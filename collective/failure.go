@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,22 @@ type PeerError struct {
 	Addr     string // the culprit's listener address, when known
 	Reporter int    // the rank that first detected the failure
 	Reason   string
+	// Silence is set on the error of a rank that heard its right neighbour
+	// (the rank it sends to) declare it stalled: how long it had sent that
+	// neighbour nothing when the verdict reached it. A rank that hears its
+	// verdict ran and could be reached; one whose Silence is a little over
+	// the StallTimeout was starved of CPU or paused, not hung, and a longer
+	// StallTimeout would have kept its gang.
+	Silence time.Duration
+}
+
+// ReasonStalled begins the Reason of a PeerError whose culprit sent its
+// accuser nothing, not even a keepalive, for the accuser's StallTimeout.
+const ReasonStalled = "stalled"
+
+// Stalled reports whether the error declares its culprit stalled.
+func (e *PeerError) Stalled() bool {
+	return e.Rank >= 0 && strings.HasPrefix(e.Reason, ReasonStalled+":")
 }
 
 func (e *PeerError) Error() string {

@@ -148,5 +148,8 @@ func (g *Group) readAbort(conn io.Reader, h header) {
 	io.ReadFull(conn, msg)
 	culprit := int(h.aux) - 1
 	pe := &PeerError{Rank: culprit, Addr: g.addrOf(culprit), Reporter: int(h.seq), Reason: string(msg)}
+	if culprit == g.rank && pe.Reporter == g.right && pe.Stalled() {
+		pe.Silence = time.Since(time.Unix(0, g.lastWrite.Load()))
+	}
 	g.fail(pe, pe)
 }

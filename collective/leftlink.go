@@ -387,7 +387,7 @@ var testHookBeforeLeftRead func(*Group)
 
 func (g *Group) failLeft(err error) {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		g.failPeer(g.left, "stalled", fmt.Errorf("no data or keepalive for %v", g.opts.StallTimeout))
+		g.failPeer(g.left, ReasonStalled, fmt.Errorf("no data or keepalive for %v", g.opts.StallTimeout))
 		return
 	}
 	g.failPeer(g.left, "connection lost", err)

@@ -332,7 +332,7 @@ func (g *Group) readSkipFull(l *skipLink, p []byte) error {
 			g.skipPings.Add(1)
 			l.in.SetReadDeadline(l.deadline)
 		default:
-			return g.skipFailed(l.from, "stalled", fmt.Errorf("no data, and no answer to a ping for %v", g.opts.StallTimeout))
+			return g.skipFailed(l.from, ReasonStalled, fmt.Errorf("no data, and no answer to a ping for %v", g.opts.StallTimeout))
 		}
 	}
 	return nil

@@ -28,7 +28,11 @@ const (
 	// are in the run's progress even if the gang breaks before its first
 	// epoch ends.
 	SignalGangRestored = "gang-restored"
-	QueryProgress      = "progress" // the run's Progress
+	// SignalStallHeard: a host -> workflow, when a rank of it heard its
+	// ring neighbour declare it stalled (StallHeard): it was running and
+	// could be reached, so the run may raise its stall timeout's default.
+	SignalStallHeard = "stall-heard"
+	QueryProgress    = "progress" // the run's Progress
 
 	// Search attributes a run upserts when spec.search_attributes is on.
 	SearchAttributeState = "DurabletrainState" // Keyword: forming-gang, training, ...
@@ -267,6 +271,17 @@ type GangRestored struct {
 	Report     RestoreReport `json:"report"`
 	// RunID is the run whose gang restored (SlotGranted.RunID says why).
 	RunID string `json:"run_id,omitempty"`
+}
+
+// StallHeard is what SignalStallHeard carries.
+type StallHeard struct {
+	RunID      string `json:"run_id"`
+	Generation int    `json:"generation"`
+	Rank       int    `json:"rank"`     // the rank declared stalled, of the sending host
+	Reporter   int    `json:"reporter"` // the rank that declared it, its right neighbour
+	// Silence is how long the rank had sent the reporter nothing when the
+	// verdict reached it (collective.PeerError.Silence).
+	Silence Duration `json:"silence"`
 }
 
 // RestoreReport says where a rank's state came from, and which newer

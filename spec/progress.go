@@ -25,6 +25,11 @@ const (
 	IncidentResized           = "resized"            // an elastic gang shrank or grew back
 	IncidentForgedGrant       = "forged-grant"       // a rank refused a placement the pool key does not prove; not charged
 	IncidentRestored          = "restored"           // a new gang took its state from a survivor or a checkpoint; not charged
+	// IncidentFalseStall: a gang broke because its ring declared a rank
+	// stalled that then heard the verdict, having been silent briefly (its
+	// host starved it of CPU or paused it): not charged, and the run's stall
+	// timeout raised (Progress.StallTimeout).
+	IncidentFalseStall = "false-stall"
 )
 
 // Application error types: what a run's failure policy classifies errors by,
@@ -72,6 +77,11 @@ type Progress struct {
 	IncidentsDropped int            `json:"incidents_dropped,omitempty"`
 	Latest           *CheckpointRef `json:"latest_checkpoint,omitempty"`
 	Stopping         bool           `json:"stopping,omitempty"`
+	// StallTimeout is the ring's stall timeout the run's gangs use where its
+	// spec leaves failure.stall_timeout out: the default at first, raised
+	// after each stall that proved false (IncidentFalseStall), up to half
+	// of failure.heartbeat_timeout. Absent where the spec sets it.
+	StallTimeout Duration `json:"stall_timeout,omitempty"`
 	// Waiting says what a run that is not training waits for: slots on which
 	// task queue, how many granted, until when; a gang that did not form and
 	// when the next try is.

@@ -39,7 +39,7 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 		hosts, self := spec.RingHosts(g.placements, host, links)
 		in := spec.EpochInput{
 			Run: r.p.Run, Generation: g.generation, Rank: pl.Rank, World: world, Hosts: hosts, Host: self, Secret: g.secret, Owner: r.owner,
-			Epoch: epoch, Spec: r.spec, Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
+			Epoch: epoch, Spec: r.ringSpec(), Restore: r.p.Latest, Resume: resume, Checkpoint: checkpoint,
 			Slot: pl.Slot, BatchSize: batch, SmallAllReduceBytes: small,
 			GatherLinks: links != spec.RingOnly, HostWindows: windows,
 		}

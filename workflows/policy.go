@@ -65,6 +65,26 @@ func continueAsNew(p *spec.Progress, historyLength, signals int, suggested bool)
 	return p.Epoch < p.Epochs && !p.Stopping && (historyLength >= ContinueAsNewAfterEvents || signals >= ContinueAsNewAfterSignals || suggested)
 }
 
+// raisedStallTimeout is the stall timeout a run that chooses its own
+// (current > 0) takes after a rank its ring declared stalled heard the
+// verdict, having sent nothing for silence: twice that silence, and at
+// least twice current, but at most half of heartbeat, so that a stall is
+// still reported before Temporal's heartbeat timeout. false: the stall
+// stands as a failure, for there is no room to raise the timeout, or the
+// raised one would have declared the same silence a stall too (the ring
+// declares one after 3/4 of its timeout at the earliest): a rank silent
+// that long was not briefly starved.
+func raisedStallTimeout(current, heartbeat, silence time.Duration) (time.Duration, bool) {
+	if current <= 0 || silence <= 0 {
+		return 0, false
+	}
+	raised := min(heartbeat/2, max(2*current, 2*silence))
+	if raised <= current || silence >= raised*3/4 {
+		return 0, false
+	}
+	return raised, true
+}
+
 // askAgainAfter says whether a hold that ended before its grant is worth
 // asking for again: yes if a worker took it and lost it (its heartbeat
 // timed out, it could not tell the run, it stopped, it had too few slots);

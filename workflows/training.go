@@ -20,8 +20,9 @@ import (
 // The files of this package split the run by what each part owns:
 // training.go the run's life (handlers, the epoch loop, how it ends),
 // gang.go gang formation, elastic.go growing a degraded gang back, epoch.go
-// one epoch of a gang, policy.go the decisions as pure functions, input.go
-// the input and what continue-as-new carries.
+// one epoch of a gang, stall.go the ring's stall timeout the run chooses,
+// policy.go the decisions as pure functions, input.go the input and what
+// continue-as-new carries.
 //
 // The input is taken raw (converter.RawValue; callers pass json.RawMessage),
 // so that malformed JSON fails the run as a user error naming its position.
@@ -34,6 +35,8 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	if err == nil {
 		s, p, kept, err = decodeInput(raw, info.ContinuedExecutionRunID != "")
 	}
+	stallLeftOut := s.Failure.StallTimeout == 0 // the run chooses it (stall.go)
+	fresh := p == nil                           // the first execution: nothing carried
 	if err == nil {
 		s = s.WithDefaults()
 		err = s.Validate()
@@ -53,7 +56,8 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 		}
 	}
 	r := &run{spec: s, p: p, stop: workflow.NewBufferedChannel(ctx, 1),
-		grants: workflow.GetSignalChannel(ctx, spec.SignalSlotGranted)}
+		grants:      workflow.GetSignalChannel(ctx, spec.SignalSlotGranted),
+		stallsHeard: workflow.GetSignalChannel(ctx, spec.SignalStallHeard)}
 	if owned {
 		r.owner = info.WorkflowExecution.ID + " (first run " + info.FirstRunID + ")"
 	}
@@ -90,6 +94,12 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	// (a reset run receives its base run's signals again); runs recorded
 	// before took them by generation and request alone.
 	r.ownSignals = workflow.GetVersion(ctx, "own-signals", workflow.DefaultVersion, 1) >= 1
+	// A run whose spec leaves failure.stall_timeout out chooses it, and
+	// raises it after a stall that proved false (stall.go); runs recorded
+	// before kept the default. A run continued as new carries its choice.
+	if workflow.GetVersion(ctx, "false-stalls", workflow.DefaultVersion, 1) >= 1 && fresh && stallLeftOut {
+		p.StallTimeout = s.Failure.StallTimeout
+	}
 	if kept != nil && r.keepGang {
 		r.takeOverGang(ctx, *kept)
 	}
@@ -105,6 +115,9 @@ type run struct {
 	p      *spec.Progress
 	stop   workflow.Channel // stop requests, by signal or update
 	grants workflow.ReceiveChannel
+	// stallsHeard: ranks' word that they heard their ring declare them
+	// stalled (stall.go).
+	stallsHeard workflow.ReceiveChannel
 	gang   *gang
 	probe  *probe // while the gang has fewer ranks than scaling.workers
 	// survivors: the hosts of the last broken gang kept for the next one.
@@ -133,6 +146,9 @@ type run struct {
 	ownSignals bool
 	// releasing: those releases, while not answered (letGo).
 	releasing []workflow.Future
+	// heard: the latest rank's word that it heard its ring declare it
+	// stalled, until the failure it is about is charged (reviewStall).
+	heard *spec.StallHeard
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
 	// signals counts the signals this execution has received (Temporal
@@ -178,6 +194,18 @@ func (r *run) handle(ctx workflow.Context) error {
 			if g.Generation >= 1 && g.Generation <= r.p.Generation && !r.ofAnotherRun(ctx, g.RunID) {
 				r.restored(g.Generation, g.Epoch, g.Report)
 			}
+		}
+	})
+	// A rank its ring declared stalled heard the verdict: it was alive.
+	// (The epoch loop also takes those waiting when it charges a failure.)
+	workflow.Go(ctx, func(ctx workflow.Context) {
+		for {
+			var h spec.StallHeard
+			if !r.stallsHeard.Receive(ctx, &h) {
+				return
+			}
+			r.signals++
+			r.heardStall(ctx, h)
 		}
 	})
 	return workflow.SetUpdateHandlerWithOptions(ctx, spec.UpdateStop, func(ctx workflow.Context) (spec.StopResult, error) {
@@ -273,6 +301,9 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 			countFailure(ctx, inc)
 			if inc != nil {
 				r.p.AddIncident(*inc)
+			}
+			if r.reviewStall(ctx) {
+				fatal = nil // not charged after all: no budget exhausted
 			}
 			if fatal != nil {
 				return r.fail(ctx, fatal)

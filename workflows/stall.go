@@ -1,0 +1,99 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/durabletrain/durabletrain/spec"
+)
+
+// The ring's stall timeout (failure.stall_timeout) is a guess at how long a
+// live rank can go without sending: too short for its hosts, and a rank
+// starved of CPU or paused for a moment is declared stalled, its gang
+// breaks, and the run is charged a failure for a rank that never failed.
+// In real time such a rank cannot be told from a hung one (neither sends),
+// but afterwards it can: a live rank hears its verdict, and knows how long
+// it had been silent (collective.PeerError.Silence); its host tells the run
+// (spec.SignalStallHeard). A run whose spec leaves the timeout out chooses
+// it (Progress.StallTimeout) and, on that word, takes the failure back and
+// raises the timeout for its next gangs (raisedStallTimeout), so a loaded
+// host costs one gang, not the run's failure budget. A spec that sets the
+// timeout keeps it, and is charged every stall: its author chose.
+//
+// The word is not authenticated: anyone who may signal the workflow can
+// send it. What it can do is bounded: it takes back only a failure the
+// run charged in the generation it names, and only while it raises the
+// timeout, which stops at half of failure.heartbeat_timeout, so at most a
+// few failures in a run's life, and the timeout stays within what the spec
+// allows.
+
+// heardStall takes a rank's word that it heard its ring declare it
+// stalled, and settles it (settleStall) if its failure was charged.
+func (r *run) heardStall(ctx workflow.Context, h spec.StallHeard) bool {
+	if r.p.StallTimeout == 0 || h.RunID != workflow.GetInfo(ctx).WorkflowExecution.RunID || h.Generation < 1 || h.Generation > r.p.Generation {
+		return false
+	}
+	r.heard = &h
+	return r.settleStall()
+}
+
+// reviewStall is the epoch loop's look, once it charged a failure, for a
+// word about it: among the words taken and those still waiting in the
+// signal channel (the epoch's end and the word can arrive in one workflow
+// task, and the loop may run before the handler that takes words). It
+// reports whether it took the failure back.
+func (r *run) reviewStall(ctx workflow.Context) bool {
+	var h spec.StallHeard
+	for r.stallsHeard.ReceiveAsync(&h) {
+		r.signals++
+		if r.heardStall(ctx, h) {
+			return true
+		}
+	}
+	return r.settleStall()
+}
+
+// settleStall takes back the failure charged for the generation a rank
+// heard its stall verdict in (r.heard), where that stall proved false, and
+// raises the stall timeout (raisedStallTimeout). The word and the failure
+// arrive in either order: a word waits for its failure to be charged. It
+// reports whether it took a failure back.
+func (r *run) settleStall() bool {
+	h := r.heard
+	if h == nil || r.p.StallTimeout == 0 {
+		return false
+	}
+	var inc *spec.Incident
+	for i := len(r.p.Incidents) - 1; i >= 0 && inc == nil; i-- {
+		if c := &r.p.Incidents[i]; c.Generation == h.Generation && c.Kind == spec.IncidentFailure {
+			inc = c
+		}
+	}
+	if inc == nil {
+		return false // the gang's failure is still to be charged
+	}
+	r.heard = nil
+	was := time.Duration(r.p.StallTimeout)
+	raised, ok := raisedStallTimeout(was, time.Duration(r.spec.Failure.HeartbeatTimeout), time.Duration(h.Silence))
+	if !ok {
+		return false
+	}
+	inc.Kind = spec.IncidentFalseStall
+	inc.Detail = fmt.Sprintf("%s; rank %d heard this verdict, silent for %v (starved of CPU or paused, not hung): not charged, and the ring's stall timeout is raised from %v to %v",
+		inc.Detail, h.Rank, time.Duration(h.Silence).Round(time.Millisecond), was, raised)
+	r.p.Failures--
+	r.p.StallTimeout = spec.Duration(raised)
+	return true
+}
+
+// ringSpec is the spec an epoch's ranks get: the run's, with the stall
+// timeout the run chose, where it chooses.
+func (r *run) ringSpec() spec.Training {
+	s := r.spec
+	if r.p.StallTimeout != 0 {
+		s.Failure.StallTimeout = r.p.StallTimeout
+	}
+	return s
+}
