@@ -161,7 +161,9 @@ type Failure struct {
 	// heartbeat timeout. Default 2s, or half of heartbeat_timeout where that
 	// is shorter, but not under 1s; at most heartbeat_timeout.
 	// Shorter finds a hang sooner; too short for the hosts (a VM paused for
-	// longer, a host starved of CPU for longer) breaks healthy gangs.
+	// longer, a host starved of CPU for longer) breaks healthy gangs. Left
+	// out, the run chooses it: the default at first, raised after a stall
+	// that proved false (Progress.StallTimeout, IncidentFalseStall).
 	StallTimeout Duration `json:"stall_timeout,omitempty"`
 	// RecoverFromPeers: when a gang breaks, its surviving ranks keep their
 	// state at the last step every rank completed, and the next gang takes

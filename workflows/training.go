@@ -118,8 +118,8 @@ type run struct {
 	// stallsHeard: ranks' word that they heard their ring declare them
 	// stalled (stall.go).
 	stallsHeard workflow.ReceiveChannel
-	gang   *gang
-	probe  *probe // while the gang has fewer ranks than scaling.workers
+	gang        *gang
+	probe       *probe // while the gang has fewer ranks than scaling.workers
 	// survivors: the hosts of the last broken gang kept for the next one.
 	survivors *survivingHosts
 	ended     bool
