@@ -1,12 +1,14 @@
 package activities
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
+	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/spec"
@@ -76,13 +78,38 @@ func TestAStallHeardByItsRankIsTold(t *testing.T) {
 		"lost, not stalled":                   {verdict(6, 8, "connection lost: EOF", silence), false},
 		"no silence measured (not its right)": {verdict(6, 8, stalled, 0), false},
 		"not the collective's":                {errors.New("disk full"), false},
+		"a user error":                        {userError(verdict(6, 8, stalled, silence)), false},
 	} {
 		got := stallHeard(c.err, in, place)
+		signals := make(chan any, 1)
+		a := &Agent{Log: zap.NewNop(), signalled: func(name string, arg any) error {
+			if name == spec.SignalStallHeard {
+				signals <- arg
+			}
+			return nil
+		}}
+		herr := a.hostError(context.Background(), c.err, in, place)
 		if !c.want {
 			if got != nil {
 				t.Errorf("%s: told %+v; want nothing", name, got)
 			}
+			if want := blame(c.err, in, place); herr.Error() != want.Error() || errors.Is(herr, c.err) != errors.Is(want, c.err) {
+				t.Errorf("%s: the host's error %v; want blame's", name, herr)
+			}
 			continue
+		}
+		var app *temporal.ApplicationError
+		var told spec.StallHeard
+		if !errors.As(herr, &app) || app.Type() != spec.ErrStalledHeard || app.Details(&told) != nil || got == nil || told != *got || app.Message() != c.err.Error() {
+			t.Errorf("%s: the host's error %v; want an %s carrying %+v", name, herr, spec.ErrStalledHeard, got)
+		}
+		select {
+		case s := <-signals:
+			if got != nil && s != *got {
+				t.Errorf("%s: signalled %+v; want %+v", name, s, *got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("%s: the run was not signalled", name)
 		}
 		var pe *collective.PeerError
 		errors.As(c.err, &pe)

@@ -39,8 +39,7 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	defer beat.stop()
 	if len(ranks) == 1 {
 		res, err := a.runRank(ctx, ranks[0], places[0], beat)
-		a.reportStallHeard(ctx, ranks[0], places[0], err)
-		return res, blame(err, ranks[0], places[0])
+		return res, a.hostError(ctx, err, ranks[0], places[0])
 	}
 	// A rank that fails breaks the gang's collective, so the others fail
 	// with it; the host reports the most telling of its ranks' ends.
@@ -52,8 +51,7 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	}
 	wg.Wait()
 	res, err := hostEnd(results, errs)
-	a.reportStallHeard(ctx, ranks[0], places[0], err)
-	return res, blame(err, ranks[0], places[0])
+	return res, a.hostError(ctx, err, ranks[0], places[0])
 }
 
 // hostEnd is how a host's epoch ended, from its ranks' ends: the first

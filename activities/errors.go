@@ -107,15 +107,17 @@ func blame(err error, in spec.EpochInput, place spec.LocalPlace) error {
 	if pe.Rank >= first && pe.Rank < first+max(1, place.LocalWorld) {
 		return err
 	}
-	return temporal.NewApplicationError(err.Error(), spec.ErrPeerFailed, spec.BrokenBy{Rank: pe.Rank, Reason: pe.Reason})
+	return temporal.NewApplicationError(err.Error(), spec.ErrPeerFailed, spec.BrokenBy{Rank: pe.Rank, Reason: pe.Reason, Stalled: pe.Stalled()})
 }
 
 // stallHeard is what a host tells its run when its epoch ended because a
 // rank of another host declared one of this host's ranks stalled, and that
-// rank heard it (collective.PeerError.Silence): nil for any other end.
+// rank heard it (collective.PeerError.Silence): nil for any other end, and
+// for an error already classified (a user error, a preemption).
 func stallHeard(err error, in spec.EpochInput, place spec.LocalPlace) *spec.StallHeard {
 	var pe *collective.PeerError
-	if err == nil || !errors.As(err, &pe) || !pe.Stalled() || pe.Silence <= 0 {
+	var app *temporal.ApplicationError
+	if err == nil || errors.As(err, &app) || !errors.As(err, &pe) || !pe.Stalled() || pe.Silence <= 0 {
 		return nil
 	}
 	first := in.Rank - place.LocalRank
@@ -126,15 +128,24 @@ func stallHeard(err error, in spec.EpochInput, place spec.LocalPlace) *spec.Stal
 	return &spec.StallHeard{Generation: in.Generation, Rank: pe.Rank, Reporter: pe.Reporter, Silence: spec.Duration(pe.Silence)}
 }
 
+// hostError is the error a host's epoch ends with: blame's, or, where a
+// rank of this host heard another host's declare it stalled (stallHeard),
+// an ErrStalledHeard that says so, and the run is told at once by signal
+// too (reportStallHeard): it may have cancelled this activity already.
+func (a *Agent) hostError(ctx context.Context, err error, in spec.EpochInput, place spec.LocalPlace) error {
+	heard := stallHeard(err, in, place)
+	if heard == nil {
+		return blame(err, in, place)
+	}
+	a.reportStallHeard(ctx, in, *heard)
+	return temporal.NewApplicationError(err.Error(), spec.ErrStalledHeard, *heard)
+}
+
 // reportStallHeard tells the run, at once and without waiting, that a rank
 // of this host heard its ring declare it stalled (stallHeard): it was alive,
-// so the run may take back the failure and raise its stall timeout. The
-// activity's own error cannot say so: the run may have cancelled it already.
-func (a *Agent) reportStallHeard(ctx context.Context, in spec.EpochInput, place spec.LocalPlace, err error) {
-	msg := stallHeard(err, in, place)
-	if msg == nil {
-		return
-	}
+// so the run may take back the failure and raise its stall timeout.
+func (a *Agent) reportStallHeard(ctx context.Context, in spec.EpochInput, heard spec.StallHeard) {
+	msg := &heard
 	if activity.IsActivity(ctx) {
 		msg.RunID = activity.GetInfo(ctx).WorkflowExecution.RunID
 	}

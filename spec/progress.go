@@ -41,6 +41,10 @@ const (
 	ErrBudgetExhausted = "durabletrain.BudgetExhausted" // more failures or preemptions than the spec allows
 	ErrForgedGrant     = "durabletrain.ForgedGrant"     // a placement its worker's pool key does not prove
 	ErrPeerFailed      = "durabletrain.PeerFailed"      // another host's rank broke the gang; details: BrokenBy
+	// ErrStalledHeard: a rank of this host was declared stalled by another
+	// host's, and heard it (details: StallHeard); an infrastructure failure
+	// as any other, which the run may take back (IncidentFalseStall).
+	ErrStalledHeard = "durabletrain.StalledHeard"
 )
 
 // BrokenBy is carried by the epoch error of a host whose ranks ended only
@@ -51,6 +55,9 @@ const (
 type BrokenBy struct {
 	Rank   int    `json:"rank"`   // the first rank blamed (another host's); -1 when none is (another worker stopping)
 	Reason string `json:"reason"` // what the ranks saw: "stalled", "connection closed", ...
+	// Stalled: the rank was declared stalled (it sent nothing, not even a
+	// keepalive, for the stall timeout), not found dead or lost.
+	Stalled bool `json:"stalled,omitempty"`
 }
 
 // Progress is a run as the progress query shows it; it is also the state

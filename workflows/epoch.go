@@ -114,6 +114,9 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 		}
 	}
 	out := mergeEpoch(merged, first, leftWith)
+	if out.err != nil {
+		out.stalled, out.heard = stallOf(ranks)
+	}
 	if out.err != nil && r.reuseHolds {
 		out.survivors = survivors(ranks, settled, holdEnded, g.placements, max(1, r.spec.Scaling.WorkersPerHost))
 	}

@@ -170,6 +170,10 @@ type epochOutcome struct {
 	// survivors are the gang's hosts to keep for the next gang, by host
 	// index (run.reuseHolds; see survivors).
 	survivors []int
+	// stalled is the rank a host declared stalled (stallOf), or -1, and
+	// heard the word of its host that it heard the verdict, if it said so.
+	stalled int
+	heard   *spec.StallHeard
 }
 
 // rankEnd is how one rank's RunEpoch ended.
@@ -189,7 +193,7 @@ type rankEnd struct {
 //     (no new gang can help) before a preemption (charged to its own budget)
 //     before the first failure seen.
 func mergeEpoch(ranks []rankEnd, first error, leftWith []*spec.CheckpointRef) epochOutcome {
-	var out epochOutcome
+	out := epochOutcome{stalled: -1}
 	for i, r := range ranks {
 		if r.err != nil {
 			out.latest = newer(out.latest, checkpointIn(r.err))
@@ -244,6 +248,29 @@ func brokenBy(err error) *spec.BrokenBy {
 		return nil
 	}
 	return &b
+}
+
+// stallOf is the rank a host of a broken gang was declared stalled by
+// another host's, by either host's epoch error, or -1; and, if the
+// declared rank's host said it heard the verdict (spec.ErrStalledHeard),
+// its word. Either error may be all the run saw: the other host's epoch,
+// cancelled once the first failed, reports nothing.
+func stallOf(ranks []rankEnd) (int, *spec.StallHeard) {
+	rank := -1
+	for _, r := range ranks {
+		if b := brokenBy(r.err); b != nil && b.Rank >= 0 && b.Stalled {
+			rank = b.Rank
+			break
+		}
+	}
+	for _, r := range ranks {
+		var app *temporal.ApplicationError
+		var h spec.StallHeard
+		if errors.As(r.err, &app) && app.Type() == spec.ErrStalledHeard && app.HasDetails() && app.Details(&h) == nil && (rank < 0 || h.Rank == rank) {
+			return h.Rank, &h
+		}
+	}
+	return rank, nil
 }
 
 // hostOf is the index of the host whose ranks include rank, or -1.

@@ -23,11 +23,11 @@ import (
 // timeout keeps it, and is charged every stall: its author chose.
 //
 // The word is not authenticated: anyone who may signal the workflow can
-// send it. What it can do is bounded: it takes back only a failure the
-// run charged in the generation it names, and only while it raises the
-// timeout, which stops at half of failure.heartbeat_timeout, so at most a
-// few failures in a run's life, and the timeout stays within what the spec
-// allows.
+// send it. What it can do is bounded: it takes back only the failure the
+// run charged last, where a host of that gang declared the rank it names
+// stalled, and only while it raises the timeout, which stops at half of
+// failure.heartbeat_timeout, so at most a few failures in a run's life,
+// and the timeout stays within what the spec allows.
 
 // heardStall takes a rank's word that it heard its ring declare it
 // stalled, and settles it (settleStall) if its failure was charged.
@@ -75,6 +75,10 @@ func (r *run) settleStall() bool {
 		return false // the gang's failure is still to be charged
 	}
 	r.heard = nil
+	if r.stalled.generation != h.Generation || r.stalled.rank != h.Rank || r.stalled.settled {
+		return false // the gang broke, but no host declared that rank stalled
+	}
+	r.stalled.settled = true
 	was := time.Duration(r.p.StallTimeout)
 	raised, ok := raisedStallTimeout(was, time.Duration(r.spec.Failure.HeartbeatTimeout), time.Duration(h.Silence))
 	if !ok {
@@ -85,7 +89,35 @@ func (r *run) settleStall() bool {
 		inc.Detail, h.Rank, time.Duration(h.Silence).Round(time.Millisecond), was, raised)
 	r.p.Failures--
 	r.p.StallTimeout = spec.Duration(raised)
+	r.stalled.takenBack = true
 	return true
+}
+
+// awaitStallWord waits, where the stall charged last exhausted the run's
+// failure budget, for the declared rank's word: it hears its verdict only
+// once it runs again, after the rank that declared it has reported. A word
+// that takes the failure back lets the run go on. It waits as long as a
+// rank's silence could still be taken for brief (3/4 of the most the
+// timeout can be raised to), and not at all where there is no room to
+// raise the timeout. It reports whether the failure was taken back.
+func (r *run) awaitStallWord(ctx workflow.Context) bool {
+	stall, hb := time.Duration(r.p.StallTimeout), time.Duration(r.spec.Failure.HeartbeatTimeout)
+	if stall == 0 || r.stalled.rank < 0 || r.stalled.settled {
+		return r.stalled.takenBack
+	}
+	if _, room := raisedStallTimeout(stall, hb, stall); !room {
+		return false
+	}
+	workflow.AwaitWithTimeout(ctx, hb/2*3/4, func() bool { return r.stalled.settled })
+	return r.stalled.takenBack
+}
+
+// stallCharged is the generation whose gang broke last, the rank a host
+// of it declared stalled (-1: none did), and whether a word about it was
+// settled, and took the failure back.
+type stallCharged struct {
+	generation, rank   int
+	settled, takenBack bool
 }
 
 // ringSpec is the spec an epoch's ranks get: the run's, with the stall

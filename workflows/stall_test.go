@@ -35,29 +35,79 @@ func TestRaisedStallTimeout(t *testing.T) {
 	}
 }
 
+// How rank 0's host tells the run it heard its stall verdict.
+const (
+	byError       = iota // its epoch's error says so (spec.ErrStalledHeard); rank 1's epoch never ends
+	bySignal             // a signal, before rank 1's error; its own epoch is cancelled
+	bySignalAfter        // a signal a moment after rank 1's error; its own epoch is cancelled
+	bySignalLate         // a signal once the next gang trains; its own epoch is cancelled
+	never                // nothing: it never ran again; its epoch is cancelled
+)
+
 // stallOfRank0 makes rank 0 of generation 1's first epoch stall in the
-// eyes of rank 1: rank 1's host blames it (activities.blame), and rank 0's
-// host, which heard the verdict after silence, says so by signal, before
-// its own error reaches the run (heardFirst) or once the next gang trains.
-func stallOfRank0(h *harness, runID func() string, silence time.Duration, heardFirst bool) {
-	heard := func() {
-		h.env.SignalWorkflow(spec.SignalStallHeard, spec.StallHeard{RunID: runID(), Generation: 1, Rank: 0, Reporter: 1, Silence: spec.Duration(silence)})
+// eyes of rank 1, whose host blames it (activities.blame; declared: as
+// stalled, else as lost), and rank 0's host, which heard the verdict after
+// silence, says so (how).
+func stallOfRank0(h *harness, runID func() string, silence time.Duration, how int, declared bool) {
+	word := spec.StallHeard{Generation: 1, Rank: 0, Reporter: 1, Silence: spec.Duration(silence)}
+	signal := func() {
+		// Words that do not decode (anyone may signal) are dropped on the way.
+		h.env.SignalWorkflow(spec.SignalStallHeard, "not a word")
+		h.env.SignalWorkflow(spec.SignalStallHeard, map[string]any{"generation": "one", "silence": []int{1}})
+		w := word
+		w.RunID = runID()
+		h.env.SignalWorkflow(spec.SignalStallHeard, w)
+	}
+	// Rank 1 reports once rank 0's epoch has started (and, bySignal, told
+	// the run): a run cancels an epoch that has not started yet.
+	started, reported := make(chan struct{}), make(chan struct{})
+	wait := func(c chan struct{}) {
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			h.t.Error("rank 0 and 1 waited on each other for 10 s")
+		}
+	}
+	firstEpoch := func(in spec.EpochInput) bool { return in.Generation == 1 && in.Epoch == 0 }
+	h.blockEpoch = func(in spec.EpochInput) bool {
+		switch {
+		case !firstEpoch(in):
+			return false
+		case in.Rank == 1:
+			return how == byError
+		case how == bySignal:
+			signal()
+		case how == bySignalAfter:
+			defer func() {
+				go func() {
+					wait(reported)
+					time.Sleep(100 * time.Millisecond)
+					signal()
+				}()
+			}()
+		}
+		close(started)
+		return how != byError
 	}
 	h.epoch = func(in spec.EpochInput) error {
-		if !heardFirst && in.Generation == 2 && in.Epoch == 0 && in.Rank == 0 {
-			heard() // the word comes late: the next gang trains already
+		if how == bySignalLate && in.Generation == 2 && in.Epoch == 0 && in.Rank == 0 {
+			signal() // the word comes late: the next gang trains already
 		}
-		if in.Generation != 1 || in.Epoch != 0 {
+		switch {
+		case !firstEpoch(in):
 			return nil
-		}
-		if in.Rank == 1 {
+		case in.Rank == 0:
 			return temporal.NewApplicationError("collective: rank 0 (10.0.0.0:7070) failed, detected by rank 1: stalled: no data or keepalive for 2s",
-				spec.ErrPeerFailed, spec.BrokenBy{Rank: 0, Reason: "stalled: no data or keepalive for 2s"})
+				spec.ErrStalledHeard, word)
 		}
-		if heardFirst {
-			heard()
+		wait(started)
+		defer close(reported)
+		if !declared { // rank 0 found dead: its connection reset
+			return temporal.NewApplicationError("collective: rank 0 (10.0.0.0:7070) failed, detected by rank 1: connection lost: EOF",
+				spec.ErrPeerFailed, spec.BrokenBy{Rank: 0, Reason: "connection lost: EOF"})
 		}
-		return errors.New("collective: rank 0 (10.0.0.0:7070) failed, detected by rank 1: stalled: no data or keepalive for 2s")
+		return temporal.NewApplicationError("collective: rank 0 (10.0.0.0:7070) failed, detected by rank 1: stalled: no data or keepalive for 2s",
+			spec.ErrPeerFailed, spec.BrokenBy{Rank: 0, Reason: "stalled: no data or keepalive for 2s", Stalled: true})
 	}
 }
 
@@ -66,22 +116,28 @@ func stallOfRank0(h *harness, runID func() string, silence time.Duration, heardF
 // back and raises the stall timeout it chose for its next gangs, whichever
 // of the word and the epoch's end came first, even where the failure alone
 // would have exhausted failure.max_failures. A spec that sets the timeout,
-// a silence too long to be a brief starvation, and a word that names
-// another run change nothing: the stall is charged as any failure.
+// a silence too long to be a brief starvation, a word that names another
+// run, and a word about a rank no host declared stalled (a forged one, with
+// a gang that broke otherwise) change nothing: the failure is charged.
 func TestAStallThatProvedFalseIsTakenBackAndRaisesTheTimeout(t *testing.T) {
+	const base = `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}}`
 	for _, c := range []struct {
-		name       string
-		spec       string
-		silence    time.Duration
-		heardFirst bool
-		otherRun   bool
-		want       time.Duration // the next gang's stall timeout; 0: charged, the timeout kept
+		name     string
+		spec     string
+		silence  time.Duration
+		how      int
+		otherRun bool
+		lost     bool          // rank 1 found rank 0 dead, not stalled (the word is forged)
+		want     time.Duration // the next gang's stall timeout; 0: charged, the timeout kept
 	}{
-		{"word first", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`, 2400 * time.Millisecond, true, false, 4800 * time.Millisecond},
-		{"word after", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}}`, 2400 * time.Millisecond, false, false, 4800 * time.Millisecond},
-		{"timeout set", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"stall_timeout": "2s"}}`, 2400 * time.Millisecond, true, false, 0},
-		{"long silence", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}}`, 30 * time.Second, true, false, 0},
-		{"another run", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}}`, 2400 * time.Millisecond, true, true, 0},
+		{"by error", base, 2400 * time.Millisecond, byError, false, false, 4800 * time.Millisecond},
+		{"by signal", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`, 2400 * time.Millisecond, bySignal, false, false, 4800 * time.Millisecond},
+		{"by signal after, the budget exhausted", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`, 2400 * time.Millisecond, bySignalAfter, false, false, 4800 * time.Millisecond},
+		{"by signal late", base, 2400 * time.Millisecond, bySignalLate, false, false, 4800 * time.Millisecond},
+		{"timeout set", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"stall_timeout": "2s"}}`, 2400 * time.Millisecond, byError, false, false, 0},
+		{"long silence", base, 30 * time.Second, bySignal, false, false, 0},
+		{"another run", base, 2400 * time.Millisecond, bySignal, true, false, 0},
+		{"not declared stalled", base, 2400 * time.Millisecond, bySignal, false, true, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -95,7 +151,7 @@ func TestAStallThatProvedFalseIsTakenBackAndRaisesTheTimeout(t *testing.T) {
 				defer h.mu.Unlock()
 				return h.holds[0].RunID
 			}
-			stallOfRank0(h, runID, c.silence, c.heardFirst)
+			stallOfRank0(h, runID, c.silence, c.how, !c.lost)
 			p, err := h.start(c.spec)
 			if err != nil {
 				t.Fatal(err)
@@ -124,5 +180,19 @@ func TestAStallThatProvedFalseIsTakenBackAndRaisesTheTimeout(t *testing.T) {
 				t.Fatalf("the next gang's stall timeout %v, the run's %v; want %v", stalls[2], p.StallTimeout, c.want)
 			}
 		})
+	}
+}
+
+// A stall that exhausts the failure budget, whose rank never says it heard
+// the verdict (hung, killed, cut off), ends the run as any failure would,
+// after the run waited for the word as long as it could matter.
+func TestAStallNobodyTakesBackStillEndsTheRun(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, 0)
+	stallOfRank0(h, func() string { return "" }, 0, never, true)
+	_, err := h.start(`{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`)
+	var app *temporal.ApplicationError
+	if !errors.As(err, &app) || !strings.Contains(app.Message(), "1 failures exceed failure.max_failures 0") {
+		t.Fatalf("the run ended with %v; want its failure budget exhausted", err)
 	}
 }

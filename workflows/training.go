@@ -149,6 +149,8 @@ type run struct {
 	// heard: the latest rank's word that it heard its ring declare it
 	// stalled, until the failure it is about is charged (reviewStall).
 	heard *spec.StallHeard
+	// stalled: the rank declared stalled when the last gang broke, if one was.
+	stalled stallCharged
 	// owner claims the run's checkpoint name for this workflow (EpochInput.Owner).
 	owner string
 	// signals counts the signals this execution has received (Temporal
@@ -302,7 +304,13 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 			if inc != nil {
 				r.p.AddIncident(*inc)
 			}
-			if r.reviewStall(ctx) {
+			r.stalled = stallCharged{generation: r.p.Generation, rank: out.stalled}
+			if out.heard != nil && r.p.StallTimeout != 0 {
+				heard := *out.heard // from the activity's own result: this run's
+				heard.Generation = r.p.Generation
+				r.heard = &heard
+			}
+			if r.reviewStall(ctx) || fatal != nil && r.awaitStallWord(ctx) {
 				fatal = nil // not charged after all: no budget exhausted
 			}
 			if fatal != nil {
