@@ -970,23 +970,7 @@ func TestAProcessStoppedWholeDoesNotBreakItsGang(t *testing.T) {
 func TestTimeOffItsCoresExcusesSilenceOnce(t *testing.T) {
 	const stall = 400 * time.Millisecond
 	for _, cores := range []int{64, 1} {
-		lns := []*Listener{listen(t), listen(t)}
-		gangSpec := Gang{Run: "excused", Generation: 1, Peers: []string{lns[0].Addr(), lns[1].Addr()}}
-		opts := []Options{
-			{Secret: testSecret, Transport: TransportTCP, KeepaliveInterval: time.Hour, hostCores: cores},
-			{Secret: testSecret, Transport: TransportTCP, StallTimeout: stall, hostCores: cores},
-		}
-		groups := make([]*Group, 2)
-		if err := errors.Join(each(groups, func(r int, _ *Group) error {
-			g, err := Join(context.Background(), lns[r], gangSpec, r, opts[r])
-			groups[r] = g
-			return err
-		})...); err != nil {
-			t.Fatal(err)
-		}
-		if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(context.Background()) })...); err != nil {
-			t.Fatal(err)
-		}
+		groups, _ := silentPair(t, "excused", time.Hour, Options{Transport: TransportTCP, StallTimeout: stall, hostCores: cores})
 		time.Sleep(stall / 2)
 		late := time.Now()
 		groups[1].offCoresAt.Store(late.UnixNano())
@@ -1023,6 +1007,38 @@ func idlePair(t *testing.T, stall time.Duration, cores int) (context.Context, []
 	return ctx, groups
 }
 
+// silentPair joins a gang of two ranks with opts, whose rank 0 sends no
+// keepalive and declares no stall within stay (a process off its cores, or
+// stopped), and has them pass a barrier: rank 0's last frames are its
+// barrier's, sent after the time returned. The groups close when the test ends.
+func silentPair(t *testing.T, run string, stay time.Duration, opts Options) ([]*Group, time.Time) {
+	t.Helper()
+	lns := []*Listener{listen(t), listen(t)}
+	gangSpec := Gang{Run: run, Generation: 1, Peers: []string{lns[0].Addr(), lns[1].Addr()}}
+	opts.Secret = testSecret
+	silent := opts
+	silent.KeepaliveInterval, silent.StallTimeout = stay, stay
+	rankOpts := []Options{silent, opts}
+	groups := make([]*Group, 2)
+	if err := errors.Join(each(groups, func(r int, _ *Group) error {
+		g, err := Join(context.Background(), lns[r], gangSpec, r, rankOpts[r])
+		groups[r] = g
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	})
+	before := time.Now()
+	if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(context.Background()) })...); err != nil {
+		t.Fatal(err)
+	}
+	return groups, before
+}
+
 // stillSums fails the test unless every group of a 2-rank gang is still up
 // and sums.
 func stillSums(t *testing.T, ctx context.Context, groups []*Group, when string) {
@@ -1049,29 +1065,7 @@ func stillSums(t *testing.T, ctx context.Context, groups []*Group, when string) 
 // Rank 1's own error names rank 0 with no Silence: it is the accuser.
 func TestAStalledRankThatHearsItsVerdictKnowsHowLongItWasSilent(t *testing.T) {
 	const stall = 400 * time.Millisecond
-	lns := []*Listener{listen(t), listen(t)}
-	gangSpec := Gang{Run: "heard", Generation: 1, Peers: []string{lns[0].Addr(), lns[1].Addr()}}
-	opts := []Options{
-		{Secret: testSecret, Transport: TransportTCP, KeepaliveInterval: time.Hour, StallTimeout: time.Hour},
-		{Secret: testSecret, Transport: TransportTCP, StallTimeout: stall},
-	}
-	groups := make([]*Group, 2)
-	if err := errors.Join(each(groups, func(r int, _ *Group) error {
-		g, err := Join(context.Background(), lns[r], gangSpec, r, opts[r])
-		groups[r] = g
-		return err
-	})...); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, g := range groups {
-			g.Close()
-		}
-	}()
-	beforeLastSent := time.Now() // rank 0's last frames are its barrier's
-	if err := errors.Join(each(groups, func(r int, g *Group) error { return g.Barrier(context.Background()) })...); err != nil {
-		t.Fatal(err)
-	}
+	groups, beforeLastSent := silentPair(t, "heard", time.Hour, Options{Transport: TransportTCP, StallTimeout: stall})
 	for _, g := range groups {
 		select {
 		case <-g.done:

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/converter"
 
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -130,28 +129,14 @@ func TestSmallAllReducesGatherOverSkipLinksAcrossMachines(t *testing.T) {
 		if p.State != spec.StateCompleted || p.Epoch != epochs || spread != (p.Generation > 1) {
 			t.Fatalf("%s: progress %+v", id, p)
 		}
-		hist := c.GetWorkflowHistory(t.Context(), id, "", false, 0)
-		inputs := 0
-		for hist.HasNext() {
-			e, err := hist.Next()
-			if err != nil {
-				t.Fatal(err)
-			}
-			a := e.GetActivityTaskScheduledEventAttributes()
-			if a == nil || a.GetActivityType().GetName() != spec.ActivityRunEpoch {
-				continue
-			}
-			var in spec.EpochInput
-			if err := converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &in); err != nil {
-				t.Fatal(err)
-			}
-			inputs++
+		inputs := epochInputs(t, c, id)
+		for _, in := range inputs {
 			if in.GatherLinks != spread || in.SmallAllReduceBytes == 0 {
 				t.Fatalf("%s: rank %d told to gather up to %d bytes, over links: %v; want links %v", id, in.Rank, in.SmallAllReduceBytes, in.GatherLinks, spread)
 			}
 		}
-		if inputs < 3*epochs {
-			t.Fatalf("%s: %d RunEpoch inputs; want at least %d", id, inputs, 3*epochs)
+		if len(inputs) < 3*epochs {
+			t.Fatalf("%s: %d RunEpoch inputs; want at least %d", id, len(inputs), 3*epochs)
 		}
 		runs[spread] = p
 	}

@@ -18,6 +18,7 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/converter"
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/connect"
@@ -387,6 +388,30 @@ func progress(t *testing.T, c client.Client, id string) *spec.Progress {
 		return nil
 	}
 	return p
+}
+
+// epochInputs are the RunEpoch inputs the workflow id scheduled, in the
+// order of its history (one per host and epoch).
+func epochInputs(t *testing.T, c client.Client, id string) []spec.EpochInput {
+	t.Helper()
+	var ins []spec.EpochInput
+	hist := c.GetWorkflowHistory(t.Context(), id, "", false, 0)
+	for hist.HasNext() {
+		e, err := hist.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := e.GetActivityTaskScheduledEventAttributes()
+		if a == nil || a.GetActivityType().GetName() != spec.ActivityRunEpoch {
+			continue
+		}
+		var in spec.EpochInput
+		if err := converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &in); err != nil {
+			t.Fatal(err)
+		}
+		ins = append(ins, in)
+	}
+	return ins
 }
 
 // recordHistory saves a run's history for the replay tests in package workflows.

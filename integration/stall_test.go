@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.temporal.io/sdk/converter"
-
 	"github.com/durabletrain/durabletrain/spec"
 )
 
@@ -72,21 +70,8 @@ func TestAStarvedRankCostsNoFailure(t *testing.T) {
 		t.Fatalf("the run's stall timeout is %v; want it raised from the default %v, to at most half the heartbeat timeout", raised, spec.DefaultStallTimeout)
 	}
 	// The broken gang's ranks were told the default; every later gang's, the raised timeout.
-	hist := c.GetWorkflowHistory(t.Context(), id, "", false, 0)
 	told := map[int]time.Duration{}
-	for hist.HasNext() {
-		e, err := hist.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := e.GetActivityTaskScheduledEventAttributes()
-		if a == nil || a.GetActivityType().GetName() != spec.ActivityRunEpoch {
-			continue
-		}
-		var in spec.EpochInput
-		if err := converter.GetDefaultDataConverter().FromPayloads(a.GetInput(), &in); err != nil {
-			t.Fatal(err)
-		}
+	for _, in := range epochInputs(t, c, id) {
 		told[in.Generation] = time.Duration(in.Spec.Failure.StallTimeout)
 	}
 	for gen, stall := range told {
