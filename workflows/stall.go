@@ -32,7 +32,7 @@ import (
 // heardStall takes a rank's word that it heard its ring declare it
 // stalled, and settles it (settleStall) if its failure was charged.
 func (r *run) heardStall(ctx workflow.Context, h spec.StallHeard) bool {
-	if r.p.StallTimeout == 0 || h.RunID != workflow.GetInfo(ctx).WorkflowExecution.RunID || h.Generation < 1 || h.Generation > r.p.Generation {
+	if r.p.StallTimeout == 0 || h.RunID != workflow.GetInfo(ctx).WorkflowExecution.RunID || h.Generation < 1 || h.Generation > r.p.Generation || h.Silence <= 0 {
 		return false
 	}
 	r.heard = &h
