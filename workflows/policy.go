@@ -67,7 +67,8 @@ func continueAsNew(p *spec.Progress, historyLength, signals int, suggested bool)
 
 // raisedStallTimeout is the stall timeout a run that chooses its own
 // (current > 0) takes after a rank its ring declared stalled heard the
-// verdict, having sent nothing for silence: twice that silence, and at
+// verdict, having sent nothing for silence: twice that silence (to the
+// millisecond), and at
 // least twice current, but at most half of heartbeat, so that a stall is
 // still reported before Temporal's heartbeat timeout. false: the stall
 // stands as a failure, for there is no room to raise the timeout, or the
@@ -78,7 +79,7 @@ func raisedStallTimeout(current, heartbeat, silence time.Duration) (time.Duratio
 	if current <= 0 || silence <= 0 {
 		return 0, false
 	}
-	raised := min(heartbeat/2, max(2*current, 2*silence))
+	raised := min(heartbeat/2, max(2*current, (2*silence).Round(time.Millisecond)))
 	if raised <= current || silence >= raised*3/4 {
 		return 0, false
 	}

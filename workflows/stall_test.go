@@ -18,6 +18,7 @@ func TestRaisedStallTimeout(t *testing.T) {
 		want                        time.Duration // 0: no raise
 	}{
 		{2 * s, 10 * s, 2400 * time.Millisecond, 4800 * time.Millisecond}, // twice the silence
+		{2 * s, 20 * s, 4140400400, 8281 * time.Millisecond},              // to the millisecond
 		{2 * s, 10 * s, 1500 * time.Millisecond, 4 * s},                   // at least twice the timeout
 		{2 * s, 10 * s, 3 * s, 5 * s},                                     // at most half the heartbeat timeout
 		{2 * s, 10 * s, 3750 * time.Millisecond, 0},                       // 5s would have declared it too
