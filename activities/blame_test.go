@@ -58,7 +58,8 @@ func TestBlameNamesAnotherHostsRank(t *testing.T) {
 
 // A host whose own rank was declared stalled by another host's rank, and
 // heard the verdict, has a word for its run (spec.StallHeard): which rank,
-// who declared it, and how long it had been silent. Any other end has none.
+// who declared it, and how long it had been silent, in its epoch's error
+// and by signal from its group's watch. Any other end has none.
 func TestAStallHeardByItsRankIsTold(t *testing.T) {
 	in := spec.EpochInput{Rank: 5, Generation: 3}
 	place := spec.LocalPlace{LocalRank: 1, LocalWorld: 4} // ranks 4..7
@@ -88,13 +89,17 @@ func TestAStallHeardByItsRankIsTold(t *testing.T) {
 			}
 			return nil
 		}}
-		herr := a.hostError(context.Background(), c.err, in, place)
+		herr := hostError(c.err, in, place)
+		a.stallWatch(context.Background(), in, place)(c.err) // the group's OnFailure
 		if !c.want {
 			if got != nil {
 				t.Errorf("%s: told %+v; want nothing", name, got)
 			}
 			if want := blame(c.err, in, place); herr.Error() != want.Error() || errors.Is(herr, c.err) != errors.Is(want, c.err) {
 				t.Errorf("%s: the host's error %v; want blame's", name, herr)
+			}
+			if len(signals) != 0 {
+				t.Errorf("%s: the run was told %+v", name, <-signals)
 			}
 			continue
 		}
@@ -103,13 +108,10 @@ func TestAStallHeardByItsRankIsTold(t *testing.T) {
 		if !errors.As(herr, &app) || app.Type() != spec.ErrStalledHeard || app.Details(&told) != nil || got == nil || told != *got || app.Message() != c.err.Error() {
 			t.Errorf("%s: the host's error %v; want an %s carrying %+v", name, herr, spec.ErrStalledHeard, got)
 		}
-		select {
-		case s := <-signals:
-			if got != nil && s != *got {
-				t.Errorf("%s: signalled %+v; want %+v", name, s, *got)
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("%s: the run was not signalled", name)
+		if len(signals) == 0 {
+			t.Errorf("%s: the run was not told", name)
+		} else if s := <-signals; got != nil && s != *got {
+			t.Errorf("%s: told the run %+v; want %+v", name, s, *got)
 		}
 		var pe *collective.PeerError
 		errors.As(c.err, &pe)

@@ -39,7 +39,7 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	defer beat.stop()
 	if len(ranks) == 1 {
 		res, err := a.runRank(ctx, ranks[0], places[0], beat)
-		return res, a.hostError(ctx, err, ranks[0], places[0])
+		return res, hostError(err, ranks[0], places[0])
 	}
 	// A rank that fails breaks the gang's collective, so the others fail
 	// with it; the host reports the most telling of its ranks' ends.
@@ -51,7 +51,7 @@ func (a *Agent) RunEpoch(ctx context.Context, in spec.EpochInput) (spec.EpochRes
 	}
 	wg.Wait()
 	res, err := hostEnd(results, errs)
-	return res, a.hostError(ctx, err, ranks[0], places[0])
+	return res, hostError(err, ranks[0], places[0])
 }
 
 // hostEnd is how a host's epoch ended, from its ranks' ends: the first

@@ -130,34 +130,46 @@ func stallHeard(err error, in spec.EpochInput, place spec.LocalPlace) *spec.Stal
 
 // hostError is the error a host's epoch ends with: blame's, or, where a
 // rank of this host heard another host's declare it stalled (stallHeard),
-// an ErrStalledHeard that says so, and the run is told at once by signal
-// too (reportStallHeard): it may have cancelled this activity already.
-func (a *Agent) hostError(ctx context.Context, err error, in spec.EpochInput, place spec.LocalPlace) error {
+// an ErrStalledHeard that says so. (The run is told by signal too, by the
+// group's watch, stallWatch: it has often cancelled this epoch already.)
+func hostError(err error, in spec.EpochInput, place spec.LocalPlace) error {
 	heard := stallHeard(err, in, place)
 	if heard == nil {
 		return blame(err, in, place)
 	}
-	a.reportStallHeard(ctx, in, *heard)
 	return temporal.NewApplicationError(err.Error(), spec.ErrStalledHeard, *heard)
 }
 
-// reportStallHeard tells the run, at once and without waiting, that a rank
-// of this host heard its ring declare it stalled (stallHeard): it was alive,
-// so the run may take back the failure and raise its stall timeout.
-func (a *Agent) reportStallHeard(ctx context.Context, in spec.EpochInput, heard spec.StallHeard) {
-	msg := &heard
-	if activity.IsActivity(ctx) {
-		msg.RunID = activity.GetInfo(ctx).WorkflowExecution.RunID
+// stallWatch is the collective.Options.OnFailure of a rank's group: where
+// the group fails because another host's rank declared this rank stalled,
+// and this rank heard it (stallHeard), it tells the run at once, whether or
+// not an epoch runs then (a rank stopped between epochs hears its verdict
+// with no epoch to end), without waiting, for at most reportTimeout. ctx is
+// the activity that joined the group: the run's client and IDs are taken
+// from it now, for the activity may have ended by then.
+func (a *Agent) stallWatch(ctx context.Context, in spec.EpochInput, place spec.LocalPlace) func(error) {
+	signal := a.runSignaller(ctx)
+	if signal == nil {
+		return nil
 	}
-	a.Log.Warn("a rank of this host was declared stalled, and heard it: telling the run", zap.String("run", in.Run),
-		zap.Int("generation", in.Generation), zap.Int("rank", msg.Rank), zap.Int("reporter", msg.Reporter), zap.Duration("silence", time.Duration(msg.Silence)))
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
-	go func() {
+	var runID string
+	if activity.IsActivity(ctx) {
+		runID = activity.GetInfo(ctx).WorkflowExecution.RunID
+	}
+	return func(err error) {
+		heard := stallHeard(err, in, place)
+		if heard == nil {
+			return
+		}
+		heard.RunID = runID
+		a.Log.Warn("a rank of this host was declared stalled, and heard it: telling the run", zap.String("run", in.Run),
+			zap.Int("generation", in.Generation), zap.Int("rank", heard.Rank), zap.Int("reporter", heard.Reporter), zap.Duration("silence", time.Duration(heard.Silence)))
+		sctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
 		defer cancel()
-		if err := a.signalRun(sctx, spec.SignalStallHeard, *msg); err != nil {
+		if err := signal(sctx, spec.SignalStallHeard, *heard); err != nil {
 			a.Log.Warn("could not tell the run its rank heard its stall", zap.String("run", in.Run), zap.Error(err))
 		}
-	}()
+	}
 }
 
 func userError(err error) error {

@@ -199,6 +199,9 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(in.Peers))
 		opts.GatherLinks = in.GatherLinks
 		opts.HostWindows = in.HostWindows
+		// The gang's ranks as the group names them (a host ring's are
+		// hosts, named in the gang's ranks by Host.ringError alone).
+		opts.OnFailure = a.stallWatch(ctx, in, place)
 		var g *collective.Group
 		// Set only on success: a nil *Group in the interface is not a nil
 		// interface, and rep.close would close it (a panic, 2026-11-24).

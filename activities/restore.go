@@ -173,11 +173,23 @@ const reportTimeout = 10 * time.Second
 // signalRun signals the workflow execution the activity belongs to (in
 // tests, a.signalled stands for it).
 func (a *Agent) signalRun(ctx context.Context, name string, arg any) error {
+	return a.runSignaller(ctx)(ctx, name, arg)
+}
+
+// runSignaller is what signals the workflow execution the activity of ctx
+// belongs to, once the activity has ended too; nil outside an activity
+// (in tests, a.signalled stands for it).
+func (a *Agent) runSignaller(ctx context.Context) func(ctx context.Context, name string, arg any) error {
 	if a.signalled != nil {
-		return a.signalled(name, arg)
+		return func(_ context.Context, name string, arg any) error { return a.signalled(name, arg) }
 	}
-	info := activity.GetInfo(ctx)
-	return activity.GetClient(ctx).SignalWorkflow(ctx, info.WorkflowExecution.ID, info.WorkflowExecution.RunID, name, arg)
+	if !activity.IsActivity(ctx) {
+		return nil
+	}
+	info, c := activity.GetInfo(ctx), activity.GetClient(ctx)
+	return func(ctx context.Context, name string, arg any) error {
+		return c.SignalWorkflow(ctx, info.WorkflowExecution.ID, info.WorkflowExecution.RunID, name, arg)
+	}
 }
 
 // refOf is a restored checkpoint's reference, with the spec's URL (see replica.storeURL).

@@ -1059,13 +1059,16 @@ func stillSums(t *testing.T, ctx context.Context, groups []*Group, when string) 
 
 // A rank declared stalled that is alive hears its verdict, and learns from
 // it how long it had been silent (PeerError.Silence): its run tells a
-// starved or paused rank from a hung one by it. Rank 0 sends no keepalives
+// starved or paused rank from a hung one by it. It hears it between
+// operations too (Options.OnFailure). Rank 0 sends no keepalives
 // (an interval of an hour), as a process off its cores would not; it
 // still reads, so the abort of rank 1 (its right neighbour) reaches it.
 // Rank 1's own error names rank 0 with no Silence: it is the accuser.
 func TestAStalledRankThatHearsItsVerdictKnowsHowLongItWasSilent(t *testing.T) {
 	const stall = 400 * time.Millisecond
-	groups, beforeLastSent := silentPair(t, "heard", time.Hour, Options{Transport: TransportTCP, StallTimeout: stall})
+	told := make(chan error, 2)
+	groups, beforeLastSent := silentPair(t, "heard", time.Hour, Options{Transport: TransportTCP, StallTimeout: stall,
+		OnFailure: func(err error) { told <- err }})
 	for _, g := range groups {
 		select {
 		case <-g.done:
@@ -1089,5 +1092,40 @@ func TestAStalledRankThatHearsItsVerdictKnowsHowLongItWasSilent(t *testing.T) {
 	}
 	if accuser.Silence != 0 {
 		t.Errorf("the accuser's error has a silence %v; want none", accuser.Silence)
+	}
+	// Each rank's OnFailure was told its group's error, though no operation ran.
+	for range 2 {
+		select {
+		case err := <-told:
+			if err != groups[0].Err() && err != groups[1].Err() {
+				t.Errorf("OnFailure told %v; want one of the groups' errors", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("OnFailure was not called on both ranks")
+		}
+	}
+	groups[0].Close()
+	select {
+	case err := <-told:
+		t.Errorf("OnFailure told %v again", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// A rank that ran again after a long silence may write (a keepalive due,
+// an operation's frames) before it reads the verdict its silence earned:
+// the silence it reports is the long one its writes ended, not the moment
+// since its last write. One older than a StallTimeout is not.
+func TestTheSilenceReportedIsTheOneTheWritesEnded(t *testing.T) {
+	g := &Group{opts: Options{StallTimeout: 2 * time.Second}}
+	g.lastWrite.Store(time.Now().Add(-3 * time.Second).UnixNano()) // then off its cores for 3 s
+	g.wroteRight()                                                 // a keepalive, once it ran again
+	g.wroteRight()                                                 // an operation's frame
+	if s := g.silence(); s < 3*time.Second || s > 4*time.Second {
+		t.Fatalf("silence %v after writing past a 3 s silence; want about 3 s", s)
+	}
+	g.longGapEnd.Store(time.Now().Add(-3 * time.Second).UnixNano()) // that silence ended 3 s ago
+	if s := g.silence(); s > time.Second {
+		t.Fatalf("silence %v; want the silence since the last write: one ended more than a StallTimeout ago is not this verdict's", s)
 	}
 }

@@ -106,6 +106,9 @@ func (g *Group) fail(local error, pe *PeerError) {
 		}
 		g.err = local
 		close(g.done)
+		if g.opts.OnFailure != nil && local != ErrClosed {
+			go g.opts.OnFailure(local)
+		}
 		if g.world == 1 {
 			return
 		}

@@ -61,8 +61,37 @@ func (g *Group) writeRight(h header, payload []byte) error {
 		bufs := net.Buffers{hb[:], payload}
 		_, err = bufs.WriteTo(g.rightConn)
 	}
-	g.lastWrite.Store(time.Now().UnixNano())
+	g.wroteRight()
 	return err
+}
+
+// wroteRight records a frame written to the right neighbour, under
+// writeMu: when, and the longest silence toward it that ended within the
+// last StallTimeout (the Silence of a verdict this rank hears after it ran
+// again and wrote, a keepalive due or an operation's frames, before it
+// read the verdict).
+func (g *Group) wroteRight() {
+	now := time.Now().UnixNano()
+	prev := g.lastWrite.Swap(now)
+	if prev == 0 {
+		return
+	}
+	if gap := now - prev; gap >= g.longGap.Load() || now-g.longGapEnd.Load() > int64(g.opts.StallTimeout) {
+		g.longGap.Store(gap)
+		g.longGapEnd.Store(now)
+	}
+}
+
+// silence is how long this rank had sent its right neighbour nothing when
+// it heard that neighbour's verdict: the silence still going on, or the
+// longest that ended within the last StallTimeout.
+func (g *Group) silence() time.Duration {
+	now := time.Now().UnixNano()
+	s := now - g.lastWrite.Load()
+	if now-g.longGapEnd.Load() <= int64(g.opts.StallTimeout) {
+		s = max(s, g.longGap.Load())
+	}
+	return time.Duration(s)
 }
 
 // smallFrame is the largest payload copied next to its header for a single write.
@@ -149,7 +178,7 @@ func (g *Group) readAbort(conn io.Reader, h header) {
 	culprit := int(h.aux) - 1
 	pe := &PeerError{Rank: culprit, Addr: g.addrOf(culprit), Reporter: int(h.seq), Reason: string(msg)}
 	if culprit == g.rank && pe.Reporter == g.right && pe.Stalled() {
-		pe.Silence = time.Since(time.Unix(0, g.lastWrite.Load()))
+		pe.Silence = g.silence()
 	}
 	g.fail(pe, pe)
 }

@@ -156,6 +156,11 @@ type Options struct {
 	// Logger receives one line per connection refused and per group failure,
 	// and at debug level one per join (transports, skip links). Default: none.
 	Logger *zap.Logger
+	// OnFailure, if set, is called once, in a goroutine of its own, with
+	// the group's error when the group fails (not when its own rank closes
+	// it), whether or not an operation is running: a rank off its cores
+	// between operations learns of a failure only when it runs again.
+	OnFailure func(error)
 
 	// hostCores is the cores Join counts on this host; 0: runtime.NumCPU().
 	// Tests set it to take the paths of a host with more ranks than cores,
@@ -252,7 +257,10 @@ type Group struct {
 	frameBuf        []byte // header and small payload, under writeMu
 	leftWriteMu     sync.Mutex
 	lastWrite       atomic.Int64 // unix nanos of the last frame to the right
-	offCoresAt      atomic.Int64 // unix nanos when keepalive last woke late (leftSilent)
+	// longGap is the longest silence toward the right neighbour that ended
+	// within a StallTimeout of longGapEnd (unix nanos; wroteRight).
+	longGap, longGapEnd atomic.Int64
+	offCoresAt          atomic.Int64 // unix nanos when keepalive last woke late (leftSilent)
 
 	// Counted for tests: operations that took the left link from readLeft,
 	// data frames read before their operation began, operations run by a

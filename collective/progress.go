@@ -126,7 +126,7 @@ func (g *Group) progress(job *recvJob, sends []sendItem, look bool) error {
 			}
 			moved = true
 			if sOff += n; sOff == headerLen+len(payload) {
-				g.lastWrite.Store(time.Now().UnixNano())
+				g.wroteRight()
 				g.writeMu.Unlock()
 				writing = false
 				si, sOff = si+1, 0
