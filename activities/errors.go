@@ -103,11 +103,16 @@ func blame(err error, in spec.EpochInput, place spec.LocalPlace) error {
 	if err == nil || errors.As(err, &app) || !errors.As(err, &pe) || pe.Rank < 0 {
 		return err
 	}
-	first := in.Rank - place.LocalRank
-	if pe.Rank >= first && pe.Rank < first+max(1, place.LocalWorld) {
+	if ofHost(in, place)(pe.Rank) {
 		return err
 	}
 	return temporal.NewApplicationError(err.Error(), spec.ErrPeerFailed, spec.BrokenBy{Rank: pe.Rank, Reason: pe.Reason, Stalled: pe.Stalled()})
+}
+
+// ofHost says whether a rank of the gang is one of this host's ranks.
+func ofHost(in spec.EpochInput, place spec.LocalPlace) func(rank int) bool {
+	first := in.Rank - place.LocalRank
+	return func(rank int) bool { return rank >= first && rank < first+max(1, place.LocalWorld) }
 }
 
 // stallHeard is what a host tells its run when its epoch ended because a
@@ -120,9 +125,7 @@ func stallHeard(err error, in spec.EpochInput, place spec.LocalPlace) *spec.Stal
 	if err == nil || errors.As(err, &app) || !errors.As(err, &pe) || !pe.Stalled() || pe.Silence <= 0 {
 		return nil
 	}
-	first := in.Rank - place.LocalRank
-	ours := func(rank int) bool { return rank >= first && rank < first+max(1, place.LocalWorld) }
-	if !ours(pe.Rank) || ours(pe.Reporter) {
+	if ours := ofHost(in, place); !ours(pe.Rank) || ours(pe.Reporter) {
 		return nil
 	}
 	return &spec.StallHeard{Generation: in.Generation, Rank: pe.Rank, Reporter: pe.Reporter, Silence: spec.Duration(pe.Silence)}

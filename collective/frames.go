@@ -73,10 +73,10 @@ func (g *Group) writeRight(h header, payload []byte) error {
 func (g *Group) wroteRight() {
 	now := time.Now().UnixNano()
 	prev := g.lastWrite.Swap(now)
-	if prev == 0 {
-		return
-	}
-	if gap := now - prev; gap >= g.longGap.Load() || now-g.longGapEnd.Load() > int64(g.opts.StallTimeout) {
+	// A gap shorter than a keepalive's is never a verdict's silence: the
+	// usual case, at every frame, costs one comparison.
+	if gap := now - prev; prev != 0 && gap > int64(g.opts.KeepaliveInterval) &&
+		(gap >= g.longGap.Load() || now-g.longGapEnd.Load() > int64(g.opts.StallTimeout)) {
 		g.longGap.Store(gap)
 		g.longGapEnd.Store(now)
 	}

@@ -65,6 +65,14 @@ func (r *run) settleStall() bool {
 	if h == nil || r.p.StallTimeout == 0 {
 		return false
 	}
+	switch {
+	case h.Generation > r.stalled.generation:
+		return false // its gang's failure is still to be charged
+	case h.Generation < r.stalled.generation || r.stalled.settled || h.Rank != r.stalled.rank:
+		r.heard = nil // about an older gang, said again, or about a rank no host declared stalled
+		return false
+	}
+	r.heard = nil
 	var inc *spec.Incident
 	for i := len(r.p.Incidents) - 1; i >= 0 && inc == nil; i-- {
 		if c := &r.p.Incidents[i]; c.Generation == h.Generation && c.Kind == spec.IncidentFailure {
@@ -72,11 +80,7 @@ func (r *run) settleStall() bool {
 		}
 	}
 	if inc == nil {
-		return false // the gang's failure is still to be charged
-	}
-	r.heard = nil
-	if r.stalled.generation != h.Generation || r.stalled.rank != h.Rank || r.stalled.settled {
-		return false // the gang broke, but no host declared that rank stalled
+		return false // charged as something else (a preemption): not a stall's failure
 	}
 	r.stalled.settled = true
 	was := time.Duration(r.p.StallTimeout)

@@ -43,6 +43,7 @@ const (
 	bySignalAfter        // a signal a moment after rank 1's error; its own epoch is cancelled
 	bySignalLate         // a signal once the next gang trains; its own epoch is cancelled
 	never                // nothing: it never ran again; its epoch is cancelled
+	byBoth               // its epoch's error and a signal, as a real worker does: one word, said twice
 )
 
 // stallOfRank0 makes rank 0 of generation 1's first epoch stall in the
@@ -75,8 +76,8 @@ func stallOfRank0(h *harness, runID func() string, silence time.Duration, how in
 		case !firstEpoch(in):
 			return false
 		case in.Rank == 1:
-			return how == byError
-		case how == bySignal:
+			return how == byError || how == byBoth
+		case how == bySignal || how == byBoth:
 			signal()
 		case how == bySignalAfter:
 			defer func() {
@@ -88,7 +89,7 @@ func stallOfRank0(h *harness, runID func() string, silence time.Duration, how in
 			}()
 		}
 		close(started)
-		return how != byError
+		return how != byError && how != byBoth
 	}
 	h.epoch = func(in spec.EpochInput) error {
 		if how == bySignalLate && in.Generation == 2 && in.Epoch == 0 && in.Rank == 0 {
@@ -132,6 +133,7 @@ func TestAStallThatProvedFalseIsTakenBackAndRaisesTheTimeout(t *testing.T) {
 		want     time.Duration // the next gang's stall timeout; 0: charged, the timeout kept
 	}{
 		{"by error", base, 2400 * time.Millisecond, byError, false, false, 4800 * time.Millisecond},
+		{"by both, taken back once", base, 2400 * time.Millisecond, byBoth, false, false, 4800 * time.Millisecond},
 		{"by signal", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`, 2400 * time.Millisecond, bySignal, false, false, 4800 * time.Millisecond},
 		{"by signal after, the budget exhausted", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"max_failures": 0}}`, 2400 * time.Millisecond, bySignalAfter, false, false, 4800 * time.Millisecond},
 		{"by signal late", base, 2400 * time.Millisecond, bySignalLate, false, false, 4800 * time.Millisecond},

@@ -306,9 +306,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 			}
 			r.stalled = stallCharged{generation: r.p.Generation, rank: out.stalled}
 			if out.heard != nil && r.p.StallTimeout != 0 {
-				heard := *out.heard // from the activity's own result: this run's
-				heard.Generation = r.p.Generation
-				r.heard = &heard
+				r.heard = out.heard // from the activity's own result: this run's
 			}
 			if r.reviewStall(ctx) || fatal != nil && r.awaitStallWord(ctx) {
 				fatal = nil // not charged after all: no budget exhausted
