@@ -199,8 +199,6 @@ func (a *Agent) replica(ctx context.Context, key replicaKey, in spec.EpochInput,
 		opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(in.Peers))
 		opts.GatherLinks = in.GatherLinks
 		opts.HostWindows = in.HostWindows
-		// The gang's ranks as the group names them (a host ring's are
-		// hosts, named in the gang's ranks by Host.ringError alone).
 		opts.OnFailure = a.stallWatch(ctx, in, place)
 		var g *collective.Group
 		// Set only on success: a nil *Group in the interface is not a nil
@@ -309,6 +307,11 @@ func (a *Agent) joinHost(ctx context.Context, key replicaKey, in spec.EpochInput
 	// the hosts (the same sums: the gather sums in the ring's order).
 	opts.GatherBytes = gatherBytes(in.SmallAllReduceBytes, len(ring.Peers))
 	opts.GatherLinks = in.GatherLinks
+	// The host tells the watch its ring's failure with hosts named by
+	// their first rank in the gang: this host's rank declared stalled is
+	// one of its own ranks, as stallHeard wants. Only the local rank that
+	// joins the ring first sets it; every local rank is of the same run.
+	opts.OnFailure = a.stallWatch(ctx, in, place)
 	if err := h.Join(ctx, a.Listener, ring, opts); err != nil {
 		v.Close()
 		return nil, err

@@ -61,15 +61,28 @@ func (h *Host) Index() int { return h.first / h.n }
 // it; the first call joins and the others wait for its outcome (or their
 // context). gang.Peers are the hosts' listener addresses, by host index, and
 // gang.PublicKeys their keys, as for a Group of that many ranks.
+//
+// A failure of the ring fails the host at once, between operations too,
+// and opts.OnFailure, if set, is told it as the local ranks are: hosts
+// named by their first rank in the gang (a host's rank declared stalled
+// hears its verdict, with its silence, as a flat ring's rank does).
 func (h *Host) Join(ctx context.Context, ln *Listener, gang Gang, opts Options) error {
 	h.joinOnce.Do(func() {
 		defer close(h.joined)
 		if h.Hosts() == 1 {
 			return
 		}
+		told := opts.OnFailure
+		opts.OnFailure = func(err error) {
+			err = h.ringError(err)
+			h.fail(err)
+			if told != nil {
+				told(err)
+			}
+		}
 		ring, err := Join(ctx, ln, gang, h.Index(), opts)
 		if err != nil {
-			h.fail(err)
+			h.fail(h.ringError(err))
 			return
 		}
 		h.mu.Lock()

@@ -15,6 +15,12 @@ import (
 // per host as a worker process has, and returns every rank's view by rank.
 func hostGang(t testing.TB, hosts, perHost int) ([]*Host, []*HostRank) {
 	t.Helper()
+	return hostGangWith(t, hosts, perHost, func(int) Options { return Options{} })
+}
+
+// hostGangWith is hostGang with each host's ring options (its Secret is the tests').
+func hostGangWith(t testing.TB, hosts, perHost int, hostOpts func(host int) Options) ([]*Host, []*HostRank) {
+	t.Helper()
 	world := hosts * perHost
 	lns := make([]*Listener, hosts)
 	peers := make([]string, hosts)
@@ -48,8 +54,9 @@ func hostGang(t testing.TB, hosts, perHost int) ([]*Host, []*HostRank) {
 	var wg sync.WaitGroup
 	for r := range world { // every local rank joins; the host joins once
 		wg.Go(func() {
-			errs[r] = hs[r/perHost].Join(ctx, lns[r/perHost], Gang{Run: "hosts-" + t.Name(), Generation: 1, Peers: peers},
-				Options{Secret: testSecret})
+			opts := hostOpts(r / perHost)
+			opts.Secret = testSecret
+			errs[r] = hs[r/perHost].Join(ctx, lns[r/perHost], Gang{Run: "hosts-" + t.Name(), Generation: 1, Peers: peers}, opts)
 		})
 	}
 	wg.Wait()
@@ -208,6 +215,58 @@ func TestHostRankThatClosesReleasesTheOthers(t *testing.T) {
 	case <-hs[0].Done():
 	default:
 		t.Error("a failed host is not done")
+	}
+}
+
+// A host whose ring declared it stalled hears its verdict as a flat ring's
+// rank does (PeerError.Silence), named by its first rank in the gang, and
+// between operations: its ranks fail at once, and the ring's OnFailure is
+// told the error they get. Host 1 sends no keepalives (a process off its
+// cores would not); host 0 declares it stalled.
+func TestAHostDeclaredStalledHearsItsVerdictBetweenOperations(t *testing.T) {
+	const stall = 400 * time.Millisecond
+	told := make(chan error, 4)
+	start := time.Now()
+	hs, views := hostGangWith(t, 2, 2, func(host int) Options {
+		opts := Options{Transport: TransportTCP, StallTimeout: stall, OnFailure: func(err error) { told <- err }}
+		if host == 1 {
+			opts.KeepaliveInterval, opts.StallTimeout = time.Hour, time.Hour
+		}
+		return opts
+	})
+	for i, h := range hs {
+		select {
+		case <-h.Done():
+		case <-time.After(20 * stall):
+			t.Fatalf("host %d: not failed %v after joining, though its ring declared a stall", i, time.Since(start))
+		}
+	}
+	heardAfter := time.Since(start)
+	for r, v := range views {
+		var pe *PeerError
+		if !errors.As(v.Err(), &pe) || pe.Rank != 2 || pe.Reporter != 0 || !pe.Stalled() {
+			t.Fatalf("rank %d: %v; want rank 2 (host 1's first) declared stalled by rank 0", r, v.Err())
+		}
+		if r/2 == 1 && (pe.Silence < stall || pe.Silence > heardAfter) {
+			t.Errorf("rank %d: silence %v; want from the stall timeout %v to the %v since the join", r, pe.Silence, stall, heardAfter)
+		}
+		if r/2 == 0 && pe.Silence != 0 {
+			t.Errorf("rank %d, of the accuser's host: silence %v, want none", r, pe.Silence)
+		}
+	}
+	for range 2 {
+		select {
+		case err := <-told:
+			var pe *PeerError
+			if !errors.As(err, &pe) || pe.Rank != 2 {
+				t.Errorf("OnFailure told %v; want the error naming rank 2", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("OnFailure was not called on both hosts")
+		}
+	}
+	if err := views[3].AllReduce(context.Background(), []float32{1}); !errors.Is(err, views[3].Err()) {
+		t.Errorf("an operation after the failure: %v; want the host's error %v", err, views[3].Err())
 	}
 }
 

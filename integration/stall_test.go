@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,18 +20,31 @@ import (
 // the next gang's ranks were told the raised timeout. The heartbeat
 // timeout is 20 s, so that a silence of 4 s and more (the neighbour may
 // itself run late on a loaded machine, and count silence again from then)
-// is still brief beside what the timeout can be raised to (10 s).
+// is still brief beside what the timeout can be raised to (10 s). Twice:
+// hosts of one rank on one flat ring, and hosts of two ranks that reduce
+// hierarchically (the ring's members are hosts, named by their first rank).
 func TestAStarvedRankCostsNoFailure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
-	queue := "it-false-stall"
+	for _, shape := range []struct {
+		name    string
+		perHost int
+	}{{"one rank per host", 1}, {"hosts of two ranks", 2}} {
+		t.Run(shape.name, func(t *testing.T) { starvedHost(t, shape.perHost) })
+	}
+}
+
+func starvedHost(t *testing.T, perHost int) {
+	queue := fmt.Sprintf("it-false-stall-%d", perHost)
 	startWorker(t, "ctl", "workflows", queue)
-	agents := []*workerProc{startWorker(t, "agent-a", "agent", queue), startWorker(t, "agent-b", "agent", queue)}
+	slots := append(append([]string{}, testPolicy...), "-slots", fmt.Sprint(perHost))
+	agents := []*workerProc{startWorkerWith(t, "agent-a", "agent", queue, slots), startWorkerWith(t, "agent-b", "agent", queue, slots)}
 	c := dial(t)
 	const epochs = 8
-	id := "it-false-stall-1"
-	s := subsetSpec(t, queue, 2, epochs)
+	id := queue + "-1"
+	s := subsetSpec(t, queue, 2*perHost, epochs)
+	s.Scaling.WorkersPerHost = perHost                           // hosts of two reduce hierarchically: the default
 	s.Failure.HeartbeatTimeout = spec.Duration(20 * time.Second) // the stall timeout's default is still 2 s
 	run := startRun(t, c, id, queue, s)
 	var stopped *workerProc
@@ -86,5 +100,7 @@ func TestAStarvedRankCostsNoFailure(t *testing.T) {
 			t.Fatalf("generation %d's ranks were told a stall timeout of %v; want %v (told %v)", gen, stall, want, told)
 		}
 	}
-	recordHistory(t, c, id, "false-stall")
+	if perHost == 1 {
+		recordHistory(t, c, id, "false-stall")
+	}
 }
