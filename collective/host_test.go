@@ -287,3 +287,23 @@ func TestNewHostRefusesUnequalHosts(t *testing.T) {
 		}
 	}
 }
+
+// A host that cannot form its ring names the host it could not reach by
+// its first rank in the gang, as every failure of the ring does: the
+// worker blames that rank's host, not the rank numbered as the host's index.
+func TestAHostThatCannotJoinNamesTheUnreachableHostByItsFirstRank(t *testing.T) {
+	lns := []*Listener{listen(t), listen(t)}
+	peers := []string{lns[0].Addr(), lns[1].Addr()}
+	lns[1].Close() // host 1's worker is gone: its address refuses
+	h, err := NewHost(0, 2, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = h.Join(ctx, lns[0], Gang{Run: "unreachable", Generation: 1, Peers: peers}, Options{Secret: testSecret, RefusedTimeout: 200 * time.Millisecond})
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Rank != 2 || pe.Reporter != 0 {
+		t.Fatalf("join: %v (%+v); want a *PeerError naming rank 2, host 1's first, reported by rank 0", err, pe)
+	}
+}
