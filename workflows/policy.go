@@ -74,9 +74,12 @@ func continueAsNew(p *spec.Progress, historyLength, signals int, suggested bool)
 // stands as a failure, for there is no room to raise the timeout, or the
 // raised one would have declared the same silence a stall too (the ring
 // declares one after 3/4 of its timeout at the earliest): a rank silent
-// that long was not briefly starved.
+// that long was not briefly starved. A silence shorter than that
+// earliest declaration (3/4 of current) does not explain the verdict
+// either (the rank's frames were lost on their way, or the word is not a
+// worker's): that stall stands too.
 func raisedStallTimeout(current, heartbeat, silence time.Duration) (time.Duration, bool) {
-	if current <= 0 || silence <= 0 {
+	if current <= 0 || silence < current*3/4 || silence <= 0 {
 		return 0, false
 	}
 	raised := min(heartbeat/2, max(2*current, (2*silence).Round(time.Millisecond)))

@@ -23,7 +23,10 @@ func TestRaisedStallTimeout(t *testing.T) {
 		{2 * s, 10 * s, 3 * s, 5 * s},                                     // at most half the heartbeat timeout
 		{2 * s, 10 * s, 3750 * time.Millisecond, 0},                       // 5s would have declared it too
 		{2 * s, 10 * s, 30 * s, 0},                                        // paused for long: a real stall
-		{4800 * time.Millisecond, 10 * s, 2 * s, 5 * s},                   // raised again, to the cap
+		{4800 * time.Millisecond, 10 * s, 4 * s, 0},                       // raised again: 5s would have declared it too
+		{4 * s, 10 * s, 3 * s, 5 * s},                                     // raised again, to the cap
+		{2 * s, 10 * s, 1499 * time.Millisecond, 0},                       // shorter than the ring could declare: frames lost, not a starved rank
+		{4800 * time.Millisecond, 10 * s, 2 * s, 0},                       // as short, after a raise
 		{5 * s, 10 * s, 2 * s, 0},                                         // at the cap already
 		{2 * s, 4 * s, 2 * s, 0},                                          // the default is the cap
 		{0, 10 * s, 2 * s, 0},                                             // the spec sets it: the run does not choose
