@@ -7,6 +7,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/telemetry/metricname"
 )
 
 // The ring's stall timeout (failure.stall_timeout) is a guess at how long a
@@ -36,7 +37,7 @@ func (r *run) heardStall(ctx workflow.Context, h spec.StallHeard) bool {
 		return false
 	}
 	r.heard = &h
-	return r.settleStall()
+	return r.settleStall(ctx)
 }
 
 // reviewStall is the epoch loop's look, once it charged a failure, for a
@@ -52,15 +53,15 @@ func (r *run) reviewStall(ctx workflow.Context) bool {
 			return true
 		}
 	}
-	return r.settleStall()
+	return r.settleStall(ctx)
 }
 
 // settleStall takes back the failure charged for the generation a rank
 // heard its stall verdict in (r.heard), where that stall proved false, and
 // raises the stall timeout (raisedStallTimeout). The word and the failure
 // arrive in either order: a word waits for its failure to be charged. It
-// reports whether it took a failure back.
-func (r *run) settleStall() bool {
+// reports whether it took a failure back (and counts it: metricname.StallsTakenBack).
+func (r *run) settleStall(ctx workflow.Context) bool {
 	h := r.heard
 	if h == nil || r.p.StallTimeout == 0 {
 		return false
@@ -94,7 +95,13 @@ func (r *run) settleStall() bool {
 	r.p.Failures--
 	r.p.StallTimeout = spec.Duration(raised)
 	r.stalled.takenBack = true
+	countTakenBack(ctx)
 	return true
+}
+
+// countTakenBack counts a stall's failure taken back (metricname.StallsTakenBack).
+func countTakenBack(ctx workflow.Context) {
+	workflow.GetMetricsHandler(ctx).Counter(metricname.StallsTakenBack).Inc(1)
 }
 
 // awaitStallWord waits, where the stall charged last exhausted the run's

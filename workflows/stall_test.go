@@ -9,6 +9,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/telemetry/metricname"
 )
 
 func TestRaisedStallTimeout(t *testing.T) {
@@ -142,6 +143,7 @@ func TestAStallThatProvedFalseIsTakenBackAndRaisesTheTimeout(t *testing.T) {
 		{"by signal late", base, 2400 * time.Millisecond, bySignalLate, false, false, 4800 * time.Millisecond},
 		{"timeout set", `{"hyper": {"epochs": 3}, "scaling": {"workers": 2}, "failure": {"stall_timeout": "2s"}}`, 2400 * time.Millisecond, byError, false, false, 0},
 		{"long silence", base, 30 * time.Second, bySignal, false, false, 0},
+		{"too short a silence", base, 1200 * time.Millisecond, bySignal, false, false, 0},
 		{"another run", base, 2400 * time.Millisecond, bySignal, true, false, 0},
 		{"not declared stalled", base, 2400 * time.Millisecond, bySignal, false, true, 0},
 	} {
@@ -173,14 +175,18 @@ func TestAStallThatProvedFalseIsTakenBackAndRaisesTheTimeout(t *testing.T) {
 			if stalls[1] != 2*time.Second {
 				t.Fatalf("generation 1's ranks had a stall timeout of %v; want the default 2s", stalls[1])
 			}
+			takenBack := h.counted.count(metricname.StallsTakenBack)
 			if c.want == 0 {
-				if p.Failures != 1 || inc.Kind != spec.IncidentFailure || stalls[2] != 2*time.Second {
-					t.Fatalf("failures %d, incident %+v, the next gang's stall timeout %v; want the stall charged and the timeout kept", p.Failures, inc, stalls[2])
+				if p.Failures != 1 || inc.Kind != spec.IncidentFailure || stalls[2] != 2*time.Second || takenBack != 0 {
+					t.Fatalf("failures %d, incident %+v, the next gang's stall timeout %v, %d counted taken back; want the stall charged and the timeout kept", p.Failures, inc, stalls[2], takenBack)
 				}
 				return
 			}
 			if p.Failures != 0 || inc.Kind != spec.IncidentFalseStall || inc.Generation != 1 || !strings.Contains(inc.Detail, "raised from 2s to 4.8s") {
 				t.Fatalf("failures %d, incident %+v; want the stall taken back", p.Failures, inc)
+			}
+			if takenBack != 1 {
+				t.Fatalf("%s counted %d; want 1", metricname.StallsTakenBack, takenBack)
 			}
 			if stalls[2] != c.want || time.Duration(p.StallTimeout) != c.want {
 				t.Fatalf("the next gang's stall timeout %v, the run's %v; want %v", stalls[2], p.StallTimeout, c.want)

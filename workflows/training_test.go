@@ -47,7 +47,9 @@ type harness struct {
 	restoreReport func(in spec.EpochInput) *spec.RestoreReport
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
 	grants map[int]int
-	saves  int
+	// counted: the counters the workflow recorded, by name.
+	counted *countingMetrics
+	saves   int
 	// blockEpoch: the RunEpoch calls that block until cancelled.
 	blockEpoch func(in spec.EpochInput) bool
 	// blockSave: SaveCheckpoint blocks until cancelled.
@@ -75,7 +77,9 @@ type release struct {
 
 func newHarness(t *testing.T) *harness {
 	var suite testsuite.WorkflowTestSuite
-	h := &harness{t: t, env: suite.NewTestWorkflowEnvironment(), grants: map[int]int{}}
+	counted := &countingMetrics{counts: map[string]int64{}}
+	suite.SetMetricsHandler(counted)
+	h := &harness{t: t, env: suite.NewTestWorkflowEnvironment(), grants: map[int]int{}, counted: counted}
 	h.env.SetTestTimeout(20 * time.Second)
 	h.env.RegisterWorkflowWithOptions(TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 	h.env.RegisterActivityWithOptions(func(ctx context.Context, in spec.HoldSlotInput) error {

@@ -39,6 +39,11 @@ const (
 	// The run, from its workflow (the SDK's workflow tags).
 	GangFormationLatency = "durabletrain_gang_formation_latency" // timer: from asking for slots to a formed gang
 	Failures             = "durabletrain_failures"               // counter (tag kind: the incident kind)
+	// StallsTakenBack counts failures a run charged for a stall and took
+	// back: the rank declared stalled heard its verdict, silent for a
+	// moment only (starved of CPU or paused), and the run raised its ring's
+	// stall timeout. Each was counted in Failures (kind failure) when charged.
+	StallsTakenBack = "durabletrain_stalls_taken_back" // counter
 	Preemptions          = "durabletrain_preemptions"            // counter
 	RunsEnded            = "durabletrain_runs_ended"             // counter (tag state: completed, stopped, failed, cancelled)
 	// SlotsWanted is the GPU queue's backlog of slot requests no agent has
@@ -70,5 +75,5 @@ var PerRank = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatenc
 // only what is recorded.
 var All = []string{Epoch, Step, Steps, Samples, SamplesPerSecond, StepLatency, RankHeartbeat, ReportedMetric,
 	AllReduceLatency, AllReduceBytes, AllReduceBusBandwidth, CheckpointBytes, CheckpointLatency,
-	GangFormationLatency, Failures, Preemptions, RunsEnded, SlotsWanted,
+	GangFormationLatency, Failures, StallsTakenBack, Preemptions, RunsEnded, SlotsWanted,
 	Slots, GPUUtilization, GPUMemoryUsed, GPUMemoryTotal, GPUTemperature, GPUPowerWatts, WorkerInfo}
