@@ -24,14 +24,19 @@ import (
 
 // resetToFirstTask resets a workflow's current run to its first workflow
 // task, as the Temporal UI's "Reset" and `temporal workflow reset --type
-// FirstWorkflowTask` do, and returns the new run.
-func resetToFirstTask(t *testing.T, c client.Client, id string) client.WorkflowRun {
+// FirstWorkflowTask` do (with `--reapply-exclude` for exclude), and returns the new run.
+func resetToFirstTask(t *testing.T, c client.Client, id string, exclude ...enumspb.ResetReapplyExcludeType) client.WorkflowRun {
 	t.Helper()
 	d, err := c.DescribeWorkflowExecution(t.Context(), id, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	runID := d.WorkflowExecutionInfo.Execution.RunId
+	return resetRunToFirstTask(t, c, id, d.WorkflowExecutionInfo.Execution.RunId, exclude...)
+}
+
+// resetRunToFirstTask is resetToFirstTask of the workflow's run runID.
+func resetRunToFirstTask(t *testing.T, c client.Client, id, runID string, exclude ...enumspb.ResetReapplyExcludeType) client.WorkflowRun {
+	t.Helper()
 	var finished int64
 	for it := c.GetWorkflowHistory(t.Context(), id, runID, false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT); it.HasNext() && finished == 0; {
 		e, err := it.Next()
@@ -48,6 +53,7 @@ func resetToFirstTask(t *testing.T, c client.Client, id string) client.WorkflowR
 		Reason:                    "integration test: reset to the first workflow task",
 		WorkflowTaskFinishEventId: finished,
 		RequestId:                 fmt.Sprintf("%s-%d", id, time.Now().UnixNano()),
+		ResetReapplyExcludeTypes:  exclude,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +67,9 @@ func resetToFirstTask(t *testing.T, c client.Client, id string) client.WorkflowR
 // they learn it only from their heartbeats). Each reset run trains again
 // from the start under the same checkpoint name, writing over what its base
 // run left there, with no failure, and ends completed with every epoch's
-// numbers exactly those of the run untouched.
+// numbers exactly those of the run untouched. A run stopped and reset stops
+// again before it trains (Temporal applies its stop again), and trains to
+// the end reset without the signals and updates it received.
 func TestAResetRunTrainsAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -100,6 +108,36 @@ func TestAResetRunTrainsAgain(t *testing.T) {
 		return p != nil && p.Epoch >= 1
 	})
 	same("reset while training", untouched, awaitRun(t, resetToFirstTask(t, c, "it-reset-running"), 3*time.Minute))
+
+	// A run stopped (`starter stop`: the stop update) and reset: Temporal
+	// applies the stop again, and the reset run stops as its base run did;
+	// reset without the signals and updates it received, it trains to the end.
+	s.Checkpoint.URL = subsetSpec(t, queue, 2, epochs).Checkpoint.URL
+	stopped := startRun(t, c, "it-reset-stopped", queue, s)
+	until(t, "it-reset-stopped to train", func() bool {
+		p := progress(t, c, "it-reset-stopped")
+		return p != nil && p.State == spec.StateTraining
+	})
+	h, err := c.UpdateWorkflow(t.Context(), client.UpdateWorkflowOptions{WorkflowID: "it-reset-stopped", UpdateName: spec.UpdateStop,
+		WaitForStage: client.WorkflowUpdateStageCompleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res spec.StopResult
+	if err := h.Get(t.Context(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if p := awaitRun(t, stopped, 2*time.Minute); p.State != spec.StateStopped {
+		t.Fatalf("the stopped run: %+v", p)
+	}
+	again := awaitRun(t, resetRunToFirstTask(t, c, "it-reset-stopped", stopped.GetRunID()), 2*time.Minute)
+	t.Logf("stopped at epoch %d, reset with what it received applied again: %s at epoch %d", res.Epoch, again.State, again.Epoch)
+	if again.State != spec.StateStopped || again.Epoch >= epochs {
+		t.Fatalf("reset with its stop applied again: %s at epoch %d; want stopped early again", again.State, again.Epoch)
+	}
+	// The base run, not the reset one: that one holds the stop before its first workflow task.
+	same("reset without its signals and updates", untouched, awaitRun(t, resetRunToFirstTask(t, c, "it-reset-stopped", stopped.GetRunID(),
+		enumspb.RESET_REAPPLY_EXCLUDE_TYPE_SIGNAL, enumspb.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE), 3*time.Minute))
 }
 
 // until polls cond every 20 ms, for up to 2 minutes, and fails saying what
