@@ -44,8 +44,8 @@ const (
 	// moment only (starved of CPU or paused), and the run raised its ring's
 	// stall timeout. Each was counted in Failures (kind failure) when charged.
 	StallsTakenBack = "durabletrain_stalls_taken_back" // counter
-	Preemptions          = "durabletrain_preemptions"            // counter
-	RunsEnded            = "durabletrain_runs_ended"             // counter (tag state: completed, stopped, failed, cancelled)
+	Preemptions     = "durabletrain_preemptions"       // counter
+	RunsEnded       = "durabletrain_runs_ended"        // counter (tag state: completed, stopped, failed, cancelled)
 	// SlotsWanted is the GPU queue's backlog of slot requests no agent has
 	// taken (tag task_queue), read from Temporal by the workflow workers.
 	SlotsWanted = "durabletrain_slots_wanted"
