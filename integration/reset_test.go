@@ -233,7 +233,9 @@ func sameSearch(t *testing.T, what string, untouched, got spec.TuneResults) (k i
 // runs its trials again as workflows of their own, apart from its base
 // run's (whose IDs may still be taken, and whose checkpoint run names they
 // own), and ends completed with every trial completed and its numbers
-// exactly those of the search untouched.
+// exactly those of the search untouched. A trial reset alone, while it
+// trains, trains again under its own ID, and its search takes the result
+// of its new execution.
 func TestAResetSearchRunsItsTrialsAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -258,6 +260,43 @@ func TestAResetSearchRunsItsTrialsAgain(t *testing.T) {
 	if k := sameSearch(t, "reset while its trials train", untouched, awaitSearch(t, "reset while its trials train", resetToFirstTask(t, c, "it-reset-tune-running"))); k != 0 {
 		t.Fatalf("reset while its trials train: trials before %d kept their base run's IDs", k)
 	}
+
+	// One trial reset while it trains, the search left alone: the trial
+	// trains again from its start under its own ID and checkpoint name,
+	// and the search takes the result of its new execution.
+	search := startSearch(t, c, "it-reset-tune-trial", queue, 2)
+	var trial string
+	until(t, "a trial of it-reset-tune-trial to train an epoch", func() bool {
+		for _, tr := range searchResults(t, c, "it-reset-tune-trial").Trials {
+			if p := progress(t, c, tr.WorkflowID); tr.Status == spec.TrialRunning && p != nil && p.Epoch >= 1 && p.State == spec.StateTraining {
+				trial = tr.WorkflowID
+				return true
+			}
+		}
+		return false
+	})
+	base, err := c.DescribeWorkflowExecution(t.Context(), trial, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := resetToFirstTask(t, c, trial)
+	if k := sameSearch(t, "one trial reset", untouched, awaitSearch(t, "one trial reset", search)); k != len(untouched.Trials) {
+		t.Fatalf("one trial reset: trial %d ran as a reset search's", k)
+	}
+	// The reset terminated the trial's execution while it trained, and its
+	// new execution is the one that completed.
+	was, err := c.DescribeWorkflowExecution(t.Context(), trial, base.WorkflowExecutionInfo.Execution.RunId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := c.DescribeWorkflowExecution(t.Context(), trial, again.GetRunID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if was.WorkflowExecutionInfo.Status != enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED || now.WorkflowExecutionInfo.Status != enumspb.WORKFLOW_EXECUTION_STATUS_COMPLETED {
+		t.Fatalf("trial %s: its base execution %s, its reset one %s; want terminated by the reset, then completed", trial, was.WorkflowExecutionInfo.Status, now.WorkflowExecutionInfo.Status)
+	}
+	t.Logf("reset trial %s while it trained its second epoch", trial)
 }
 
 // TestAResetSearchAfterContinueAsNewRunsItsTrialsAgain: on a server that
