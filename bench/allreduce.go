@@ -45,8 +45,18 @@ func humanBytes(n int) string {
 	}
 }
 
-// iterations gives every size about the same bytes moved, within bounds.
-func iterations(size int) int { return min(2000, max(5, (512<<20)/size)) }
+// fixedIterations, where positive, is every run's operations, whatever the
+// size (bench allreduce -iters).
+var fixedIterations int
+
+// iterations gives every size about the same bytes moved, within bounds,
+// unless -iters fixed them.
+func iterations(size int) int {
+	if fixedIterations > 0 {
+		return fixedIterations
+	}
+	return min(2000, max(5, (512<<20)/size))
+}
 
 // sizeSpecs are "bytes:iterations" arguments, the form every implementation takes.
 func sizeSpecs(sizes []int) []string {
@@ -83,7 +93,17 @@ func benchAllReduce(args []string) error {
 	shmRing := fs.String("shm-ring", "", "ours: Options.ShmRingBytes, what a shared-memory ring holds; empty: the default")
 	windows := fs.Bool("windows", true, "also measure ours through host windows on shared memory (Options.HostWindows), interleaved with the ring")
 	spinWindow := fs.Duration("spin", 0, "ours: Options.SpinWindow, how long a small operation polls before it sleeps (negative: never); 0: the default")
+	iters := fs.Int("iters", 0, "operations per run, every size and implementation alike; 0: about 512 MiB a size, 5 to 2,000. Under load a run shorter than a time slice (2,000 operations of 4 KiB over shared memory take a few milliseconds) measures whether it lost one: give small sizes enough to span many")
+	transportsFlag := fs.String("transports", "tcp,shm", "the tables to measure: tcp, shm or both (tcp,shm)")
 	fs.Parse(args)
+	if *iters < 0 {
+		return fmt.Errorf("-iters: %d; want a count of operations per run, or 0 for about 512 MiB a size", *iters)
+	}
+	fixedIterations = *iters
+	wantTCP, wantShm, err := parseTransports(*transportsFlag)
+	if err != nil {
+		return err
+	}
 	var tuning []string // key=value arguments of every rank of ours
 	for _, f := range []struct{ flag, key, value string }{{"-chunk", "chunk", *chunk}, {"-shm-chunk", "shmchunk", *shmChunk}, {"-shm-ring", "shmring", *shmRing}, {"-window", "window", *windowBytes}} {
 		if f.value == "" {
@@ -145,6 +165,9 @@ func benchAllReduce(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *iters > 0 {
+		fmt.Printf("# %d operations per run at every size (-iters)\n", *iters)
+	}
 	fmt.Printf("# all-reduce of float32 sums, ranks as processes on one machine; time = slowest rank's mean per operation\n")
 	fmt.Printf("# median of %d interleaved runs per implementation; ±: (max-min)/median over the runs\n", *repeat)
 	fmt.Printf("# algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests); like with like: ours over TCP against gloo (torch %s)\n", torchVersion())
@@ -168,15 +191,27 @@ func benchAllReduce(args []string) error {
 	for _, load := range loads {
 		var tcpRows, shmRows [][]string
 		for _, world := range worlds {
-			impls := []string{"ours-tcp", "ours-shm"}
-			if *gather > 0 {
-				impls = append(impls, "ours-tcp-gather", "ours-shm-gather")
+			var impls []string
+			if wantTCP {
+				impls = append(impls, "ours-tcp")
+				if *gather > 0 {
+					impls = append(impls, "ours-tcp-gather")
+				}
+				if *peers {
+					impls = append(impls, "gloo", "mpi-tcp", "tcp-ceiling")
+				}
 			}
-			if *windows {
-				impls = append(impls, "ours-windows")
-			}
-			if *peers {
-				impls = append(impls, "gloo", "mpi-tcp", "mpi-shm", "tcp-ceiling")
+			if wantShm {
+				impls = append(impls, "ours-shm")
+				if *gather > 0 {
+					impls = append(impls, "ours-shm-gather")
+				}
+				if *windows {
+					impls = append(impls, "ours-windows")
+				}
+				if *peers {
+					impls = append(impls, "mpi-shm")
+				}
 			}
 			runs := map[string][]map[int]float64{}
 			for range max(1, *repeat) {
@@ -214,12 +249,10 @@ func benchAllReduce(args []string) error {
 			us := func(impl string, size int) string {
 				return fmt.Sprintf("%.1f ±%.0f%%", med[impl][size]*1e6, 100*spread(runs[impl], size))
 			}
-			for _, size := range sizes {
+			tcpRow := func(size int) []string {
 				tcp := []string{humanBytes(size), fmt.Sprint(world), us("ours-tcp", size), fmt.Sprintf("%.2f", bus("ours-tcp", size))}
-				shm := []string{humanBytes(size), fmt.Sprint(world), us("ours-shm", size), fmt.Sprintf("%.2f", bus("ours-shm", size))}
 				if *gather > 0 {
 					tcp = append(tcp, us("ours-tcp-gather", size), fmt.Sprintf("%.2fx", med["ours-tcp-gather"][size]/med["ours-tcp"][size]))
-					shm = append(shm, us("ours-shm-gather", size), fmt.Sprintf("%.2fx", med["ours-shm-gather"][size]/med["ours-shm"][size]))
 				}
 				if *peers {
 					best := max(bus("gloo", size), bus("mpi-tcp", size))
@@ -228,6 +261,15 @@ func benchAllReduce(args []string) error {
 						fmt.Sprintf("%.2fx", bus("ours-tcp", size)/best), fmt.Sprintf("%.2fx", med["ours-tcp"][size]/med["mpi-tcp"][size]),
 						fmt.Sprintf("%.2f", ceiling), fmt.Sprintf("%.0f%%", 100*bus("ours-tcp", size)/ceiling),
 						fmt.Sprintf("%.0f%%", 100*best/ceiling), fmt.Sprintf("%.2fx", ceiling/best))
+				}
+				return tcp
+			}
+			shmRow := func(size int) []string {
+				shm := []string{humanBytes(size), fmt.Sprint(world), us("ours-shm", size), fmt.Sprintf("%.2f", bus("ours-shm", size))}
+				if *gather > 0 {
+					shm = append(shm, us("ours-shm-gather", size), fmt.Sprintf("%.2fx", med["ours-shm-gather"][size]/med["ours-shm"][size]))
+				}
+				if *peers {
 					shm = append(shm, us("mpi-shm", size), fmt.Sprintf("%.2f", bus("mpi-shm", size)),
 						fmt.Sprintf("%.2fx", bus("ours-shm", size)/bus("mpi-shm", size)), fmt.Sprintf("%.2fx", med["ours-shm"][size]/med["mpi-shm"][size]))
 				}
@@ -237,22 +279,35 @@ func benchAllReduce(args []string) error {
 						shm = append(shm, fmt.Sprintf("%.2fx", bus("ours-windows", size)/bus("mpi-shm", size)), fmt.Sprintf("%.2fx", med["ours-windows"][size]/med["mpi-shm"][size]))
 					}
 				}
-				tcpRows, shmRows = append(tcpRows, tcp), append(shmRows, shm)
+				return shm
+			}
+			for _, size := range sizes {
+				if wantTCP {
+					tcpRows = append(tcpRows, tcpRow(size))
+				}
+				if wantShm {
+					shmRows = append(shmRows, shmRow(size))
+				}
 			}
 		}
-		fmt.Printf("\n## %s, TCP\n\n", load)
-		header := []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
 		gathered := []string{fmt.Sprintf("gathered (%s) µs", humanBytes(*gather)), "gathered / ring"}
-		if *gather > 0 {
-			header = append(header, gathered...)
+		if wantTCP {
+			fmt.Printf("\n## %s, TCP\n\n", load)
+			header := []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
+			if *gather > 0 {
+				header = append(header, gathered...)
+			}
+			if *peers {
+				header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi",
+					"ring ceiling busbw", "ours / ceiling", "best peer / ceiling", "ceiling / best peer")
+			}
+			table(header, tcpRows)
 		}
-		if *peers {
-			header = append(header, "gloo µs", "mpi µs", "best peer busbw", "busbw vs best peer", "time vs mpi",
-				"ring ceiling busbw", "ours / ceiling", "best peer / ceiling", "ceiling / best peer")
+		if !wantShm {
+			continue
 		}
-		table(header, tcpRows)
 		fmt.Printf("\n## %s, shared memory\n\n", load)
-		header = []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
+		header := []string{"size", "ranks", "ours µs", "ours busbw GB/s"}
 		if *gather > 0 {
 			header = append(header, gathered...)
 		}
@@ -268,6 +323,21 @@ func benchAllReduce(args []string) error {
 		table(header, shmRows)
 	}
 	return nil
+}
+
+// parseTransports reads a -transports flag: tcp, shm, or both.
+func parseTransports(flag string) (tcp, shm bool, err error) {
+	for _, t := range strings.Split(flag, ",") {
+		switch t {
+		case "tcp":
+			tcp = true
+		case "shm":
+			shm = true
+		default:
+			return false, false, fmt.Errorf("-transports: %q; want tcp, shm or both (tcp,shm)", t)
+		}
+	}
+	return tcp, shm, nil
 }
 
 // parseLoads reads a -load flag: idle, loaded, or both (idle,loaded).
