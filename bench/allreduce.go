@@ -475,7 +475,12 @@ func allReduceRank(args []string) error {
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	g, err := collective.Join(ctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, opts)
+	// A rank that never comes (its port taken between the bench choosing
+	// it and the rank binding it) fails the others within a minute, not at
+	// the run's ten.
+	jctx, jcancel := context.WithTimeout(ctx, time.Minute)
+	g, err := collective.Join(jctx, ln, collective.Gang{Run: "bench", Generation: 1, Peers: peers}, rank, opts)
+	jcancel()
 	if err != nil {
 		return err
 	}
