@@ -143,6 +143,9 @@ func benchAllReduce(args []string) error {
 	}
 	ctx := context.Background()
 	if *perHost > 1 {
+		if *transportsFlag != "tcp,shm" {
+			return fmt.Errorf("-transports %q: simulated hosts (-per-host) measure their own rows, over TCP between hosts; leave -transports out", *transportsFlag)
+		}
 		var worlds []int
 		for _, rs := range strings.Split(*ranksFlag, ",") {
 			world, err := strconv.Atoi(rs)

@@ -3,8 +3,8 @@
  * loop of non-blocking reads and writes over the four links (to r+1 and r+2, from r-1 and
  * r-2); each stream's bytes become sendable as the receipts they depend on are summed, in
  * 64 KiB pieces, so that the steps overlap as our ring's chunks do. Sums in the ring's order,
- * bit for bit (its checksum after one operation equals ring_order4's ring). Prints rank 0..3's
- * mean per operation. Args: RANK PORTBASE SIZE ITERS [PIECE] (ranks listen on PORTBASE+RANK). */
+ * bit for bit (its checksum after one operation equals ring_order4's ring). Prints this rank's
+ * mean per operation and the checksum. Args: RANK PORTBASE SIZE ITERS [PIECE] (ranks listen on PORTBASE+RANK). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
