@@ -17,9 +17,9 @@ import (
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 func newAgents(t *testing.T, n int) ([]*Agent, []string) {

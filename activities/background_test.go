@@ -5,8 +5,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // Checkpoints within an epoch saved in the background, while the gang

@@ -28,14 +28,19 @@ func (a *Agent) checkpointTogether(ctx context.Context, rep *replica, in spec.Ep
 	ok := []float32{0}
 	var saveErr error
 	if in.Rank == 0 {
-		if _, saveErr = a.save(ctx, rep, in.Run, in.Spec, len(in.Peers), metrics); saveErr == nil {
+		switch _, saveErr = a.save(ctx, rep, in.Run, in.Spec, len(in.Peers), metrics); {
+		case saveErr == nil:
 			ok[0] = 1
+		case errors.Is(saveErr, trainer.ErrNoCheckpoint):
+			ok[0], saveErr = 2, nil // the program reported this epoch without one, on purpose
 		}
 	}
 	if err := rep.group.AllReduce(ctx, ok); err != nil {
 		return nil, errors.Join(saveErr, err)
 	}
 	switch {
+	case saveErr == nil && ok[0] == 2:
+		return nil, nil
 	case saveErr != nil:
 		return nil, saveErr
 	case ok[0] == 0:

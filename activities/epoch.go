@@ -138,6 +138,10 @@ func (a *Agent) runRank(ctx context.Context, in spec.EpochInput, place spec.Loca
 	tctx, span := tracer.Start(ctx, "epoch.train", trace.WithAttributes(attribute.String("run", in.Run), attribute.Int("rank", in.Rank), attribute.Int("epoch", epoch)))
 	m, err := a.trainEpoch(tctx, rep, in, leave, beat)
 	endSpan(span, err)
+	if errors.Is(err, trainer.ErrFinished) {
+		a.Log.Info("the program finished its training", zap.String("run", in.Run), zap.Int("rank", in.Rank), zap.Int("before_epoch", epoch))
+		return spec.EpochResult{Rank: in.Rank, Finished: true, Metrics: spec.EpochMetrics{Epoch: epoch}}, nil
+	}
 	if err != nil {
 		return spec.EpochResult{}, a.classify(ctx, key, in.Slot, err, leave)
 	}

@@ -36,7 +36,9 @@ func (a *Agent) classify(ctx context.Context, key replicaKey, slot int, err erro
 	var app *temporal.ApplicationError
 	switch {
 	case stopping:
-		return a.preempted([]Slot{{Index: slot}})
+		// The rank left without saving at the stop: it was cut off when the
+		// grace ran out mid-save, its save failed, or it had not trained yet.
+		return a.preemptedUnsaved([]Slot{{Index: slot}}, stopCause(ctx, err))
 	case errors.As(err, &app):
 		return err
 	case errors.Is(err, trainer.ErrUser):
@@ -182,13 +184,30 @@ func userError(err error) error {
 // preempted is the error of a rank or slot whose worker is stopping, with the
 // latest checkpoint its gang committed, if any, as details.
 func (a *Agent) preempted(slots []Slot) error {
-	var ref *spec.CheckpointRef
-	for _, s := range slots {
-		if c := a.slots.checkpoint(s.Index); c != nil && (ref == nil || c.Epoch > ref.Epoch || c.Epoch == ref.Epoch && c.Step > ref.Step) {
-			ref = c
-		}
-	}
+	ref := a.latestCheckpoint(slots)
 	return preemption(fmt.Sprintf("worker %s is shutting down", a.Identity), ref)
+}
+
+// preemptedUnsaved is the preemption of ranks that left without saving at
+// the stop: it says so, and where the run resumes (the slots' latest checkpoint).
+func (a *Agent) preemptedUnsaved(slots []Slot, cause string) error {
+	ref := a.latestCheckpoint(slots)
+	msg := fmt.Sprintf("worker %s is shutting down; not saved at the stop (%s)", a.Identity, cause)
+	if ref != nil {
+		return temporal.NewApplicationError(fmt.Sprintf("%s: resumes from its checkpoint at epoch %d step %d", msg, ref.Epoch, ref.Step), spec.ErrPreempted, *ref)
+	}
+	return temporal.NewApplicationError(msg+": resumes from the run's latest checkpoint", spec.ErrPreempted)
+}
+
+// stopCause says why a stopping rank left without a checkpoint.
+func stopCause(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(context.Cause(ctx), errShuttingDown):
+		return "the worker's grace ran out before its ranks had saved"
+	case errors.Is(err, errShuttingDown):
+		return "it had trained nothing since its checkpoint"
+	}
+	return err.Error()
 }
 
 // preemption is a spec.ErrPreempted error; ref, if any, rides in its details.

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // fakeGPUs is a worker's GPUs as the health gate sees them.

@@ -12,8 +12,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // The local ranks of a host share one collective.Host; a rank that joins the

@@ -10,8 +10,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 	_ "github.com/durabletrain/durabletrain/trainer/exectrainer" // the exec backend
 )
 

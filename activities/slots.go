@@ -150,6 +150,55 @@ func (t *slotTable) waitEpoch(ctx context.Context, i int, limit time.Duration) {
 	}
 }
 
+// latestCheckpoint is the newest checkpoint taken on any of slots, or nil.
+func (a *Agent) latestCheckpoint(slots []Slot) *spec.CheckpointRef {
+	var ref *spec.CheckpointRef
+	for _, s := range slots {
+		if c := a.slots.checkpoint(s.Index); c != nil && (ref == nil || c.Epoch > ref.Epoch || c.Epoch == ref.Epoch && c.Step > ref.Step) {
+			ref = c
+		}
+	}
+	return ref
+}
+
+// slotsTraining says whether an epoch runs on any of slots.
+func (a *Agent) slotsTraining(slots []Slot) bool {
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	for _, s := range slots {
+		if a.slots.epochs[s.Index] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// drainSlots waits until the epochs running on slots, if any, have
+// returned, for at most limit, calling beat at every tick meanwhile. It
+// says whether they all returned.
+func (a *Agent) drainSlots(ctx context.Context, slots []Slot, limit time.Duration, tick <-chan time.Time, beat func()) bool {
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for _, s := range slots {
+		a.slots.mu.Lock()
+		done := a.slots.epochs[s.Index]
+		a.slots.mu.Unlock()
+		for waiting := done != nil; waiting; {
+			select {
+			case <-done:
+				waiting = false
+			case <-ctx.Done():
+				return false
+			case <-deadline.C:
+				return false
+			case <-tick:
+				beat()
+			}
+		}
+	}
+	return true
+}
+
 // HoldSlot reserves free slots for one host of a gang (in.Slots of them,
 // on this worker, all or none), tells the workflow where they are, and
 // holds them, heartbeating, until the workflow releases them (by
@@ -232,10 +281,23 @@ func (a *Agent) keep(ctx context.Context, h *hold, handed <-chan struct{}, in sp
 			log.Info("slot released")
 			return nil
 		case <-activity.GetWorkerStopChannel(ctx):
-			// Let the ranks' epoch stop with its gang and checkpoint first:
-			// a lease lost now would cancel the gang mid-checkpoint.
-			for _, s := range slots {
-				a.slots.waitEpoch(ctx, s.Index, a.leaveTimeout()+time.Second)
+			// Let the ranks' epoch stop with its gang and checkpoint first,
+			// heartbeating all the while: a lease lost now (a save longer
+			// than the heartbeat timeout) would break the gang mid-checkpoint
+			// and charge the run a failure for a preemption.
+			before := a.latestCheckpoint(slots)
+			training := a.slotsTraining(slots)
+			left := a.drainSlots(ctx, slots, a.leaveTimeout()+time.Second, t.C, func() { activity.RecordHeartbeat(ctx, placement) })
+			switch after := a.latestCheckpoint(slots); {
+			case !left:
+				log.Warn("slot given up: the worker is stopping and its ranks did not leave within the grace", zap.Duration("leave_timeout", a.leaveTimeout()))
+				return a.preemptedUnsaved(slots, "its ranks did not leave within the worker's grace")
+			case !training:
+				log.Info("slot given up: the worker is stopping")
+				return a.preemptedUnsaved(slots, "no epoch was training on it")
+			case after == nil || before != nil && *after == *before:
+				log.Warn("slot given up: the worker is stopping and its ranks left without saving at the stop")
+				return a.preemptedUnsaved(slots, "its ranks left without a checkpoint: the grace ran out, their save failed, or they had trained no step since the last one")
 			}
 			log.Info("slot given up: the worker is stopping")
 			return a.preempted(slots)

@@ -11,11 +11,11 @@ import (
 
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/durabletrain/durabletrain/internal/faultproxy"
-	"github.com/durabletrain/durabletrain/internal/minio"
-	"github.com/durabletrain/durabletrain/internal/minio/miniotest"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/faultproxy"
+	"github.com/durabletrain/durabletrain/testkit/minio"
+	"github.com/durabletrain/durabletrain/testkit/minio/miniotest"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // A store that stops answering, while a gang loads its data set or saves

@@ -18,8 +18,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/simfleet"
 )
 
 // benchContention is `bench contention`: many runs at once competing for

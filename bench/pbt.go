@@ -15,8 +15,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/simfleet"
 )
 
 // benchPBT is `bench pbt`: population-based training against the search

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/internal/minio"
+	"github.com/durabletrain/durabletrain/testkit/minio"
 )
 
 // optimisedMinIO is the MinIO that `make bench-s3` builds with the compiler's

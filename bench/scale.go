@@ -22,9 +22,9 @@ import (
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/gpuworker"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/policy"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/simfleet"
 )
 
 // benchScale runs one row of the scale table: a run of -ranks ranks on a

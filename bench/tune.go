@@ -14,8 +14,8 @@ import (
 	"go.temporal.io/sdk/worker"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/simfleet"
 )
 
 // benchTune is `bench tune`: one hyperparameter search of many trials on

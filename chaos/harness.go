@@ -10,22 +10,16 @@ package chaos
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"go.temporal.io/sdk/client"
-	"go.uber.org/zap"
 
-	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/spec"
 )
@@ -292,33 +286,6 @@ func (h *Harness) close() {
 	h.net.tearDown(h.cfg.Hosts)
 }
 
-// Build compiles the dev server and the worker (with the given build tags)
-// into bin, for Config.Bin.
-func Build(bin, tags string, log io.Writer) error {
-	root, err := moduleRoot()
-	if err != nil {
-		return err
-	}
-	for _, b := range [][]string{{"devserver", ""}, {"worker", tags}} {
-		fmt.Fprintf(log, "chaos: building %s\n", b[0])
-		cmd := exec.Command("go", "build", "-tags", b[1], "-o", filepath.Join(bin, b[0]), "./cmd/"+b[0])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %w\n%s", b[0], err, out)
-		}
-	}
-	return nil
-}
-
-// moduleRoot is the directory of this module's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
-		return "", fmt.Errorf("chaos: run from within the durabletrain module (go env GOMOD: %v)", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
-}
-
 // plan is the sequence of fault kinds: every kind once per round, in an
 // order drawn from the seed.
 func (h *Harness) plan() []string {
@@ -335,58 +302,6 @@ func (h *Harness) logf(format string, args ...any) {
 	fmt.Fprintf(h.cfg.Log, "chaos: "+format+"\n", args...)
 }
 
-func (h *Harness) serverAddr() string { return h.net.serverIP() + ":7233" }
-
-func (h *Harness) startProcesses() error {
-	logs := filepath.Join(h.cfg.Dir, "logs")
-	h.server = &proc{name: "devserver", bin: filepath.Join(h.cfg.Bin, "devserver"), delay: 0,
-		args:    []string{"-ip", h.net.serverIP(), "-insecure-public", "-port", "7233", "-ui-port", "0", "-db", filepath.Join(h.cfg.Dir, "temporal.db")},
-		logPath: filepath.Join(logs, "devserver.log")}
-	if err := h.server.start(); err != nil {
-		return err
-	}
-	for i := range h.cfg.Hosts {
-		p := &proc{name: fmt.Sprintf("host-%d", i), netns: h.net.ns(i), bin: filepath.Join(h.cfg.Bin, "worker"), delay: time.Second,
-			args: []string{"-address", h.serverAddr(), "-role", "both", "-slots", "1", "-identity", fmt.Sprintf("host-%d", i),
-				"-control-queue", "chaos", "-task-queue", "chaos-gpu", "-collective-bind", h.net.ip(i) + ":7070",
-				"-collective-transport", "tcp", "-grace", "5s",
-				// Storage: the harness's checkpoints, and the data set wherever it is.
-				"-storage-roots", bloburl.FromPath(h.ckptDir) + "/," + dataRoot(h.cfg.Dataset) + ",mem://"},
-			logPath: filepath.Join(logs, fmt.Sprintf("host-%d.log", i))}
-		if h.cfg.StickyTimeout > 0 {
-			p.args = append(p.args, "-sticky-timeout", h.cfg.StickyTimeout.String())
-		}
-		if err := p.start(); err != nil {
-			return err
-		}
-		h.hosts = append(h.hosts, p)
-	}
-	return nil
-}
-
-func (h *Harness) stopProcesses() {
-	for _, p := range h.hosts {
-		p.stop()
-	}
-	if h.server != nil {
-		h.server.stop()
-	}
-}
-
-func (h *Harness) dial(ctx context.Context) (client.Client, error) {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		c, err := connect.Options{Address: h.serverAddr(), Namespace: "default"}.Dial(zap.NewNop())
-		if err == nil {
-			return c, nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fmt.Errorf("the dev server never answered at %s: %w", h.serverAddr(), err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
 func (h *Harness) spec(id string) spec.Training {
 	return spec.Training{
 		Name:       id,
@@ -397,21 +312,6 @@ func (h *Harness) spec(id string) spec.Training {
 		Failure: spec.Failure{MaxFailures: spec.Int(20), MaxPreemptions: spec.Int(20), HeartbeatTimeout: spec.Duration(h.cfg.HeartbeatLimit),
 			StallTimeout: spec.Duration(h.cfg.StallLimit), RecoverFromPeers: spec.Bool(!h.cfg.FromStorage)},
 	}
-}
-
-// progress queries the run; nil while the server does not answer.
-func (h *Harness) progress(ctx context.Context, id string) *spec.Progress {
-	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	v, err := h.client.QueryWorkflow(qctx, id, "", spec.QueryProgress)
-	if err != nil {
-		return nil
-	}
-	var p spec.Progress
-	if v.Get(&p) != nil {
-		return nil
-	}
-	return &p
 }
 
 // runWithFaults starts a run, injects the given faults one after another
@@ -465,158 +365,4 @@ func (h *Harness) runWithFaults(ctx context.Context, id string, kinds []string, 
 		return p, fmt.Errorf("run %s ended %s at epoch %d of %d", id, p.State, p.Epoch, h.cfg.Epochs)
 	}
 	return p, nil
-}
-
-// costs fills in what each fault of a run cost from the "restored"
-// incident of the first gang formed after it (rank 0 reports it once the
-// gang agreed on its state). Where the next fault broke that gang before
-// then, the fault's cost is not known and stays blank (with a note), not
-// taken from the next fault's gang.
-func costs(faults []Fault, p *spec.Progress) {
-	stepsPerEpoch := 0
-	for _, m := range p.Metrics {
-		stepsPerEpoch = max(stepsPerEpoch, m.Steps)
-	}
-	for i := range faults {
-		f := &faults[i]
-		if f.Detected == 0 {
-			continue // no gang broke (a server restart, or a host that held no slot of it)
-		}
-		// The generations this fault's recovery can have used: up to the
-		// one the next fault that broke a gang struck.
-		until := math.MaxInt
-		for _, next := range faults[i+1:] {
-			if next.Detected > 0 {
-				until = next.gen
-				break
-			}
-		}
-		found := false
-		for _, inc := range p.Incidents {
-			if inc.Kind != spec.IncidentRestored || inc.Restore == nil || inc.Generation <= f.gen || inc.Generation > until {
-				continue
-			}
-			found = true
-			rr := inc.Restore
-			f.RestoredFrom, f.BlobBytes = "storage", rr.Bytes
-			if rr.Peer != nil {
-				f.RestoredFrom = "survivor"
-			}
-			if at := rr.SurvivorsAt; at != nil && stepsPerEpoch > 0 {
-				from := rr.Restored()
-				f.StepsLost = (at.Epoch-from.Epoch)*stepsPerEpoch + at.Step - from.Step
-			}
-			break
-		}
-		if !found && until != math.MaxInt {
-			f.Note = strings.TrimPrefix(f.Note+"; the next fault broke the new gang before its restore was recorded", "; ")
-		}
-	}
-}
-
-// finalState is the SHA-256 of the final checkpoint's objects, verified.
-func (h *Harness) finalState(ctx context.Context, p *spec.Progress) (string, error) {
-	if p == nil || p.Latest == nil {
-		return "", errors.New("no final checkpoint")
-	}
-	store, err := checkpoint.Open(ctx, p.Latest.URL, nil)
-	if err != nil {
-		return "", err
-	}
-	defer store.Close()
-	c, err := store.Verify(ctx, p.Latest.Run, p.Latest.ID)
-	if err != nil {
-		return "", fmt.Errorf("final checkpoint %s: %w", p.Latest.ID, err)
-	}
-	if c.Manifest.Epoch != h.cfg.Epochs || c.Manifest.Step != 0 {
-		return "", fmt.Errorf("final checkpoint %s is at epoch %d step %d", c.Manifest.ID, c.Manifest.Epoch, c.Manifest.Step)
-	}
-	var sums []string
-	for _, o := range c.Manifest.Objects {
-		sums = append(sums, o.Name+":"+o.Hash())
-	}
-	return strings.Join(sums, ","), nil
-}
-
-// waitPhase waits until the run is in the phase, and returns the progress then.
-func (h *Harness) waitPhase(ctx context.Context, id, phase string) (*spec.Progress, string) {
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		p := h.progress(ctx, id)
-		switch {
-		case p == nil:
-		case p.State == spec.StateCompleted || p.State == spec.StateFailed:
-			return p, phase
-		case phase == PhaseGang && p.State == spec.StateFormingGang:
-			time.Sleep(time.Duration(h.rng.IntN(300)) * time.Millisecond)
-			return h.progress(ctx, id), phase
-		case phase == PhaseGang && p.State == spec.StateTraining:
-			return p, PhaseEpoch // the gang formed before we could strike
-		case phase != PhaseGang && p.State == spec.StateTraining && !h.gangAlive(p):
-			// A host of the gang is down (struck by the last fault before
-			// the gang formed without it knowing): the run has yet to
-			// notice; strike once it has a gang of live hosts again.
-		case phase == PhaseEpoch && p.State == spec.StateTraining && len(p.Gang) > 0:
-			time.Sleep(time.Duration(200+h.rng.IntN(800)) * time.Millisecond)
-			return h.progress(ctx, id), phase
-		case phase == PhaseCheckpoint && p.State == spec.StateTraining && len(p.Gang) > 0:
-			if h.waitCheckpointWrite(ctx, p.Run) {
-				return h.progress(ctx, id), phase
-			}
-			return h.progress(ctx, id), PhaseEpoch
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return h.progress(ctx, id), phase
-}
-
-// waitCheckpointWrite polls the run's checkpoint directory for a checkpoint
-// being written (objects there, no manifest yet).
-func (h *Harness) waitCheckpointWrite(ctx context.Context, run string) bool {
-	dir := filepath.Join(h.ckptDir, run)
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			if !strings.HasPrefix(e.Name(), "ckpt-") {
-				continue
-			}
-			if _, err := os.Stat(filepath.Join(dir, e.Name(), "MANIFEST.json")); errors.Is(err, os.ErrNotExist) {
-				return true
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return false
-}
-
-// hostOf is the supervised process of the worker a rank runs on.
-// gangAlive says whether every host of the run's gang is running.
-func (h *Harness) gangAlive(p *spec.Progress) bool {
-	for rank := range p.Gang {
-		if w := h.hostOf(p, rank); w == nil || !w.alive() {
-			return false
-		}
-	}
-	return true
-}
-
-func (h *Harness) hostOf(p *spec.Progress, rank int) *proc {
-	if p == nil || rank >= len(p.Gang) {
-		return nil
-	}
-	for _, w := range h.hosts {
-		if w.name == p.Gang[rank].Worker {
-			return w
-		}
-	}
-	return nil
-}
-
-// dataRoot is a storage root that holds a data set's URL: its directory.
-func dataRoot(url string) string {
-	if i := strings.LastIndex(strings.SplitN(url, "?", 2)[0], "/"); i > len("file://") {
-		return url[:i+1]
-	}
-	return url
 }

@@ -15,8 +15,8 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // TestSearchSurvivesEveryProcessKilled: a 4-trial ASHA search on the hosts

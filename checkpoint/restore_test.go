@@ -11,7 +11,7 @@ import (
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/dataset"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/trainer/native"
 )

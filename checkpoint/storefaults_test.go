@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/durabletrain/durabletrain/internal/faultproxy"
-	"github.com/durabletrain/durabletrain/internal/minio/miniotest"
+	"github.com/durabletrain/durabletrain/testkit/faultproxy"
+	"github.com/durabletrain/durabletrain/testkit/minio/miniotest"
 )
 
 // A real MinIO behind a proxy that can fail (503 SlowDown), hang or cut the

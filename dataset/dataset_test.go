@@ -15,7 +15,7 @@ import (
 	"gocloud.dev/blob"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 func TestLoadCommittedSubset(t *testing.T) {

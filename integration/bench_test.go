@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // BenchmarkTemporalVsDirect times the same 2-rank, 10-epoch training run

@@ -19,8 +19,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // TestPyTorchExampleThroughDurabletrain runs examples/pytorch/train.py (DDP
@@ -446,34 +446,8 @@ func pytorchWorkers(t *testing.T, queue string, agentNames ...string) []*workerP
 // holds rank, and waits up to 10 s for it to exit.
 func sigtermRankWorker(t *testing.T, c client.Client, run string, agents []*workerProc, rank, world int) *workerProc {
 	t.Helper()
-	var victim *workerProc
-	for deadline := time.Now().Add(3 * time.Minute); victim == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		p := progress(t, c, run)
-		if p == nil || p.Epoch < 1 || len(p.Gang) != world || p.State != spec.StateTraining {
-			continue
-		}
-		for _, pl := range p.Gang {
-			for _, w := range agents {
-				if pl.Worker == w.name && pl.Rank == rank {
-					victim = w
-				}
-			}
-		}
-	}
-	if victim == nil {
-		t.Fatalf("run %s never trained epoch 1 with %d ranks", run, world)
-	}
-	time.Sleep(300 * time.Millisecond)
-	victim.cmd.Process.Signal(syscall.SIGTERM)
-	termed := time.Now()
-	exited := make(chan error, 1)
-	go func() { exited <- victim.cmd.Wait() }()
-	select {
-	case err := <-exited:
-		t.Logf("%s exited %v after SIGTERM in %v", victim.name, err, time.Since(termed).Round(time.Millisecond))
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not exit within 10s of SIGTERM", victim.name)
-	}
+	victim, took := sigtermRankWorkerWithin(t, c, run, agents, rank, world, 10*time.Second, false, false)
+	t.Logf("%s exited after SIGTERM in %v", victim.name, took.Round(time.Millisecond))
 	return victim
 }
 

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/connect"
-	"github.com/durabletrain/durabletrain/internal/devserver"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/devserver"
 )
 
 // TestGangCrossesContinueAsNew: on a server that suggests continue-as-new

@@ -23,9 +23,9 @@ import (
 
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/devserver"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/devserver"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 var recordHistories = flag.Bool("record-histories", false, "write the histories of the runs to ../workflows/testdata/histories for the replay tests")

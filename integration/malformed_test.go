@@ -20,8 +20,8 @@ import (
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/durabletrain/durabletrain/internal/speccorpus"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/speccorpus"
 )
 
 // TestMalformedInputIsRefusedAtOnce submits every malformed spec and search

@@ -17,9 +17,9 @@ import (
 
 	"github.com/durabletrain/durabletrain/connect"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/devserver"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/devserver"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // resetToFirstTask resets a workflow's current run to its first workflow

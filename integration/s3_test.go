@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/internal/minio/miniotest"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/minio/miniotest"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // TestTrainsOnS3: a run reads its data set from S3 and checkpoints to S3

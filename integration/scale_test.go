@@ -7,8 +7,8 @@ import (
 
 	"go.temporal.io/sdk/client"
 
-	"github.com/durabletrain/durabletrain/internal/simfleet"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/simfleet"
 )
 
 // TestSimulatedFleetSmallRow is the scale benchmark's small row (bench

@@ -16,9 +16,9 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/buildinfo"
-	"github.com/durabletrain/durabletrain/internal/devserver"
 	"github.com/durabletrain/durabletrain/spec"
 	"github.com/durabletrain/durabletrain/tensorboard"
+	"github.com/durabletrain/durabletrain/testkit/devserver"
 )
 
 // runStarter runs the starter and returns its output and exit status.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
 // TestTuneSearchSurvivesLosingEveryWorker: 8 trials over learning rate and

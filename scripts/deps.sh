@@ -2,12 +2,12 @@
 # Installs the Debian packages durabletrain's demo, tests and benchmarks use,
 # when they are missing. Safe to run again; needs root (or sudo) to install.
 #   scripts/deps.sh            what the demo needs
-#   scripts/deps.sh test       also PyTorch and torchvision, for the exec backend's tests (examples/pytorch)
+#   scripts/deps.sh test       also PyTorch, torchvision and venv, for the exec backend's and the Python package's tests
 #   scripts/deps.sh bench      also the peers the benchmarks compare against
 set -euo pipefail
 need=(libopenblas-dev dataset-fashion-mnist)
 case "${1:-}" in
-  test) need+=(python3-torch python3-torchvision) ;;
+  test) need+=(python3-torch python3-torchvision python3-venv) ;;
   bench) need+=(python3-torch python3-torchvision libopenblas0-openmp openmpi-bin libopenmpi-dev awscli) ;;
 esac
 missing=()

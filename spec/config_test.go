@@ -94,7 +94,7 @@ func TestAnyMetric(t *testing.T) {
 	if (EpochMetrics{}).MissingMetric("metric", MetricTestLoss) != nil {
 		t.Fatal("a native epoch's test_loss is missing")
 	}
-	for name, ok := range map[string]bool{"f1": true, "val/acc": false, "val.acc": true, "bleu-4": true, "": false, "4x": false, strings.Repeat("m", 65): false} {
+	for name, ok := range map[string]bool{"f1": true, "val/acc": true, "eval/loss": true, "/acc": false, "val.acc": true, "bleu-4": true, "": false, "4x": false, strings.Repeat("m", 65): false} {
 		if err := CheckMetricName("metric", name); (err == nil) != ok {
 			t.Errorf("%q: %v", name, err)
 		}

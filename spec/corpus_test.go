@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/durabletrain/durabletrain/internal/speccorpus"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/speccorpus"
 )
 
 // Every malformed spec of the corpus is refused with one bounded line that

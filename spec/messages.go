@@ -237,6 +237,10 @@ type EpochResult struct {
 	Metrics    EpochMetrics   `json:"metrics"`
 	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
 	Restored   *RestoreReport `json:"restored,omitempty"`
+	// Finished: the rank's program ended its training before this epoch
+	// (Metrics.Epoch, untrained), as a Ray-style training function does when
+	// it returns: the run ends there, completed, with Epochs set to it.
+	Finished bool `json:"finished,omitempty"`
 }
 
 // EpochMetrics is one epoch's record in the run's history.

@@ -25,7 +25,9 @@ var Metrics = []string{MetricTestAccuracy, MetricTestLoss, MetricTrainLoss}
 // (every epoch's travel through the run's history).
 const MaxOtherMetrics = 64
 
-var metricNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,63}$`)
+// A metric's name may group with '/' as Lightning's and Hugging Face's do
+// ("train/loss", "eval/accuracy"); TensorBoard shows such tags in groups.
+var metricNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_./-]{0,63}$`)
 
 // Modes: whether a metric is better higher or lower.
 const (
@@ -107,7 +109,7 @@ func CheckMetricName(field, name string) error {
 	if metricNamePattern.MatchString(name) {
 		return nil
 	}
-	return fmt.Errorf("%s is %q; want a metric's name: %s, or one your program reports (1-64 letters, digits, _, . or -, starting with a letter or _)", field, name, quoteList(Metrics))
+	return fmt.Errorf("%s is %q; want a metric's name: %s, or one your program reports (1-64 letters, digits, _, ., / or -, starting with a letter or _)", field, name, quoteList(Metrics))
 }
 
 // Better says whether a beats b under mode ("min": lower is better; anything

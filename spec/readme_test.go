@@ -1,38 +1,37 @@
 package spec_test
 
 import (
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/specdoc"
 )
 
-// The training specs the README shows are accepted as they are written.
-func TestREADMESpecsAreValid(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// The training specs the README and the guides show are accepted as they
+// are written (the searches: package tune checks them).
+func TestGuideSpecsAreValid(t *testing.T) {
+	guides, err := specdoc.Guides("..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := regexp.MustCompile("(?s)```json\n(.*?)```").FindAllStringSubmatch(string(b), -1)
-	// and the specs inside --input '...' of the shell examples
-	inputs := regexp.MustCompile(`--input '(\{.*?\})'`).FindAllStringSubmatch(string(b), -1)
 	n := 0
-	for _, m := range append(blocks, inputs...) {
-		if strings.Contains(m[1], "param_space") {
-			continue // a search: package tune checks it
-		}
-		n++
-		s, err := spec.Parse([]byte(m[1]))
-		if err == nil {
-			err = s.WithDefaults().Validate()
-		}
-		if err != nil {
-			t.Errorf("README spec:\n%s\n%v", m[1], err)
+	for name, text := range guides {
+		for _, raw := range specdoc.JSONBlocks(text) {
+			if strings.Contains(raw, "param_space") {
+				continue
+			}
+			n++
+			s, err := spec.Parse([]byte(raw))
+			if err == nil {
+				err = s.WithDefaults().Validate()
+			}
+			if err != nil {
+				t.Errorf("%s: spec\n%s\n%v", name, raw, err)
+			}
 		}
 	}
 	if n < 2 {
-		t.Fatalf("found %d specs in the README", n)
+		t.Fatalf("found %d specs in the guides", n)
 	}
 }

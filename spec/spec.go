@@ -8,11 +8,8 @@ package spec
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
-	"strings"
 	"time"
 
-	"github.com/durabletrain/durabletrain/internal/registry"
 	"github.com/durabletrain/durabletrain/internal/strictjson"
 )
 
@@ -50,13 +47,15 @@ type Training struct {
 type Exec struct {
 	Command []string          `json:"command"`       // e.g. ["python3", "train.py", "--lr", "0.001"]
 	Dir     string            `json:"dir,omitempty"` // working directory on the worker
-	Env     map[string]string `json:"env,omitempty"`
+	Env     map[string]string `json:"env,omitempty"` // added to every rank's environment
 }
 
+// Model shapes the native trainer's MLP (exec programs build their own).
 type Model struct {
 	Hidden []int `json:"hidden,omitempty"` // hidden layer widths; default [256, 128]
 }
 
+// Dataset says where the training data is and how to read it.
 type Dataset struct {
 	URL string `json:"url,omitempty"` // gocloud.dev/blob URL of the files
 	// Format names the loader, as registered on the GPU workers
@@ -66,6 +65,7 @@ type Dataset struct {
 	Format string `json:"format,omitempty"`
 }
 
+// Hyper holds the optimisation hyperparameters the backends share.
 type Hyper struct {
 	Epochs      int      `json:"epochs,omitempty"`       // default 10
 	BatchSize   int      `json:"batch_size,omitempty"`   // per rank; default 128
@@ -76,6 +76,7 @@ type Hyper struct {
 	Seed        uint64   `json:"seed,omitempty"`         // weights and data order
 }
 
+// Scaling is how many ranks train and where (Ray's ScalingConfig).
 type Scaling struct {
 	Workers int `json:"workers,omitempty"` // ranks; default 1
 	// MinWorkers lets the run go on with fewer ranks (at least this many) when
@@ -123,6 +124,7 @@ func (s Scaling) Hierarchical() bool {
 // Hosts is how many hosts a full gang takes.
 func (s Scaling) Hosts() int { return s.Workers / max(1, s.WorkersPerHost) }
 
+// Checkpoint is where and how often a run saves its state (Ray's CheckpointConfig).
 type Checkpoint struct {
 	URL         string `json:"url,omitempty"`          // gocloud.dev/blob URL; default DefaultCheckpointURL
 	EveryEpochs int    `json:"every_epochs,omitempty"` // default 1
@@ -150,6 +152,7 @@ type Checkpoint struct {
 // AsyncSteps says whether checkpoints within an epoch are saved in the background.
 func (c Checkpoint) AsyncSteps() bool { return (c.Async == nil || *c.Async) && !c.Sharded }
 
+// Failure is how much a run survives and how fast it notices (Ray's FailureConfig).
 type Failure struct {
 	MaxFailures      *int     `json:"max_failures,omitempty"`      // infrastructure failures tolerated; default 3; 0: none
 	MaxPreemptions   *int     `json:"max_preemptions,omitempty"`   // SIGTERMed workers tolerated; default 20; 0: none
@@ -248,234 +251,6 @@ func Parse(data []byte) (Training, error) {
 func Int(v int) *int             { return &v }
 func Float64(v float64) *float64 { return &v }
 func Bool(v bool) *bool          { return &v }
-
-// WithDefaults fills what was left out.
-func (t Training) WithDefaults() Training {
-	if t.Trainer == "" {
-		t.Trainer = TrainerNative
-	}
-	if t.Trainer == TrainerNative {
-		t.applyNativeConfig()
-	}
-	if t.Model.Hidden == nil {
-		t.Model.Hidden = []int{256, 128}
-	}
-	if t.Dataset.URL == "" {
-		t.Dataset.URL = DefaultDatasetURL
-	}
-	if t.Dataset.Format == "" {
-		t.Dataset.Format = DefaultDatasetFormat
-	}
-	h := &t.Hyper
-	if h.Epochs == 0 {
-		h.Epochs = 10
-	}
-	if h.BatchSize == 0 {
-		h.BatchSize = 128
-	}
-	if h.Optimizer == "" {
-		h.Optimizer = "adam"
-	}
-	if h.LR == 0 {
-		h.LR = map[string]float64{"adam": 1e-3, "sgd": 0.01}[h.Optimizer]
-	}
-	h.Momentum = Float64(h.MomentumOf())
-	s := &t.Scaling
-	if s.Workers == 0 {
-		s.Workers = 1
-	}
-	if s.MinWorkers == 0 {
-		s.MinWorkers = s.Workers
-	}
-	if s.GPUsPerWorker == 0 {
-		s.GPUsPerWorker = 1
-	}
-	if s.WorkersPerHost == 0 {
-		s.WorkersPerHost = 1
-	}
-	if s.AllReduce == "" {
-		s.AllReduce = AllReduceHierarchical
-	}
-	if s.BucketBytes == 0 {
-		s.BucketBytes = DefaultBucketBytes
-	}
-	if s.TaskQueue == "" {
-		s.TaskQueue = DefaultTaskQueue
-	}
-	if s.GangTimeout == 0 {
-		s.GangTimeout = Duration(2 * time.Minute)
-	}
-	c := &t.Checkpoint
-	if c.URL == "" {
-		c.URL = DefaultCheckpointURL
-	}
-	if c.EveryEpochs == 0 {
-		c.EveryEpochs = 1
-	}
-	c.KeepLast = Int(c.KeepLastN())
-	if c.Score == "" {
-		c.Score = MetricTestAccuracy
-	}
-	if c.Mode == "" {
-		c.Mode = ModeMax
-	}
-	f := &t.Failure
-	f.MaxFailures, f.MaxPreemptions = Int(f.FailureBudget()), Int(f.PreemptionBudget())
-	if f.HeartbeatTimeout == 0 {
-		f.HeartbeatTimeout = Duration(10 * time.Second)
-	}
-	if f.StallTimeout == 0 {
-		f.StallTimeout = Duration(f.RingStallTimeout())
-	}
-	return t
-}
-
-// KeepLastN is checkpoint.keep_last, its default if left out (0: every one).
-func (c Checkpoint) KeepLastN() int { return deref(c.KeepLast, 2) }
-
-// FailureBudget and PreemptionBudget are failure.max_failures and
-// failure.max_preemptions, their defaults if left out.
-func (f Failure) FailureBudget() int    { return deref(f.MaxFailures, 3) }
-func (f Failure) PreemptionBudget() int { return deref(f.MaxPreemptions, 20) }
-
-// MomentumOf is hyper.momentum, its default for the optimizer if left out.
-func (h Hyper) MomentumOf() float64 {
-	return deref(h.Momentum, map[string]float64{"sgd": 0.9}[h.Optimizer])
-}
-
-func deref[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
-}
-
-// pluginName is what a registered backend or data set format may be called.
-var pluginName = registry.Name
-
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._=+@-]{0,199}$`)
-
-// CheckName checks a run's name (or a search's): what checkpoints are
-// stored under.
-func CheckName(field, name string) error {
-	if !namePattern.MatchString(name) {
-		return fmt.Errorf("%s is %s; want %s", field, quoted(name), accepted["name"])
-	}
-	return nil
-}
-
-// Validate names the first field out of range, its value, and what is
-// accepted. Call it on a spec with defaults filled.
-func (t Training) Validate() error {
-	if err := t.Config.check(t.Trainer == TrainerNative); err != nil {
-		return fmt.Errorf("spec: %w", err)
-	}
-	return t.fromConfig(t.validateFields())
-}
-
-func (t Training) validateFields() error {
-	bad := func(field string, value any) error {
-		return fmt.Errorf("spec: %s is %v; want %s", field, value, accepted[field])
-	}
-	q := func(s string) string { return quoted(s) }
-	h, s, c, f := t.Hyper, t.Scaling, t.Checkpoint, t.Failure
-	switch {
-	case t.Name != "" && !namePattern.MatchString(t.Name):
-		return bad("name", q(t.Name))
-	case !pluginName.MatchString(t.Trainer):
-		return bad("trainer", q(t.Trainer))
-	case t.Trainer != TrainerExec && t.Exec != nil:
-		return fmt.Errorf(`spec: exec is set; want no exec section unless trainer is "exec" (trainer is %s)`, q(t.Trainer))
-	case t.Trainer == TrainerExec && t.Exec == nil:
-		return bad("exec.command", "missing")
-	case len(t.Model.Hidden) > 16:
-		return bad("model.hidden", fmt.Sprintf("%d layers", len(t.Model.Hidden)))
-	case !pluginName.MatchString(t.Dataset.Format):
-		return bad("dataset.format", q(t.Dataset.Format))
-	case h.Epochs < 1 || h.Epochs > MaxEpochs:
-		return bad("hyper.epochs", h.Epochs)
-	case h.BatchSize < 1 || h.BatchSize > 65536:
-		return bad("hyper.batch_size", h.BatchSize)
-	case h.Optimizer != "adam" && h.Optimizer != "sgd":
-		return bad("hyper.optimizer", q(h.Optimizer))
-	case !(h.LR > 0 && h.LR < 10):
-		return bad("hyper.lr", h.LR)
-	case h.Momentum != nil && !(*h.Momentum >= 0 && *h.Momentum < 1):
-		return bad("hyper.momentum", *h.Momentum)
-	case !(h.WeightDecay >= 0 && h.WeightDecay < 1):
-		return bad("hyper.weight_decay", h.WeightDecay)
-	case s.Workers < 1 || s.Workers > MaxWorkers:
-		return bad("scaling.workers", s.Workers)
-	case s.MinWorkers < 1 || s.MinWorkers > s.Workers:
-		return fmt.Errorf("spec: scaling.min_workers is %d; want 1 to scaling.workers (%d)", s.MinWorkers, s.Workers)
-	case s.GPUsPerWorker != 1:
-		return bad("scaling.gpus_per_worker", s.GPUsPerWorker)
-	case s.WorkersPerHost < 1 || s.WorkersPerHost > MaxWorkersPerHost:
-		return bad("scaling.workers_per_host", s.WorkersPerHost)
-	case s.AllReduce != AllReduceHierarchical && s.AllReduce != AllReduceRing:
-		return bad("scaling.all_reduce", q(s.AllReduce))
-	case s.BucketBytes < MinBucketBytes || s.BucketBytes > MaxBucketBytes:
-		return bad("scaling.bucket_bytes", s.BucketBytes)
-	case s.Workers%s.WorkersPerHost != 0:
-		return fmt.Errorf("spec: scaling.workers is %d; want a multiple of scaling.workers_per_host (%d): every host runs the same number of ranks", s.Workers, s.WorkersPerHost)
-	case s.MinWorkers%s.WorkersPerHost != 0:
-		return fmt.Errorf("spec: scaling.min_workers is %d; want a multiple of scaling.workers_per_host (%d): a gang shrinks by whole hosts", s.MinWorkers, s.WorkersPerHost)
-	case s.Hosts() > MaxHosts:
-		return fmt.Errorf("spec: scaling.workers / scaling.workers_per_host is %d hosts; want at most %d (2 pending activities each, under Temporal's 2,000, and one workflow task to take their grants): pack more ranks per host", s.Hosts(), MaxHosts)
-	case !taskQueuePattern.MatchString(s.TaskQueue) || strings.HasPrefix(s.TaskQueue, "/_sys/"):
-		return bad("scaling.task_queue", q(s.TaskQueue))
-	case s.GangTimeout < Duration(time.Second) || s.GangTimeout > Duration(7*24*time.Hour):
-		return bad("scaling.gang_timeout", s.GangTimeout)
-	case c.EveryEpochs < 1:
-		return bad("checkpoint.every_epochs", c.EveryEpochs)
-	case c.EverySteps < 0:
-		return bad("checkpoint.every_steps", c.EverySteps)
-	case c.KeepLast != nil && *c.KeepLast < 0:
-		return bad("checkpoint.keep_last", *c.KeepLast)
-	case c.KeepBest < 0:
-		return bad("checkpoint.keep_best", c.KeepBest)
-	case c.Sharded && t.Trainer == TrainerNative:
-		return fmt.Errorf("spec: checkpoint.sharded is for programs whose ranks each hold a part of the state (trainer exec); the native trainer's ranks hold identical replicas: leave it false")
-	case c.Sharded && c.EveryEpochs != 1:
-		return fmt.Errorf("spec: checkpoint.sharded needs checkpoint.every_epochs 1 (it is %d): a stop between checkpoints saves rank 0's state only", c.EveryEpochs)
-	case c.Sharded && s.MinWorkers != s.Workers:
-		return fmt.Errorf("spec: checkpoint.sharded needs scaling.min_workers equal to scaling.workers (%d, not %d): a sharded checkpoint is restored at the world size that saved it", s.Workers, s.MinWorkers)
-	case CheckMetric("checkpoint.score", c.Score) != nil:
-		return CheckMetric("spec: checkpoint.score", c.Score)
-	case CheckMode("checkpoint.mode", c.Mode) != nil:
-		return CheckMode("spec: checkpoint.mode", c.Mode)
-	case f.MaxFailures != nil && (*f.MaxFailures < 0 || *f.MaxFailures > MaxFailureBudget):
-		return bad("failure.max_failures", *f.MaxFailures)
-	case f.MaxPreemptions != nil && (*f.MaxPreemptions < 0 || *f.MaxPreemptions > MaxFailureBudget):
-		return bad("failure.max_preemptions", *f.MaxPreemptions)
-	case f.HeartbeatTimeout < Duration(time.Second) || f.HeartbeatTimeout > Duration(10*time.Minute):
-		return bad("failure.heartbeat_timeout", f.HeartbeatTimeout)
-	case f.StallTimeout != 0 && (f.StallTimeout < Duration(MinStallTimeout) || f.StallTimeout > f.HeartbeatTimeout):
-		return fmt.Errorf("spec: failure.stall_timeout is %v; want %s (%v)", f.StallTimeout, accepted["failure.stall_timeout"], f.HeartbeatTimeout)
-	case t.ResumeFrom != "" && !namePattern.MatchString(t.ResumeFrom):
-		return bad("resume_from", q(t.ResumeFrom))
-	}
-	for i, w := range t.Model.Hidden {
-		if w < 1 || w > 65536 {
-			return fmt.Errorf("spec: model.hidden[%d] is %d; want a width from 1 to 65536", i, w)
-		}
-	}
-	if n := parameters(t.Model.Hidden); n > MaxParameters {
-		return fmt.Errorf("spec: model.hidden %v has %.3g parameters (for 784 inputs and 10 classes); want at most %d (each rank holds weights, gradients and optimizer state)", t.Model.Hidden, n, MaxParameters)
-	}
-	if err := CheckURL("dataset.url", t.Dataset.URL); err != nil {
-		return fmt.Errorf("spec: %w", err)
-	}
-	if err := CheckURL("checkpoint.url", c.URL); err != nil {
-		return fmt.Errorf("spec: %w", err)
-	}
-	if t.Exec != nil {
-		if err := t.Exec.check(); err != nil {
-			return fmt.Errorf("spec: %w", err)
-		}
-	}
-	return nil
-}
 
 // Duration is a time.Duration written in JSON as "10s", "2m30s" (or a number of seconds).
 type Duration time.Duration

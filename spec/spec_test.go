@@ -83,7 +83,7 @@ func TestValidateNamesFieldValueAndWhatIsAccepted(t *testing.T) {
 		{func(s *Training) { s.Trainer = "JAX!" }, `trainer is "JAX!"; want "native", "exec", or the name of a backend registered`},
 		{func(s *Training) { s.Exec = &Exec{Command: []string{"python3"}} }, `exec is set; want no exec section unless trainer is "exec"`},
 		{func(s *Training) { s.Dataset.Format = "../csv" }, `dataset.format is "../csv"; want "idx", or the name of a loader`},
-		{func(s *Training) { s.Checkpoint.Score = "val/acc" }, `checkpoint.score is "val/acc"; want a metric's name: "test_accuracy", "test_loss" or "train_loss", or one your program reports`},
+		{func(s *Training) { s.Checkpoint.Score = "val acc" }, `checkpoint.score is "val acc"; want a metric's name: "test_accuracy", "test_loss" or "train_loss", or one your program reports`},
 		{func(s *Training) { s.Scaling.GPUsPerWorker = 2 }, "scaling.gpus_per_worker is 2"},
 	} {
 		s := Training{}.WithDefaults()

@@ -7,8 +7,8 @@ import (
 	_ "gocloud.dev/blob/fileblob" // file:// for the data set
 
 	"github.com/durabletrain/durabletrain/dataset"
-	"github.com/durabletrain/durabletrain/internal/testdata"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/trainer/native"
 )

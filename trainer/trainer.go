@@ -158,6 +158,16 @@ type StateReader interface {
 	Open(ctx context.Context, name string) (io.ReadCloser, error)
 }
 
+// ErrFinished: the program's own training ended before the epochs the run
+// asked for (a Ray-style train_loop_per_worker that returned after its last
+// report). Not a failure: the run ends there, completed.
+var ErrFinished = errors.New("the program finished training")
+
+// ErrNoCheckpoint: the program chose to report an epoch without a
+// checkpoint (a Ray-style report of metrics alone), so there is nothing to
+// save at this cursor; the run keeps its latest checkpoint, as Ray's does.
+var ErrNoCheckpoint = errors.New("the program reported this epoch without a checkpoint")
+
 // ErrDiverged: the loss became NaN or infinite. Retrying the same
 // configuration cannot help, so it is a user error (errors.Is(err, ErrUser)).
 var ErrDiverged = UserError(errors.New("training diverged"))

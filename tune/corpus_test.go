@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/durabletrain/durabletrain/internal/speccorpus"
+	"github.com/durabletrain/durabletrain/testkit/speccorpus"
 	"github.com/durabletrain/durabletrain/tune"
 )
 

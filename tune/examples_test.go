@@ -3,17 +3,17 @@ package tune_test
 import (
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/testkit/specdoc"
 	"github.com/durabletrain/durabletrain/tune"
 )
 
-// The searches the README and examples/ show are accepted as written.
+// The searches the README, the guides and examples/ show are accepted as written.
 func TestExampleSearchesAreValid(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	guides, err := specdoc.Guides("..")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,13 +22,15 @@ func TestExampleSearchesAreValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	searches := []string{string(example)}
-	for _, m := range regexp.MustCompile("(?s)```json\n(.*?)```").FindAllStringSubmatch(string(readme), -1) {
-		if strings.Contains(m[1], "param_space") {
-			searches = append(searches, m[1])
+	for _, text := range guides {
+		for _, raw := range specdoc.JSONBlocks(text) {
+			if strings.Contains(raw, "param_space") {
+				searches = append(searches, raw)
+			}
 		}
 	}
 	if len(searches) < 2 {
-		t.Fatal("no search in the README")
+		t.Fatal("no search in the guides")
 	}
 	for _, raw := range searches {
 		s, err := tune.ParseSpec([]byte(raw))

@@ -45,14 +45,14 @@ type SchedulerConfig struct {
 	ReductionFactor    float64 `json:"reduction_factor,omitempty"`     // asha: default 4
 	MaxT               int     `json:"max_t,omitempty"`                // asha: the last rung is below it; default 100
 	MinSamplesRequired int     `json:"min_samples_required,omitempty"` // median: other trials needed; default 3
-	// pbt (see PBT): epochs between a trial's perturbations (default 2),
-	// the bottom and top fractions (default 0.25), the chance of
-	// resampling instead of perturbing a value (default 0.25), and what to
-	// mutate (default: param_space's dimensions other than grid_search).
-	PerturbationInterval int               `json:"perturbation_interval,omitempty"`
-	QuantileFraction     float64           `json:"quantile_fraction,omitempty"`
-	ResampleProbability  *float64          `json:"resample_probability,omitempty"`
-	HyperparamMutations  map[string]Domain `json:"hyperparam_mutations,omitempty"`
+	// pbt (see PBT): epochs between a trial's perturbations; default 2.
+	PerturbationInterval int `json:"perturbation_interval,omitempty"`
+	// pbt: the bottom and top fractions of trials (the bottom clone the top); default 0.25.
+	QuantileFraction float64 `json:"quantile_fraction,omitempty"`
+	// pbt: the chance of resampling a value from its domain instead of perturbing it; default 0.25.
+	ResampleProbability *float64 `json:"resample_probability,omitempty"`
+	// pbt: the dimensions to mutate, spec path -> domain; default: param_space's dimensions other than grid_search.
+	HyperparamMutations map[string]Domain `json:"hyperparam_mutations,omitempty"`
 }
 
 // NewScheduler builds a search's scheduler: New's, and for PBT bound to

@@ -19,9 +19,9 @@ import (
 //	 "stop": {"training_iteration": 8}, "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2, "max_t": 8},
 //	 "search_alg": {"type": "random"}, "seed": 1, "results_url": "file:///var/lib/durabletrain/checkpoints"}
 type Spec struct {
-	Name                string             `json:"name,omitempty"`
-	Train               json.RawMessage    `json:"train,omitempty"`
-	ParamSpace          map[string]Domain  `json:"param_space"`
+	Name                string             `json:"name,omitempty"`                  // names the search's results; default: the workflow ID
+	Train               json.RawMessage    `json:"train,omitempty"`                 // the training spec every trial starts from (see the training spec above)
+	ParamSpace          map[string]Domain  `json:"param_space"`                     // spec path -> a domain: {"grid_search": [...]}, {"choice": [...]}, {"uniform": [lo, hi]}, {"loguniform": [lo, hi]}, {"randint": [lo, hi]}
 	NumSamples          int                `json:"num_samples,omitempty"`           // default 1
 	Metric              string             `json:"metric,omitempty"`                // default test_accuracy
 	Mode                string             `json:"mode,omitempty"`                  // default max
@@ -29,8 +29,8 @@ type Spec struct {
 	MaxConcurrentTrials int                `json:"max_concurrent_trials,omitempty"` // default 1
 	Stop                map[string]float64 `json:"stop,omitempty"`                  // stop a trial once a value reaches it (training_iteration or a metric)
 	Scheduler           SchedulerConfig    `json:"scheduler"`
-	SearchAlg           SearcherConfig     `json:"search_alg"` // how trials' configs are chosen: random (default) or tpe
-	Seed                uint64             `json:"seed,omitempty"`
+	SearchAlg           SearcherConfig     `json:"search_alg"`            // how trials' configs are chosen: random (default) or tpe
+	Seed                uint64             `json:"seed,omitempty"`        // the searcher's and scheduler's draws
 	ResultsURL          string             `json:"results_url,omitempty"` // blob URL results.csv goes under; default the trials' checkpoint URL
 }
 

@@ -129,6 +129,20 @@ const survivorGrace = time.Second
 
 // record counts a finished epoch and tells the run's search, if it is a trial.
 func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
+	if res.Finished {
+		// The ranks' programs ended their training before this epoch: the
+		// run has no more epochs to train.
+		r.p.Epochs = min(r.p.Epochs, res.Metrics.Epoch)
+		// A gang restored past the epochs this run counted (a PBT segment
+		// resumed from a donor whose program had finished) is there too:
+		// without it the loop would ask the finished program for an epoch
+		// again, and wait on it for ever.
+		if workflow.GetVersion(ctx, "finished-where-restored", workflow.DefaultVersion, 1) >= 1 {
+			r.p.Epoch = max(r.p.Epoch, res.Metrics.Epoch)
+		}
+		workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs})
+		return
+	}
 	r.p.AddMetrics(res.Metrics)
 	// The ranks train the epoch their state is at: after a failure that is the
 	// latest checkpoint's, which may be behind the epochs counted so far.

@@ -56,6 +56,13 @@ func (s *survivingHosts) release() {
 
 var errStopped = errors.New("stopped while forming a gang")
 
+// preemptedWhileForming is a granted slot whose worker began stopping before
+// the rest of its gang was granted.
+type preemptedWhileForming struct{ err error }
+
+func (e *preemptedWhileForming) Error() string { return e.err.Error() }
+func (e *preemptedWhileForming) Unwrap() error { return e.err }
+
 // formGang reserves every slot at once or none: on timeout it releases what it
 // holds and backs off with jitter, so that runs competing for too few slots
 // take turns instead of each holding part of a gang.
@@ -81,6 +88,20 @@ func (r *run) formGang(ctx workflow.Context) error {
 		}
 		if ctx.Err() != nil {
 			return ctx.Err() // cancelled: every hold was cancelled with it
+		}
+		// A worker told to stop while its slot waited for the rest of the
+		// gang is a preemption, as it is mid-epoch: counted against
+		// failure.max_preemptions, and the next gang is asked for at once
+		// (nothing was contended). Runs recorded before counted it as a
+		// gang that did not form.
+		var preempted *preemptedWhileForming
+		if errors.As(err, &preempted) && workflow.GetVersion(ctx, "preempted-while-forming", workflow.DefaultVersion, 1) >= 1 {
+			inc, err := charge(r.p, r.spec.Failure, r.p.Epoch, preempted.err)
+			r.p.AddIncident(*inc)
+			if err != nil {
+				return err
+			}
+			continue
 		}
 		r.p.AddIncident(spec.Incident{Generation: gen, Epoch: r.p.Epoch, Kind: spec.IncidentGangTimeout, Detail: err.Error()})
 		var jitter int64
@@ -282,6 +303,8 @@ func (r *run) reserve(ctx workflow.Context, gen int) (*gang, error) {
 				err := f.Get(ctx, nil)
 				ended[i] = true
 				switch {
+				case granted[i] && errorType(err) == spec.ErrPreempted:
+					holdErr = &preemptedWhileForming{&rankError{what: "the slot of " + where(placements[i], r.spec) + " was preempted before the gang formed", err: err}}
 				case granted[i]:
 					holdErr = fmt.Errorf("the slot of %s ended before the gang formed: %v", where(placements[i], r.spec), leaseErr(err))
 				case i >= workers:

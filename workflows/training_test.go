@@ -45,6 +45,8 @@ type harness struct {
 	restoredEpoch func(in spec.EpochInput) int
 	// restoreReport: what a rank's epoch result says it restored (default: nothing).
 	restoreReport func(in spec.EpochInput) *spec.RestoreReport
+	// finished: the RunEpoch calls whose program says its training ended before the epoch.
+	finished func(in spec.EpochInput, epoch int) bool
 	// grants[g]: how many of generation g's slots the fake agents grant (default: none).
 	grants map[int]int
 	// counted: the counters the workflow recorded, by name.
@@ -144,6 +146,9 @@ func newHarness(t *testing.T) *harness {
 		epoch := in.Epoch
 		if h.restoredEpoch != nil {
 			epoch = h.restoredEpoch(in)
+		}
+		if h.finished != nil && h.finished(in, epoch) {
+			return spec.EpochResult{Rank: in.Rank, Finished: true, Metrics: spec.EpochMetrics{Epoch: epoch}}, nil
 		}
 		res := spec.EpochResult{Rank: in.Rank, Metrics: spec.EpochMetrics{Epoch: epoch, Steps: 10, TestAccuracy: 0.5 + 0.01*float64(epoch)}}
 		if h.restoreReport != nil {
@@ -1259,5 +1264,26 @@ func TestACorruptGrantDuringHandoverDoesNotWedgeTheRun(t *testing.T) {
 	}
 	if !handedOver {
 		t.Fatal("the continued run never asked generation 1's host to hand over")
+	}
+}
+
+// A run whose gang restores past the epochs it has counted (a PBT segment
+// cloned from a donor whose program had finished), and whose programs then
+// say their training is over, completes there: it does not ask the finished
+// programs for another epoch and wait on them.
+func TestARunRestoredWhereItsProgramHadFinishedCompletes(t *testing.T) {
+	h := newHarness(t)
+	h.grant(1, 2, time.Second)
+	h.restoredEpoch = func(spec.EpochInput) int { return 3 }
+	h.finished = func(_ spec.EpochInput, epoch int) bool { return epoch == 3 }
+	p, err := h.start(`{"name": "clone", "hyper": {"epochs": 100000}, "scaling": {"workers": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.State != spec.StateCompleted || p.Epoch != 3 || p.Epochs != 3 || p.Failures != 0 {
+		t.Fatalf("progress %+v", p)
+	}
+	if n := len(h.inputs()); n != 2 {
+		t.Fatalf("%d RunEpoch calls; want one per rank", n)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/durabletrain/durabletrain/internal/buildinfo"
-	"github.com/durabletrain/durabletrain/internal/devserver"
+	"github.com/durabletrain/durabletrain/testkit/devserver"
 )
 
 func main() {

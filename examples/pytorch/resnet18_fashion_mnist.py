@@ -87,7 +87,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=128, help="per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all)")
-    p.add_argument("--checkpoint-dir", default="resnet18-ckpt-%(rank)s")
+    p.add_argument("--checkpoint-dir", default=os.path.join(dt.scratch_dir(), "resnet18-ckpt-%(rank)s"),
+                   help="where this rank saves (default: in its own directory, DURABLETRAIN_SCRATCH_DIR)")
     p.add_argument("--report-every", type=int, default=50)
     p.add_argument("--trace-steps", type=int, default=0, help="print the times of each epoch's first N steps (rank 0)")
     p.add_argument("--trace-stacks", type=float, default=0,

@@ -62,7 +62,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", default="256,128", help="hidden layer widths")
-    p.add_argument("--checkpoint-dir", default="ckpt-%(rank)s")
+    p.add_argument("--checkpoint-dir", default=os.path.join(dt.scratch_dir(), "ckpt-%(rank)s"),
+                   help="where this rank saves (default: in its own directory, DURABLETRAIN_SCRATCH_DIR)")
     p.add_argument("--zero", action="store_true", help="shard Adam's state over the ranks (ZeroRedundancyOptimizer); checkpoint.sharded saves each rank's part")
     p.add_argument("--report-every", type=int, default=50, help="report the running train_loss every this many steps (0: never)")
     a = p.parse_args()

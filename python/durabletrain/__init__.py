@@ -47,7 +47,7 @@ import random
 import socket
 import sys
 
-__all__ = ["config", "epochs", "steps", "report", "get_checkpoint", "start_step", "position", "backend", "device", "Checkpoint", "ShardSampler",
+__all__ = ["config", "epochs", "steps", "report", "get_checkpoint", "start_step", "position", "scratch_dir", "backend", "device", "Checkpoint", "ShardSampler",
            "world_rank", "world_size"]
 
 _sock = None
@@ -167,6 +167,19 @@ def get_checkpoint():
     return Checkpoint(d, _env_int("DURABLETRAIN_START_EPOCH", 0), _env_int("DURABLETRAIN_START_STEP", 0))
 
 
+def scratch_dir():
+    """A directory of this rank's own (DURABLETRAIN_SCRATCH_DIR): write its
+    checkpoints and other files there, not to a path relative to the
+    working directory, which ``exec.dir`` shares with every rank and trial
+    that runs there. Outside durabletrain: the working directory.
+
+    >>> import durabletrain as dt, os
+    >>> os.path.isdir(dt.scratch_dir())
+    True
+    """
+    return os.environ.get("DURABLETRAIN_SCRATCH_DIR") or os.getcwd()
+
+
 def position():
     """(epoch, steps of it done): where this rank's training stands, within
     epochs(). In a save() callback, the step the state is saved at."""
@@ -277,15 +290,18 @@ def _await_go(save):
         raise SystemExit("durabletrain: unexpected message from the worker: %r" % (msg,))
 
 
-def report(metrics, checkpoint_dir=None):
+def report(metrics, checkpoint_dir=None, checkpoint_optional=False):
     """Reports metrics (train_loss, test_loss, test_accuracy, and any others
     by name) and, optionally, a directory holding this rank's checkpoint.
 
     Inside a steps() loop it reports at the step just done: metrics alone
     are sent without waiting; with a checkpoint_dir the gang checkpoints at
     this step (every rank must report one at the same steps). After the
-    loop (or without one) it is the epoch's report. Returns once the worker
-    has taken the checkpoint: the directory may then be reused."""
+    loop (or without one) it is the epoch's report; with
+    checkpoint_optional=True and no checkpoint_dir it has no checkpoint on
+    purpose (Ray's report of metrics alone: the run keeps its latest).
+    Returns once the worker has taken the checkpoint: the directory may then
+    be reused."""
     metrics = {k: float(v) for k, v in metrics.items()}
     for k, v in metrics.items():
         if v != v or v in (float("inf"), float("-inf")):
@@ -306,8 +322,11 @@ def report(metrics, checkpoint_dir=None):
                "checkpoint_dir": checkpoint_dir})
         _await_go(None)
         return
-    _send({"op": "report", "epoch": _epoch, "step": _step, "steps": _steps_total, "metrics": metrics,
-           "checkpoint_dir": checkpoint_dir, "end": True})
+    msg = {"op": "report", "epoch": _epoch, "step": _step, "steps": _steps_total, "metrics": metrics,
+           "checkpoint_dir": checkpoint_dir, "end": True}
+    if checkpoint_optional and checkpoint_dir is None:
+        msg["no_checkpoint"] = True
+    _send(msg)
     msg = _receive()
     if msg.get("op") != "ack":
         raise SystemExit("durabletrain: unexpected answer to a report: %r" % (msg,))
@@ -365,3 +384,19 @@ class ShardSampler:
 
     def __len__(self):
         return max(0, self.size // self.world - self.skip)
+
+
+__version__ = "0.6.0"
+
+
+def init(address=None, **kwargs):
+    """Starts a local cluster (the embedded Temporal dev server and a worker)
+    or connects to one: Ray's ray.init(). See durabletrain._cluster.init."""
+    from durabletrain import _cluster
+    return _cluster.init(address, **kwargs)
+
+
+def shutdown():
+    """Stops the local cluster init() started."""
+    from durabletrain import _cluster
+    _cluster.shutdown()

@@ -54,12 +54,22 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 	var stops stopTally
 	defer stops.log(t.cfg.Log, t.cfg.Rank, epoch, start)
 	doing := fmt.Sprintf("train epoch %d and report it", epoch)
-	for {
+	for answered := false; ; answered = true {
 		m, err := t.next(ctx, doing)
 		if err != nil {
 			return trainer.EpochMetrics{}, err
 		}
 		arrived := time.Now()
+		if m.Op == "finished" {
+			// The program's training ended (its function returned) before
+			// this epoch: only as its first answer to the epoch, at its start.
+			if answered || m.Epoch != epoch || t.paused {
+				t.kill()
+				return trainer.EpochMetrics{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program said its training finished at epoch %d after it began training epoch %d; "+
+					"a program ends its training only between epochs, after its last report", t.cfg.Rank, m.Epoch, epoch))
+			}
+			return trainer.EpochMetrics{Epoch: epoch, Steps: from}, trainer.ErrFinished
+		}
 		if m.Epoch != epoch {
 			t.kill()
 			return trainer.EpochMetrics{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent a %q of epoch %d while it trains epoch %d", t.cfg.Rank, m.Op, m.Epoch, epoch))
@@ -156,6 +166,10 @@ func (t *Trainer) endEpoch(ctx context.Context, epoch int, m message, start time
 		return trainer.EpochMetrics{}, err
 	}
 	next := trainer.Cursor{Epoch: epoch + 1}
+	t.skipped = trainer.Cursor{}
+	if m.CheckpointDir == "" && m.NoCheckpoint {
+		t.skipped = next
+	}
 	if m.CheckpointDir != "" {
 		if err := t.keep(m.CheckpointDir, next); err != nil {
 			t.kill()

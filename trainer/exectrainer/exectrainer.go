@@ -13,27 +13,17 @@
 package exectrainer
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -111,7 +101,8 @@ type Trainer struct {
 	last     message // the last epoch's report
 	savedDir string  // a copy of the last checkpoint directory the program reported
 	saved    trainer.Cursor
-	sockDir  string // a short directory for the control socket, when Scratch is too deep
+	skipped  trainer.Cursor // the cursor of an end report with no checkpoint on purpose (no_checkpoint)
+	sockDir  string         // a short directory for the control socket, when Scratch is too deep
 }
 
 var _ trainer.Trainer = (*Trainer)(nil)
@@ -205,219 +196,6 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 	return nil
 }
 
-func restoreFile(ctx context.Context, from trainer.StateReader, object, rel, sum, dir string) error {
-	if !filepath.IsLocal(filepath.FromSlash(rel)) {
-		return fmt.Errorf("bad file name %q", rel)
-	}
-	r, err := from.Open(ctx, object)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	path := filepath.Join(dir, rel)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(f, h), r)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
-		return fmt.Errorf("content does not match the saved SHA-256 (%s, want %s)", got[:12], sum[:min(12, len(sum))])
-	}
-	return nil
-}
-
-// start launches the program and waits for it to connect.
-func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
-	sock, err := t.socketPath()
-	if err != nil {
-		return fmt.Errorf("exec trainer: control socket: %w", err)
-	}
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		return fmt.Errorf("exec trainer: control socket: %w", err)
-	}
-	defer ln.Close()
-	cmd := exec.Command(t.cfg.Command[0], t.cfg.Command[1:]...)
-	cmd.Dir = cmp.Or(t.cfg.Dir, t.cfg.Scratch)
-	// A group of its own: a cancelled epoch kills the whole group. Killed
-	// with the worker: a worker that dies (SIGKILL, OOM) leaves no program
-	// behind holding its GPU, blocked in a collective with a dead peer.
-	cmd.SysProcAttr = procAttr()
-	base := t.cfg.Environ
-	if base == nil {
-		base = minimalEnviron()
-	}
-	env := append(append([]string{}, base...),
-		"RANK="+strconv.Itoa(t.cfg.Rank), "WORLD_SIZE="+strconv.Itoa(t.cfg.World), "LOCAL_RANK="+strconv.Itoa(t.cfg.LocalRank),
-		"LOCAL_WORLD_SIZE="+strconv.Itoa(max(1, t.cfg.LocalWorld)), "GROUP_RANK="+strconv.Itoa(t.cfg.GroupRank), "NODE_RANK="+strconv.Itoa(t.cfg.GroupRank),
-		"GROUP_WORLD_SIZE="+strconv.Itoa(max(1, t.cfg.GroupWorld)), "ROLE_NAME=default", "ROLE_RANK="+strconv.Itoa(t.cfg.Rank),
-		"ROLE_WORLD_SIZE="+strconv.Itoa(t.cfg.World), "TORCHELASTIC_RUN_ID="+t.cfg.RunID, "TORCHELASTIC_RESTART_COUNT="+strconv.Itoa(t.cfg.Restarts),
-		"MASTER_ADDR="+t.cfg.MasterAddr, "MASTER_PORT="+strconv.Itoa(t.cfg.MasterPort),
-		"DURABLETRAIN_CONTROL="+sock, "DURABLETRAIN_EPOCHS="+strconv.Itoa(t.cfg.Epochs),
-		"DURABLETRAIN_START_EPOCH="+strconv.Itoa(t.cursor.Epoch), "DURABLETRAIN_START_STEP="+strconv.Itoa(t.cursor.Step), "DURABLETRAIN_CONFIG="+cmp.Or(t.cfg.Hyper, "{}"), "PYTHONUNBUFFERED=1")
-	if checkpointDir != "" {
-		env = append(env, "DURABLETRAIN_CHECKPOINT_DIR="+checkpointDir)
-	}
-	if t.cfg.Devices != "" {
-		env = append(env, "CUDA_VISIBLE_DEVICES="+t.cfg.Devices)
-	}
-	if t.cfg.PythonPath != "" {
-		env = append(env, "PYTHONPATH="+t.cfg.PythonPath+string(os.PathListSeparator)+os.Getenv("PYTHONPATH"))
-	}
-	for k, v := range t.cfg.Env {
-		env = append(env, k+"="+v)
-	}
-	cmd.Env = env
-	// The output goes through pipes of exec's own, copied by Wait's
-	// goroutines: Wait then waits for it to close for at most WaitDelay
-	// after the program exits, where a process the program left behind,
-	// in a session of its own, may hold it open for ever.
-	stdout, stdoutW := io.Pipe()
-	stderr, stderrW := io.Pipe()
-	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = stdoutW, stderrW, outputWaitDelay
-	if err := cmd.Start(); err != nil {
-		if outOfWorkerResources(err) {
-			return fmt.Errorf("exec trainer: this worker cannot start exec.command %s now: %w (the worker's own limits, not a fault of the program: the run tries again)", quotedCommand(t.cfg.Command), err)
-		}
-		// No such program, not executable, no such directory: the spec's
-		// exec section is wrong, and no retry on any worker will start it.
-		return trainer.UserError(fmt.Errorf("exec trainer: cannot start exec.command %s: %w", quotedCommand(t.cfg.Command), err))
-	}
-	t.cmd, t.exited, t.exitErr, t.paused = cmd, make(chan struct{}), nil, false
-	var streams sync.WaitGroup
-	for name, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
-		streams.Go(func() {
-			sc := bufio.NewScanner(r)
-			sc.Buffer(make([]byte, 64<<10), maxOutputLine)
-			sc.Split(splitOutputLines)
-			for sc.Scan() {
-				line := sc.Text()
-				if name == "stderr" {
-					t.tail.add(line)
-				}
-				t.cfg.Log.Info(line, zap.Int("rank", t.cfg.Rank), zap.String("stream", name))
-			}
-		})
-	}
-	go func() {
-		err := cmd.Wait()
-		if errors.Is(err, exec.ErrWaitDelay) {
-			err = nil // it exited by itself, with status 0; something it left holds its output
-		}
-		stdoutW.Close()
-		stderrW.Close()
-		streams.Wait()
-		t.exitErr = err
-		close(t.exited)
-	}()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-	}()
-	timer := time.NewTimer(t.cfg.StartTimeout)
-	defer timer.Stop()
-	select {
-	case c := <-accepted:
-		t.conn, t.in = c, readMessages(c)
-		return nil
-	case <-t.exited:
-		return t.exitError("exited before it connected to the control socket (does it import durabletrain and call epochs()?)")
-	case <-timer.C:
-		t.stop()
-		return fmt.Errorf("exec trainer: %s did not connect within %v", t.cfg.Command[0], t.cfg.StartTimeout)
-	case <-ctx.Done():
-		t.stop()
-		return ctx.Err()
-	}
-}
-
-// outOfWorkerResources says whether err is a want of the worker's own
-// resources (no descriptor left, for the worker or the system; a fork or
-// an allocation refused for want of memory or processes): the worker's
-// fault, which a user error would make the run's for good, whether it met
-// starting the program or reading the program's files.
-func outOfWorkerResources(err error) bool {
-	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.EAGAIN, syscall.ENOMEM} {
-		if errors.Is(err, errno) {
-			return true
-		}
-	}
-	return false
-}
-
-// socketPath is where the control socket goes: in the scratch directory,
-// or, where that path would pass the 107 bytes a Unix socket's name may
-// have (a long run name, a deep scratch root), in a short directory of its
-// own that only this user may enter, removed with the trainer.
-func (t *Trainer) socketPath() (string, error) {
-	sock := filepath.Join(t.cfg.Scratch, "control.sock")
-	if len(sock) > 100 {
-		if t.sockDir == "" {
-			dir, err := os.MkdirTemp("", "dtctl-")
-			if err != nil {
-				return "", err
-			}
-			t.sockDir = dir // MkdirTemp makes it 0700
-		}
-		sock = filepath.Join(t.sockDir, "c")
-	}
-	os.Remove(sock)
-	return sock, nil
-}
-
-// exitError describes how the program ended, with its last lines of stderr.
-func (t *Trainer) exitError(what string) error {
-	return &ExitError{Program: strings.Join(t.cfg.Command, " "), Rank: t.cfg.Rank, What: what, Err: t.exitErr, Stderr: t.tail.lines()}
-}
-
-// ExitError is a program that ended when it should not have: a user error.
-type ExitError struct {
-	Program string
-	Rank    int
-	What    string
-	Err     error
-	Stderr  []string
-}
-
-func (e *ExitError) Error() string {
-	msg := fmt.Sprintf("rank %d: %s %s", e.Rank, e.Program, e.What)
-	if e.Err != nil {
-		msg += " (" + e.Err.Error() + ")"
-	}
-	if len(e.Stderr) > 0 {
-		msg += "; last lines of stderr:\n" + strings.Join(e.Stderr, "\n")
-	}
-	return msg
-}
-
-// Is makes a program that failed by itself a user error
-// (errors.Is(err, trainer.ErrUser)); one a signal ended is not.
-func (e *ExitError) Is(target error) bool { return target == trainer.ErrUser && !e.Killed() }
-
-// Killed says whether a signal ended the program (a killed rank, not a bug in it).
-func (e *ExitError) Killed() bool {
-	var ee *exec.ExitError
-	if errors.As(e.Err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return true
-		}
-	}
-	return false
-}
-
 // Evaluate returns what the program reported for the epoch: it evaluates itself.
 func (t *Trainer) Evaluate(ctx context.Context) (trainer.EvalMetrics, error) {
 	if t.last.Metrics == nil {
@@ -464,6 +242,9 @@ func checkMetrics(epoch int, metrics map[string]float64) error {
 // list of files with their SHA-256 and the cursor.
 func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 	st := state{Cursor: t.saved, Files: map[string]string{}}
+	if t.skipped == t.cursor && t.skipped != (trainer.Cursor{}) {
+		return trainer.ErrNoCheckpoint
+	}
 	if t.savedDir != "" && t.saved != t.cursor {
 		return trainer.UserError(fmt.Errorf("exec trainer: a checkpoint is due at epoch %d step %d, but the program's latest checkpoint_dir is of epoch %d step %d: "+
 			"report a checkpoint_dir with every epoch's report, and pass save= to durabletrain.steps()", t.cursor.Epoch, t.cursor.Step, t.saved.Epoch, t.saved.Step))
@@ -502,19 +283,6 @@ func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 	return writeState(ctx, to, st)
 }
 
-func writeState(ctx context.Context, to trainer.StateWriter, st state) error {
-	w, err := to.Create(ctx, stateObject)
-	if err != nil {
-		return err
-	}
-	b, _ := json.Marshal(st) // map keys sorted: deterministic
-	if _, err := w.Write(b); err != nil {
-		w.Close()
-		return err
-	}
-	return w.Close()
-}
-
 // Close asks the program to end, and kills its process group if it does not.
 func (t *Trainer) Close() error {
 	if t.cmd != nil {
@@ -526,195 +294,3 @@ func (t *Trainer) Close() error {
 	}
 	return nil
 }
-
-func (t *Trainer) stop() {
-	if t.conn != nil {
-		t.send(message{Op: "exit"})
-		t.conn.Close()
-		t.conn = nil
-	}
-	if t.in != nil {
-		t.in.close()
-	}
-	select {
-	case <-t.exited:
-	case <-time.After(5 * time.Second):
-		syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
-		<-t.exited
-	}
-	t.cmd = nil
-}
-
-func readJSON(ctx context.Context, from trainer.StateReader, name string, v any) error {
-	r, err := from.Open(ctx, name)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	b, err := io.ReadAll(r)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
-}
-
-func saveFile(ctx context.Context, to trainer.StateWriter, path, name string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	w, err := to.Create(ctx, name)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(w, h), f); err != nil {
-		w.Close()
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), w.Close()
-}
-
-// copyFile copies the regular file src, or the one a symbolic link src
-// names, to dst. Anything else is refused without blocking: a named pipe
-// would wait forever for a writer, a device such as /dev/zero never ends,
-// and the worker copies while it should be answering its gang. It opens
-// src without waiting and asks the open file what it is, so a file swapped
-// for a pipe after a look is refused all the same.
-func copyFile(src, dst string) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	info, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	if !info.Mode().IsRegular() {
-		return fmt.Errorf("%s is a %s, not a regular file; want a checkpoint directory of regular files, links to them and directories (not links to directories)", src, fileKind(info.Mode()))
-	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return &copyError{err}
-	}
-	out, err := os.Create(dst)
-	if err != nil {
-		return &copyError{err}
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Path == dst {
-			return &copyError{err} // the worker's write (a full or failing disk), not the program's file
-		}
-		return err
-	}
-	if err := out.Close(); err != nil {
-		return &copyError{err}
-	}
-	return nil
-}
-
-// copyError is a failure to write the worker's copy of a checkpoint file
-// (its scratch disk full or failing): the worker's fault, which another
-// gang may not meet, not the program's.
-type copyError struct{ err error }
-
-func (e *copyError) Error() string { return e.err.Error() }
-func (e *copyError) Unwrap() error { return e.err }
-
-// splitOutputLines splits a program's output into lines as a terminal
-// shows them: at '\n', at '\r' (a progress bar redrawing its line; "\r\n"
-// is one end), and every maxOutputLine bytes of a line that goes on, which
-// is logged in pieces. A reader that stopped at a long line instead would
-// leave the program blocked on its next write, its gang waiting on it.
-func splitOutputLines(data []byte, atEOF bool) (int, []byte, error) {
-	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
-		switch {
-		case data[i] == '\n':
-			return i + 1, data[:i], nil
-		case i+1 < len(data):
-			if data[i+1] == '\n' {
-				return i + 2, data[:i], nil
-			}
-			return i + 1, data[:i], nil
-		case atEOF || len(data) >= maxOutputLine:
-			return i + 1, data[:i], nil
-		}
-		return 0, nil, nil // a '\r' last: is a '\n' next?
-	}
-	if len(data) >= maxOutputLine {
-		return maxOutputLine, data[:maxOutputLine], nil
-	}
-	if atEOF && len(data) > 0 {
-		return len(data), data, nil
-	}
-	return 0, nil, nil
-}
-
-// maxOutputLine is the longest line of a program's output logged whole.
-const maxOutputLine = 64 << 10
-
-// fileKind names what a file that is not a regular one is.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "named pipe"
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m&fs.ModeCharDevice != 0:
-		return "character device"
-	case m&fs.ModeDevice != 0:
-		return "device"
-	case m.IsDir():
-		return "directory"
-	}
-	return "special file (" + m.String() + ")"
-}
-
-// tailBuffer keeps the last lines of a stream.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []string
-}
-
-func (b *tailBuffer) add(s string) {
-	b.mu.Lock()
-	b.buf = append(b.buf, s)
-	if len(b.buf) > b.max {
-		b.buf = b.buf[len(b.buf)-b.max:]
-	}
-	b.mu.Unlock()
-}
-
-func (b *tailBuffer) lines() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]string(nil), b.buf...)
-}
-
-// minimalEnviron is what a program gets of the worker's environment when
-// the caller says nothing: enough to find programs and a home.
-func minimalEnviron() []string {
-	var env []string
-	for _, k := range []string{"PATH", "HOME", "LANG"} {
-		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
-		}
-	}
-	return env
-}
-
-// quotedCommand shows a command in an error, bounded.
-func quotedCommand(c []string) string {
-	s := fmt.Sprintf("%q", c)
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
-}
-
-// outputWaitDelay is how long, after a program exits, its output may stay
-// open (held by a process it left behind) before the worker stops reading it.
-const outputWaitDelay = 5 * time.Second

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -297,6 +298,51 @@ sys.exit(3)`
 	want := `config={"act": "gelu", "hidden": [64, 32], "lr": 0.00031} lr=0.00031 hidden=[64, 32] act=gelu env={"act":"gelu","hidden":[64,32],"lr":0.00031}`
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("the program printed: %v; want %s", err, want)
+	}
+}
+
+// Two programs in one exec.dir (two trials on one host) each get a directory
+// of their own to save in, DURABLETRAIN_SCRATCH_DIR: a checkpoint written to
+// the same relative path would be the one or the other's.
+func TestProgramsSharingADirHaveDirectoriesOfTheirOwn(t *testing.T) {
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	py, _ := filepath.Abs("../../python")
+	shared := t.TempDir()
+	prog := `import os, sys, durabletrain as dt
+d = dt.scratch_dir()
+open(os.path.join(d, "mine"), "w").write(os.environ["RANK"])
+print("own=%s isdir=%s" % (d, os.path.isdir(d)), file=sys.stderr)
+sys.exit(3)`
+	var owns []string
+	for i := range 2 {
+		scratch := t.TempDir()
+		tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, Dir: shared, World: 2, Rank: i, MasterAddr: "127.0.0.1", MasterPort: 1,
+			Epochs: 1, Scratch: scratch, PythonPath: py})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tr.Init(context.Background())
+		tr.Close()
+		if err == nil {
+			t.Fatal("the program exited 3; Init succeeded")
+		}
+		m := regexp.MustCompile(`own=(\S+) isdir=True`).FindStringSubmatch(err.Error())
+		if m == nil {
+			t.Fatalf("the program printed: %v; want its own directory, made", err)
+		}
+		own := m[1]
+		if !within(own, scratch) || within(own, shared) {
+			t.Fatalf("rank %d's own directory is %s; want one in its scratch %s, not in the shared exec.dir %s", i, own, scratch, shared)
+		}
+		if b, err := os.ReadFile(filepath.Join(own, "mine")); err != nil || string(b) != fmt.Sprint(i) {
+			t.Fatalf("rank %d's file in its own directory: %q, %v", i, b, err)
+		}
+		owns = append(owns, own)
+	}
+	if owns[0] == owns[1] {
+		t.Fatalf("both programs were given %s", owns[0])
 	}
 }
 

@@ -30,6 +30,9 @@ import (
 //	saved {epoch, step, checkpoint_dir}       go {sync} | exit
 //	report {…, checkpoint_dir} in steps()     go {sync} | exit
 //	report {…, end: true}                     ack
+//	  (no_checkpoint: true: no checkpoint_dir on purpose; Save says ErrNoCheckpoint)
+//	finished {epoch} (in place of a report:   exit
+//	  its training ended before the run's epochs)
 //
 // sync is the step (steps done in the epoch) at which the program next
 // stops to ask whether to go on; 0: not again this epoch. The gang's
@@ -44,6 +47,9 @@ type message struct {
 	Metrics       map[string]float64 `json:"metrics,omitempty"`
 	CheckpointDir string             `json:"checkpoint_dir,omitempty"`
 	End           bool               `json:"end,omitempty"`
+	// NoCheckpoint: an end report with no checkpoint_dir on purpose (a
+	// Ray-style report of metrics alone): the epoch has no checkpoint.
+	NoCheckpoint bool `json:"no_checkpoint,omitempty"`
 }
 
 // maxLine bounds one message from the program.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/collective"
 	"github.com/durabletrain/durabletrain/dataset"
-	"github.com/durabletrain/durabletrain/internal/testdata"
+	"github.com/durabletrain/durabletrain/testkit/testdata"
 	"github.com/durabletrain/durabletrain/trainer"
 	"github.com/durabletrain/durabletrain/trainer/trainertest"
 )

@@ -13,8 +13,8 @@ import (
 
 	"gocloud.dev/blob"
 
-	"github.com/durabletrain/durabletrain/internal/faultproxy"
-	"github.com/durabletrain/durabletrain/internal/minio"
+	"github.com/durabletrain/durabletrain/testkit/faultproxy"
+	"github.com/durabletrain/durabletrain/testkit/minio"
 )
 
 // Start runs MinIO (minio.Binary under repoRoot) with bucket created.

@@ -161,7 +161,7 @@ func Tune() []Case {
 		{"a bad train type", `{"train": {"hyper": {"epochs": "x"}}, "param_space": {"hyper.lr": {"choice": [0.1]}}}`, `train.hyper.epochs: want a whole number, got the string "x"`},
 		{"a bad train zero", `{"train": {"hyper": {"epochs": 0}}, "param_space": {"hyper.lr": {"choice": [0.1]}}}`, "train: spec: hyper.epochs is 0"},
 		{"a stop on no metric's name", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "stop": {"val acc": 0.9}}`, "stop.val acc: want training_iteration, or a metric"},
-		{"a metric that is no metric's name", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "metric": "val/acc"}`, `metric is "val/acc"; want a metric's name`},
+		{"a metric that is no metric's name", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "metric": "val acc"}`, `metric is "val acc"; want a metric's name`},
 		{"an unknown scheduler", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "scheduler": {"type": "pbt2"}}`, "scheduler"},
 		{"an unknown searcher", `{"param_space": {"hyper.lr": {"choice": [0.1]}}, "search_alg": {"type": "hyperopt"}}`, `search_alg.type is "hyperopt"; want "random" (the default) or "tpe"`},
 		{"tpe over a grid", `{"param_space": {"hyper.lr": {"grid_search": [0.1, 0.2]}}, "search_alg": {"type": "tpe"}}`, `param_space.hyper.lr is a grid_search; search_alg "tpe" models every dimension`},

@@ -3,7 +3,7 @@
 // passes requests through, or answers chosen ones with an error status the
 // server could send (503 SlowDown, as S3 does under load), or holds them
 // without an answer (a hung or partitioned server), or cuts their connection,
-// before the answer or halfway through its body.
+// before the answer or halfway through its body, or passes them late.
 // What it passes, it passes untouched, so the client talks to the real server.
 package faultproxy
 
@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Fault is what the proxy does with a request.
@@ -29,6 +30,7 @@ const (
 	Hang                  // held, unanswered, until the client gives up or the proxy closes
 	Cut                   // its connection closed without an answer
 	Truncate              // forwarded, but its connection cut halfway through the answer's body
+	Slow                  // forwarded after the proxy's delay (SetDelay): a store that takes its time
 )
 
 // Rule picks the fault for a request; nil passes everything.
@@ -44,6 +46,7 @@ type Proxy struct {
 	rule    Rule
 	closing chan struct{}
 	faulted atomic.Int64
+	delay   atomic.Int64 // Slow's pause, in nanoseconds
 }
 
 // Start proxies to the server at target (http://host:port).
@@ -95,6 +98,13 @@ func Start(target string) (*Proxy, error) {
 			}
 		case Truncate:
 			truncated.ServeHTTP(w, r) // a body that fails halfway: the proxy aborts the connection
+		case Slow:
+			select {
+			case <-time.After(time.Duration(p.delay.Load())):
+				forward.ServeHTTP(w, r)
+			case <-r.Context().Done():
+			case <-p.closing:
+			}
 		default:
 			forward.ServeHTTP(w, r)
 		}
@@ -127,6 +137,9 @@ func (p *Proxy) Set(rule Rule) {
 	p.rule = rule
 	p.mu.Unlock()
 }
+
+// SetDelay sets how long a Slow request waits before it is forwarded.
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Faulted counts the requests the proxy has not passed through.
 func (p *Proxy) Faulted() int64 { return p.faulted.Load() }

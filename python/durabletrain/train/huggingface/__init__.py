@@ -1,0 +1,2 @@
+"""Ray Train's Hugging Face integrations over durabletrain (``ray.train.huggingface`` → ``durabletrain.train.huggingface``):
+``durabletrain.train.huggingface.transformers``."""

@@ -1,0 +1,166 @@
+"""Lightning 2.x through durabletrain.train.lightning, on a real local
+cluster: real Lightning, real gloo ranks, real signals. A run killed or
+preempted mid-epoch must train exactly the batches a run never stopped
+trains, in the same order, none twice."""
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+pytest.importorskip("lightning")
+torch = pytest.importorskip("torch")
+
+from durabletrain.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from durabletrain.train.torch import TorchTrainer  # noqa: E402
+
+from conftest import checkpoints_after, rank_pids, stop_the_worker_of, wait_for  # noqa: E402
+
+
+def lightning_loop(config):
+    """Ray Train's Lightning recipe, unchanged but for its imports; the
+    module records the batches of indices it trained, in its checkpoint."""
+    import time
+    import lightning.pytorch as pl
+    import torch
+    from durabletrain.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
+
+    class Indices(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            self.seen.append([self.current_epoch, batch_idx] + x.tolist())
+            if config.get("trace") and self.global_rank == 0:
+                with open(config["trace"], "a") as f:
+                    f.write("%d %d\n" % (self.current_epoch, batch_idx))
+            time.sleep(config.get("sleep", 0))
+            loss = torch.nn.functional.mse_loss(self.layer(x.float().unsqueeze(-1) / 100).squeeze(-1), torch.zeros(len(x)))
+            self.log("train_loss", loss, sync_dist=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            (x,) = batch
+            self.log("val_loss", self.layer(x.float().unsqueeze(-1) / 100).pow(2).mean(), sync_dist=True)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=config.get("lr", 0.1))
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["seen"] = self.seen
+
+        def on_load_checkpoint(self, checkpoint):
+            self.seen = checkpoint["seen"]
+
+    ds = torch.utils.data.TensorDataset(torch.arange(config["n"]))
+    train_loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+    val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(16)), batch_size=4)
+    trainer = pl.Trainer(max_epochs=config["epochs"], devices="auto", accelerator="auto", strategy=RayDDPStrategy(),
+                         plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()], enable_checkpointing=False,
+                         enable_progress_bar=False, logger=False, log_every_n_steps=2)
+    trainer = prepare_trainer(trainer)
+    trainer.fit(Indices(), train_dataloaders=train_loader, val_dataloaders=val_loader)
+
+
+def seen_of(result):
+    with result.checkpoint.as_directory() as d:
+        ckpt = torch.load(os.path.join(d, "checkpoint.ckpt"), weights_only=False)
+    return ckpt["seen"], ckpt
+
+
+CONFIG = {"n": 96, "epochs": 3, "sleep": 0.05}
+
+
+@pytest.fixture(scope="module")
+def unbroken(cluster):
+    """The run never stopped: what the others must equal."""
+    r = TorchTrainer(lightning_loop, train_loop_config=CONFIG, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name="lightning-unbroken")).fit()
+    return r
+
+
+def test_a_lightning_fit_reports_each_epoch_with_a_checkpoint(unbroken):
+    r = unbroken
+    assert r.state == "completed" and r.failures == 0, r.progress
+    assert [m["epoch"] for m in r.metrics_history] == [0, 1, 2], r.metrics_history
+    assert r.metrics["training_iteration"] == 3 and r.metrics["step"] == 36, r.metrics
+    assert "train_loss" in r.metrics and "val_loss" in r.metrics, r.metrics
+    seen, ckpt = seen_of(r)
+    assert ckpt["epoch"] == 2 and ckpt["global_step"] == 36, {k: ckpt[k] for k in ("epoch", "global_step")}
+    # Rank 0's shard: 12 batches of 4 per epoch, each sample of its half once an epoch.
+    assert len(seen) == 36 and [s[1] for s in seen[:12]] == list(range(12)), seen
+    for e in range(3):
+        idx = sorted(i for s in seen if s[0] == e for i in s[2:])
+        assert len(idx) == 48 and len(set(idx)) == 48, idx
+
+
+def test_a_rank_killed_mid_epoch_resumes_at_its_last_step_checkpoint_on_the_batches_not_trained(cluster, unbroken):
+    name = "lightning-killed"
+    t = TorchTrainer(lightning_loop, train_loop_config=CONFIG, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name=name, checkpoint_config=CheckpointConfig(checkpoint_every_steps=5)))
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
+    th.start()
+
+    wait_for("a checkpoint inside epoch 1", lambda: checkpoints_after(cluster, name, "ckpt-e000001-s"), every=0.02)
+    os.kill(rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1], signal.SIGKILL)
+    th.join(240)
+    r = out["r"]
+    assert r.state == "completed" and r.failures == 1, r.progress
+    restored = [i for i in r.incidents if i["kind"] == "restored"]
+    assert restored and any(" epoch 1 step %d" % s in restored[-1]["detail"] for s in (5, 10)), restored
+    seen, _ = seen_of(r)
+    want, _ = seen_of(unbroken)
+    assert seen == want, "rank 0 trained %s; the run never stopped trained %s" % (seen, want)
+
+
+def test_a_worker_told_to_stop_saves_every_rank_at_one_step_and_the_run_loses_none(cluster, unbroken, tmp_path):
+    """SIGTERM to the worker that holds the ranks: they stop at one agreed
+    batch, save there, and a new worker's ranks resume at that batch."""
+    name = "lightning-preempted"
+    trace = str(tmp_path / "steps")
+    t = TorchTrainer(lightning_loop, train_loop_config=dict(CONFIG, sleep=0.1, trace=trace), scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name=name, failure_config=FailureConfig(max_failures=0)))
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
+    th.start()
+    wait_for("batch 3 of epoch 1", lambda: os.path.exists(trace) and "1 3\n" in open(trace).read(), every=0.02)
+    stop_the_worker_of(cluster, name, "durabletrain-local-after-lightning")
+    th.join(240)
+    r = out["r"]
+    assert r.state == "completed" and r.failures == 0 and r.preemptions == 1, r.progress
+    stops = [i for i in r.incidents if i["kind"] == "preemption"]
+    assert stops and "checkpointed at epoch 1 step" in stops[0]["detail"], r.incidents
+    seen, _ = seen_of(r)
+    want, _ = seen_of(unbroken)
+    assert seen == want, "rank 0 trained %s; the run never stopped trained %s" % (seen, want)
+
+
+def test_prepare_trainer_refuses_a_plain_strategy_naming_it():
+    import lightning.pytorch as pl
+    from durabletrain.train.lightning import prepare_trainer
+    trainer = pl.Trainer(max_epochs=1, strategy="auto", logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match=r"Trainer\(strategy=SingleDeviceStrategy\); want strategy=RayDDPStrategy\(\)"):
+        prepare_trainer(trainer)
+
+
+def test_asha_stops_a_lightning_trial_early(cluster):
+    """Each Lightning epoch is a trial's iteration: ASHA compares them and
+    stops the trials whose learning rate cannot train."""
+    from durabletrain import tune
+    trainer = TorchTrainer(lightning_loop, train_loop_config={"n": 64, "epochs": 4}, scaling_config=ScalingConfig(num_workers=1))
+    grid = tune.Tuner(trainer, param_space={"train_loop_config": {"lr": tune.grid_search([0.5, 0.3, 1e-6, 1e-7])}},
+                      tune_config=tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=2,
+                                                  scheduler=tune.ASHAScheduler(max_t=4, grace_period=1, reduction_factor=2)),
+                      run_config=RunConfig(name="tune-asha-lightning")).fit()
+    statuses = [r.status for r in grid]
+    assert set(statuses) <= {"completed", "early-stopped"} and "early-stopped" in statuses, [(r.status, r.reason) for r in grid]
+    best = grid.get_best_result()
+    assert best.config["lr"] in (0.5, 0.3), best
+    with best.checkpoint.as_directory() as d:
+        assert torch.load(os.path.join(d, "checkpoint.ckpt"), weights_only=False)["epoch"] == best.metrics["training_iteration"] - 1
