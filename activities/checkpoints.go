@@ -128,6 +128,9 @@ func (a *Agent) commit(ctx context.Context, rep *replica, run string, s spec.Tra
 		return nil, err
 	}
 	info := checkpoint.Info{WorldSize: world, Meta: map[string]string{"trainer": s.Trainer, "worker": a.Identity}}
+	if s.Checkpoint.Sharded && s.Checkpoint.MergeShards {
+		info.Meta[checkpoint.MetaShards] = checkpoint.ShardsMerged // every rank restores every part, merged
+	}
 	if m != nil { // a mid-epoch checkpoint has no evaluation to rank it by
 		info.Metrics = m.Map()
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
 )
 
 // restore brings a cold replica to where its run stands: a survivor's
@@ -76,7 +77,8 @@ func (a *Agent) restore(ctx context.Context, rep *replica, in spec.EpochInput) (
 	return nil, rep.tr.Init(ctx)
 }
 
-// load restores the replica from c: from its own part, if c is sharded.
+// load restores the replica from c: from its own part, if c is sharded
+// (from every part, merged, with checkpoint.merge_shards).
 func (a *Agent) load(ctx context.Context, rep *replica, in spec.EpochInput, c *checkpoint.Checkpoint) error {
 	switch shards := c.Manifest.Shards; {
 	case shards == 0:
@@ -84,6 +86,16 @@ func (a *Agent) load(ctx context.Context, rep *replica, in spec.EpochInput, c *c
 	case shards != len(in.Peers):
 		return userError(fmt.Errorf("checkpoint %s/%s is sharded over %d ranks, and this gang has %d: a sharded checkpoint is restored at the world size that saved it (scaling.workers %d)",
 			c.Manifest.Run, c.Manifest.ID, shards, len(in.Peers), shards))
+	case c.Manifest.Meta[checkpoint.MetaShards] == checkpoint.ShardsMerged:
+		pr, ok := rep.tr.(trainer.PartsRestorer)
+		if !ok {
+			return userError(fmt.Errorf("checkpoint.merge_shards: trainer %q restores one part of a sharded checkpoint only", in.Spec.Trainer))
+		}
+		parts := make([]trainer.StateReader, shards)
+		for r := range parts {
+			parts[r] = c.Shard(r)
+		}
+		return pr.RestoreParts(ctx, parts)
 	default:
 		return rep.tr.Restore(ctx, c.Shard(in.Rank))
 	}

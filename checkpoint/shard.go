@@ -21,6 +21,14 @@ import (
 // MaxShardRank is the highest rank whose part a sharded checkpoint holds.
 const MaxShardRank = 99999
 
+// MetaShards is the manifest's Meta key that says how a sharded
+// checkpoint is restored: ShardsMerged, every rank from every part merged
+// into one (checkpoint.merge_shards); absent, each rank from its own part.
+const (
+	MetaShards   = "shards"
+	ShardsMerged = "merged"
+)
+
 // ShardPrefix is where rank's objects sit in a sharded checkpoint.
 func ShardPrefix(rank int) string { return fmt.Sprintf("shards/%d/", rank) }
 

@@ -140,6 +140,14 @@ type Checkpoint struct {
 	// and each rank restores its own part; a sharded checkpoint is restored
 	// at the world size that saved it.
 	Sharded bool `json:"sharded,omitempty"`
+	// MergeShards (with sharded): on restore each rank is handed every
+	// rank's part, merged into one directory, not its own part alone: Ray
+	// Train's distributed checkpoints, whose directory holds every worker's
+	// files (a torch.distributed.checkpoint directory, as FSDP's sharded
+	// state dict writes it: each rank's shard files and rank 0's metadata,
+	// which every rank reads). A file two ranks saved must then have the
+	// same contents on both.
+	MergeShards bool `json:"merge_shards,omitempty"`
 	// Async: a checkpoint within an epoch (every_steps) is written and
 	// committed in the background from a copy of the state in memory, while
 	// the gang trains on; at most one is in flight, and the next checkpoint

@@ -108,10 +108,14 @@ func TestShardedCheckpointsNeedAFixedGangOfPrograms(t *testing.T) {
 	if err := check(`{` + exec + `"scaling": {"workers": 2}, "checkpoint": {"sharded": true}}`); err != nil {
 		t.Fatalf("a sharded exec run: %v", err)
 	}
+	if err := check(`{` + exec + `"scaling": {"workers": 2}, "checkpoint": {"sharded": true, "merge_shards": true}}`); err != nil {
+		t.Fatalf("a sharded exec run restored merged: %v", err)
+	}
 	for _, c := range []struct{ spec, want string }{
 		{`{"scaling": {"workers": 2}, "checkpoint": {"sharded": true}}`, "identical replicas"},
 		{`{` + exec + `"scaling": {"workers": 2}, "checkpoint": {"sharded": true, "every_epochs": 2}}`, "every_epochs 1 (it is 2)"},
 		{`{` + exec + `"scaling": {"workers": 2, "min_workers": 1}, "checkpoint": {"sharded": true}}`, "min_workers equal to scaling.workers (2, not 1)"},
+		{`{` + exec + `"scaling": {"workers": 2}, "checkpoint": {"merge_shards": true}}`, "merge_shards needs checkpoint.sharded true"},
 	} {
 		if err := check(c.spec); err == nil || !strings.Contains(err.Error(), "checkpoint.sharded") || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v; want an error naming checkpoint.sharded and %q", c.spec, err, c.want)

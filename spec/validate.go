@@ -93,6 +93,8 @@ func (t Training) validateFields() error {
 		return bad("checkpoint.keep_last", *c.KeepLast)
 	case c.KeepBest < 0:
 		return bad("checkpoint.keep_best", c.KeepBest)
+	case c.MergeShards && !c.Sharded:
+		return fmt.Errorf("spec: checkpoint.merge_shards needs checkpoint.sharded true: it says how a sharded checkpoint is restored (every rank's part merged into one directory)")
 	case c.Sharded && t.Trainer == TrainerNative:
 		return fmt.Errorf("spec: checkpoint.sharded is for programs whose ranks each hold a part of the state (trainer exec); the native trainer's ranks hold identical replicas: leave it false")
 	case c.Sharded && c.EveryEpochs != 1:

@@ -158,6 +158,14 @@ type StateReader interface {
 	Open(ctx context.Context, name string) (io.ReadCloser, error)
 }
 
+// PartsRestorer is a Trainer that can restore from every rank's part of a
+// sharded checkpoint at once, merged into one state (checkpoint.merge_shards:
+// Ray Train's distributed checkpoints, whose directory holds every worker's
+// files, as torch.distributed.checkpoint writes them). parts[r] is rank r's.
+type PartsRestorer interface {
+	RestoreParts(ctx context.Context, parts []StateReader) error
+}
+
 // ErrFinished: the program's own training ended before the epochs the run
 // asked for (a Ray-style train_loop_per_worker that returned after its last
 // report). Not a failure: the run ends there, completed.

@@ -8,10 +8,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/durabletrain/durabletrain/checkpoint"
 	"github.com/durabletrain/durabletrain/spec"
+	"github.com/durabletrain/durabletrain/trainer"
+	"github.com/durabletrain/durabletrain/trainer/exectrainer"
 	"github.com/durabletrain/durabletrain/tune"
 )
 
@@ -76,7 +79,9 @@ func printJSON(v any) {
 //
 // A checkpoint that does not verify is not written at all (exit 1). Files go
 // under DIR as the rank wrote them (its checkpoint directory's layout); a
-// sharded checkpoint's parts go under DIR/shards/RANK/.
+// sharded checkpoint's parts go under DIR/shards/RANK/, but for a merged one
+// (checkpoint.merge_shards), whose parts are one directory: DIR. An exec
+// run's files keep the names its program gave them, whatever they are.
 func extract(args []string) {
 	fs := flag.NewFlagSet("extract", flag.ExitOnError)
 	url := fs.String("url", "", "the checkpoint store's URL (the run's checkpoint.url)")
@@ -103,22 +108,78 @@ func extract(args []string) {
 	if err != nil {
 		fail(exitUsage, "extract: -to: %v", err)
 	}
+	n, err := extractFiles(ctx, ck, root)
+	if err != nil {
+		fail(exitFailed, "extract: checkpoint %s: %v", *id, err)
+	}
+	fmt.Printf("%d files of %s (epoch %d step %d) in %s\n", n, *id, ck.Manifest.Epoch, ck.Manifest.Step, root)
+}
+
+// extractFiles writes ck's files under root and says how many. An exec
+// run's checkpoint is its program's directory, as the exec trainer restores
+// it (every name, verified; a merged sharded checkpoint's parts as one
+// directory); any other checkpoint's files/ objects as they are named.
+func extractFiles(ctx context.Context, ck *checkpoint.Checkpoint, root string) (int, error) {
+	m := ck.Manifest
+	if m.Meta["trainer"] == spec.TrainerExec {
+		if m.Shards > 0 && m.Meta[checkpoint.MetaShards] != checkpoint.ShardsMerged {
+			// Each rank restores its own part: each part in a directory of its own.
+			for r := range m.Shards {
+				dir := filepath.Join(root, "shards", strconv.Itoa(r))
+				if err := writeExecFiles(ctx, []trainer.StateReader{ck.Shard(r)}, dir); err != nil {
+					return 0, fmt.Errorf("rank %d's part: %w", r, err)
+				}
+			}
+			return countFiles(root)
+		}
+		parts := []trainer.StateReader{ck}
+		if m.Shards > 0 {
+			parts = parts[:0]
+			for r := range m.Shards {
+				parts = append(parts, ck.Shard(r))
+			}
+		}
+		if err := writeExecFiles(ctx, parts, root); err != nil {
+			return 0, err
+		}
+		return countFiles(root)
+	}
 	n := 0
-	for _, o := range ck.Manifest.Objects {
+	for _, o := range m.Objects {
 		rel, ok := checkpointFile(o.Name)
 		if !ok {
 			continue
 		}
 		dst := filepath.Join(root, filepath.FromSlash(rel))
 		if !strings.HasPrefix(dst, root+string(filepath.Separator)) {
-			fail(exitFailed, "extract: checkpoint %s holds %q, which would land outside %s: not written", *id, o.Name, root)
+			return n, fmt.Errorf("it holds %q, which would land outside %s: not written", o.Name, root)
 		}
 		if err := copyObject(ctx, ck, o.Name, dst); err != nil {
-			fail(exitFailed, "extract: %v", err)
+			return n, err
 		}
 		n++
 	}
-	fmt.Printf("%d files of %s (epoch %d step %d) in %s\n", n, *id, ck.Manifest.Epoch, ck.Manifest.Step, root)
+	return n, nil
+}
+
+func writeExecFiles(ctx context.Context, parts []trainer.StateReader, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	_, err := exectrainer.WriteFiles(ctx, parts, dir)
+	return err
+}
+
+// countFiles counts the regular files under root.
+func countFiles(root string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(root, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n++
+		}
+		return err
+	})
+	return n, err
 }
 
 // checkpointFile maps a manifest object to where its file goes: "files/x"

@@ -400,3 +400,14 @@ def shutdown():
     """Stops the local cluster init() started."""
     from durabletrain import _cluster
     _cluster.shutdown()
+
+
+def __getattr__(name):
+    """``durabletrain.train`` and ``durabletrain.tune`` import on first use,
+    as ``ray.train`` and ``ray.tune`` are reached from ``import ray``: a Ray
+    script's ``import ray`` becomes ``import durabletrain as ray``, and a rank
+    process that only steps (this module) imports nothing more."""
+    if name in ("train", "tune"):
+        import importlib
+        return importlib.import_module("durabletrain." + name)
+    raise AttributeError("module 'durabletrain' has no attribute %r" % (name,))

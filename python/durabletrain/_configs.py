@@ -128,8 +128,17 @@ class CheckpointConfig:
     #: batches of a prepared data loader, of a Lightning or Hugging Face trainer), where the
     #: program can save there; None: only where it reports one, and at a preemption.
     checkpoint_every_steps: Optional[int] = None
+    #: Every rank's reported directory is part of each checkpoint, not rank 0's alone, and every
+    #: rank resumes from all of them merged into one directory (checkpoint.sharded and
+    #: checkpoint.merge_shards): Ray Train's distributed checkpoints, for a model sharded over the
+    #: ranks (Lightning's RayFSDPStrategy(state_dict_type="sharded"), torch.distributed.checkpoint).
+    #: A file two ranks write must then hold the same bytes. The run resumes at the world size
+    #: that saved it (ScalingConfig.min_workers is num_workers) and checkpoints every iteration.
+    sharded: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sharded, bool):
+            raise ValueError("CheckpointConfig.sharded is %r; want True or False" % (self.sharded,))
         _check_int("CheckpointConfig", "num_to_keep", self.num_to_keep, 1, allow_none=True)
         _check_int("CheckpointConfig", "checkpoint_frequency", self.checkpoint_frequency, 1, allow_none=True)
         _check_int("CheckpointConfig", "checkpoint_every_steps", self.checkpoint_every_steps, 1, allow_none=True)
@@ -145,6 +154,9 @@ class CheckpointConfig:
             out["every_epochs"] = self.checkpoint_frequency
         if self.checkpoint_every_steps:
             out["every_steps"] = self.checkpoint_every_steps
+        if self.sharded:
+            out["sharded"] = True
+            out["merge_shards"] = True
         if self.checkpoint_score_attribute:
             out["keep_best"] = self.num_to_keep or 1
             out["score"] = self.checkpoint_score_attribute

@@ -25,7 +25,7 @@ def lightning_loop(config):
     import time
     import lightning.pytorch as pl
     import torch
-    from durabletrain.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
+    from durabletrain.train.lightning import RayDDPStrategy, RayFSDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 
     class Indices(pl.LightningModule):
         def __init__(self):
@@ -49,6 +49,8 @@ def lightning_loop(config):
             self.log("val_loss", self.layer(x.float().unsqueeze(-1) / 100).pow(2).mean(), sync_dist=True)
 
         def configure_optimizers(self):
+            if config.get("fsdp"):  # a stateful optimizer: its state is sharded too (Lightning cannot load an empty one)
+                return torch.optim.Adam(self.parameters(), lr=config.get("lr", 0.01))
             return torch.optim.SGD(self.parameters(), lr=config.get("lr", 0.1))
 
         def on_save_checkpoint(self, checkpoint):
@@ -57,10 +59,12 @@ def lightning_loop(config):
         def on_load_checkpoint(self, checkpoint):
             self.seen = checkpoint["seen"]
 
+    torch.manual_seed(0)  # every run starts from the same weights
     ds = torch.utils.data.TensorDataset(torch.arange(config["n"]))
     train_loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
     val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(16)), batch_size=4)
-    trainer = pl.Trainer(max_epochs=config["epochs"], devices="auto", accelerator="auto", strategy=RayDDPStrategy(),
+    strategy = RayFSDPStrategy(state_dict_type="sharded") if config.get("fsdp") else RayDDPStrategy()
+    trainer = pl.Trainer(max_epochs=config["epochs"], devices="auto", accelerator="auto", strategy=strategy,
                          plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()], enable_checkpointing=False,
                          enable_progress_bar=False, logger=False, log_every_n_steps=2)
     trainer = prepare_trainer(trainer)
@@ -164,3 +168,64 @@ def test_asha_stops_a_lightning_trial_early(cluster):
     assert best.config["lr"] in (0.5, 0.3), best
     with best.checkpoint.as_directory() as d:
         assert torch.load(os.path.join(d, "checkpoint.ckpt"), weights_only=False)["epoch"] == best.metrics["training_iteration"] - 1
+
+
+def fsdp_state_of(result):
+    """A sharded (FSDP) checkpoint's parts, as as_directory() hands them over:
+    one torch.distributed.checkpoint directory, every rank's shard in it;
+    its model and optimizer state gathered whole, and rank 0's loop state."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with result.checkpoint.as_directory() as d:
+        ck = os.path.join(d, "checkpoint.ckpt")
+        files = sorted(os.listdir(ck))
+        whole = os.path.join(d, "whole.pt")
+        dcp_to_torch_save(ck, whole)
+        return files, torch.load(whole, weights_only=False), torch.load(os.path.join(ck, "meta.pt"), weights_only=False)
+
+
+def test_a_sharded_fsdp_run_killed_mid_epoch_resumes_with_every_ranks_part(cluster):
+    """RayFSDPStrategy(state_dict_type="sharded") on 2 CPU ranks: each rank
+    saves its own shard, CheckpointConfig(sharded=True) keeps both, and a rank
+    killed mid-epoch resumes, on every rank, from both parts: the run ends
+    with the model, the optimizer state and the batches of a run never stopped."""
+    cfg = dict(CONFIG, fsdp=True)
+    unbroken = TorchTrainer(lightning_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name="lightning-fsdp-unbroken", checkpoint_config=CheckpointConfig(sharded=True))).fit()
+    assert unbroken.state == "completed" and unbroken.failures == 0, unbroken.progress
+    files, want, want_meta = fsdp_state_of(unbroken)
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"} <= set(files), files
+
+    name = "lightning-fsdp-killed"
+    t = TorchTrainer(lightning_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name=name, checkpoint_config=CheckpointConfig(sharded=True, checkpoint_every_steps=5)))
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
+    th.start()
+    wait_for("a checkpoint inside epoch 1", lambda: checkpoints_after(cluster, name, "ckpt-e000001-s"), every=0.02)
+    os.kill(rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1], signal.SIGKILL)
+    th.join(300)
+    r = out["r"]
+    assert r.state == "completed" and r.failures == 1, r.progress
+    restored = [i for i in r.incidents if i["kind"] == "restored"]
+    assert restored and any(" epoch 1 step %d" % s in restored[-1]["detail"] for s in (5, 10)), restored
+    _, got, meta = fsdp_state_of(r)
+    assert meta["seen"] == want_meta["seen"], "rank 0 trained %s; the run never stopped trained %s" % (meta["seen"], want_meta["seen"])
+    assert meta["global_step"] == want_meta["global_step"] == 36, (meta["global_step"], want_meta["global_step"])
+    for part in ("model", "optimizer_0"):
+        flat_got, flat_want = _tensors(got[part]), _tensors(want[part])
+        assert flat_got.keys() == flat_want.keys(), (flat_got.keys(), flat_want.keys())
+        for k in flat_want:
+            assert torch.equal(flat_got[k], flat_want[k]), "%s %s: %s after the resume; %s unbroken" % (part, k, flat_got[k], flat_want[k])
+
+
+def _tensors(tree, prefix=""):
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_tensors(v, "%s/%s" % (prefix, k)))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(_tensors(v, "%s/%d" % (prefix, i)))
+    elif isinstance(tree, torch.Tensor):
+        out[prefix] = tree
+    return out

@@ -95,7 +95,7 @@ CONFIG = {"n": 64, "epochs": 3, "per_epoch": 8, "sleep": 0.05}
 def counts_of(result):
     from safetensors.torch import load_file
     with result.checkpoint.as_directory() as d:
-        return load_file(os.path.join(d, "model.safetensors"))["counts"]
+        return load_file(os.path.join(d, "checkpoint", "model.safetensors"))["counts"]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,10 @@ def test_a_transformers_trainer_reports_each_epoch_with_its_checkpoint(unbroken)
     last = r.metrics
     assert last["step"] == 24 and "eval_loss" in last and "loss" in last and "learning_rate" in last, last
     with r.checkpoint.as_directory() as d:
-        assert {"trainer_state.json", "optimizer.pt", "scheduler.pt"} <= set(os.listdir(d)), os.listdir(d)
+        # Laid out as Ray Train's callback lays it out: the Trainer's checkpoint in checkpoint/.
+        assert os.listdir(d) == ["checkpoint"], os.listdir(d)
+        inner = os.path.join(d, "checkpoint")
+        assert {"trainer_state.json", "optimizer.pt", "scheduler.pt", "model.safetensors"} <= set(os.listdir(inner)), os.listdir(inner)
     # output_dir="out" is each rank's own, not the driver's working directory (where the ranks start):
     # no checkpoint there, at most the empty directory the Trainer makes when it is built.
     assert not os.path.exists("out") or os.listdir("out") == [], os.listdir("out")

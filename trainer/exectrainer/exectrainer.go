@@ -167,19 +167,23 @@ func (t *Trainer) Init(ctx context.Context) error {
 // against the list saved with them, then starts the program on it. On error
 // nothing has started and the trainer is as it was.
 func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
-	var st state
-	if err := readJSON(ctx, from, stateObject, &st); err != nil {
-		return fmt.Errorf("exec trainer: %s: %w", stateObject, err)
-	}
+	return t.RestoreParts(ctx, []trainer.StateReader{from})
+}
+
+var _ trainer.PartsRestorer = (*Trainer)(nil)
+
+// RestoreParts is Restore from several saved states at once (every rank's
+// part of a sharded checkpoint), their files merged into one directory
+// (WriteFiles).
+func (t *Trainer) RestoreParts(ctx context.Context, parts []trainer.StateReader) error {
 	dir, err := os.MkdirTemp(t.cfg.Scratch, "restored-")
 	if err != nil {
 		return err
 	}
-	for rel, sum := range st.Files {
-		if err := restoreFile(ctx, from, st.objectOf(rel), rel, sum, dir); err != nil {
-			os.RemoveAll(dir)
-			return fmt.Errorf("exec trainer: restoring %s: %w", rel, err)
-		}
+	st, err := writeFiles(ctx, parts, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
 	}
 	if t.cmd != nil {
 		t.stop()
@@ -194,6 +198,56 @@ func (t *Trainer) Restore(ctx context.Context, from trainer.StateReader) error {
 	}
 	t.savedDir = dir // what the program resumed from is the state until it reports another
 	return nil
+}
+
+// WriteFiles writes the checkpoint directory the program reported, from
+// one saved state or from several merged (every rank's part of a sharded
+// checkpoint: a file two parts hold must have the same contents in both,
+// and every part must be of the same epoch and step), into dir, verifying
+// each file against its SHA-256. It returns where the state stands.
+// starter extract writes a checkpoint's files with it.
+func WriteFiles(ctx context.Context, parts []trainer.StateReader, dir string) (trainer.Cursor, error) {
+	st, err := writeFiles(ctx, parts, dir)
+	return st.Cursor, err
+}
+
+func writeFiles(ctx context.Context, parts []trainer.StateReader, dir string) (state, error) {
+	if len(parts) == 0 {
+		return state{}, errors.New("exec trainer: no state to restore from")
+	}
+	states := make([]state, len(parts))
+	owner := map[string]int{} // relative path -> the first part that holds it
+	for i, from := range parts {
+		if err := readJSON(ctx, from, stateObject, &states[i]); err != nil {
+			if len(parts) > 1 {
+				return state{}, fmt.Errorf("exec trainer: part %d: %s: %w", i, stateObject, err)
+			}
+			return state{}, fmt.Errorf("exec trainer: %s: %w", stateObject, err)
+		}
+		if states[i].Cursor != states[0].Cursor {
+			return state{}, fmt.Errorf("exec trainer: part %d of the checkpoint is of epoch %d step %d and part 0 of epoch %d step %d",
+				i, states[i].Cursor.Epoch, states[i].Cursor.Step, states[0].Cursor.Epoch, states[0].Cursor.Step)
+		}
+		for _, rel := range slices.Sorted(maps.Keys(states[i].Files)) {
+			first, ok := owner[rel]
+			switch {
+			case !ok:
+				owner[rel] = i
+			case states[first].Files[rel] != states[i].Files[rel]:
+				return state{}, trainer.UserError(fmt.Errorf("exec trainer: ranks %d and %d both saved %s, with different contents: in a merged sharded checkpoint "+
+					"(checkpoint.merge_shards) each file is one rank's, or the same bytes on every rank that writes it; name each rank's files apart", first, i, rel))
+			}
+		}
+	}
+	st := state{Cursor: states[0].Cursor, Files: map[string]string{}}
+	for _, rel := range slices.Sorted(maps.Keys(owner)) {
+		i := owner[rel]
+		st.Files[rel] = states[i].Files[rel]
+		if err := restoreFile(ctx, parts[i], states[i].objectOf(rel), rel, states[i].Files[rel], dir); err != nil {
+			return state{}, fmt.Errorf("exec trainer: restoring %s: %w", rel, err)
+		}
+	}
+	return st, nil
 }
 
 // Evaluate returns what the program reported for the epoch: it evaluates itself.

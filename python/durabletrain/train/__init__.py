@@ -213,3 +213,18 @@ def get_checkpoint() -> Optional[Checkpoint]:
     c.epoch = int(os.environ.get("DURABLETRAIN_START_EPOCH", "0") or 0)
     c.step = int(os.environ.get("DURABLETRAIN_START_STEP", "0") or 0)
     return c
+
+
+_FRAMEWORKS = ("torch", "lightning", "xgboost", "huggingface")
+
+
+def __getattr__(name: str) -> Any:
+    """The framework modules (``durabletrain.train.torch``, ``.lightning``,
+    ``.xgboost``, ``.huggingface``) import on first use, so that
+    ``import durabletrain as ray`` reaches ``ray.train.lightning`` as a Ray
+    script's ``import ray.train.lightning`` does; each needs its framework
+    installed, and only when used."""
+    if name in _FRAMEWORKS:
+        import importlib
+        return importlib.import_module("durabletrain.train." + name)
+    raise AttributeError("module 'durabletrain.train' has no attribute %r" % (name,))

@@ -182,7 +182,51 @@ class RayDDPStrategy(_DurableStrategy, DDPStrategy):
 class RayFSDPStrategy(_DurableStrategy, FSDPStrategy):
     """Lightning's FSDPStrategy on the run's gang (Ray Train's
     RayFSDPStrategy): the model's parameters, gradients and optimizer state
-    sharded over the ranks."""
+    sharded over the ranks. On CPU slots too (gloo): Lightning's FSDP asks
+    for an accelerator, and torch's FSDP runs on CPU when told the device.
+
+    ``state_dict_type="sharded"`` has every rank save its own part of each
+    checkpoint (torch.distributed.checkpoint's directory): run it with
+    ``CheckpointConfig(sharded=True)``, so that every rank's part is kept and
+    every rank is handed the whole on resume. The default, ``"full"``,
+    gathers the whole state on rank 0, which saves it alone."""
+
+    def _setup_model(self, model: Any) -> Any:
+        if self.root_device.type != "cpu":
+            return super()._setup_model(model)
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from lightning.pytorch.strategies import fsdp as _fsdp
+        if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            model = FullyShardedDataParallel(module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                                             sharding_strategy=self.sharding_strategy, device_id=torch.device("cpu"), **self.kwargs)
+        _fsdp._setup_activation_checkpointing(model, self._activation_checkpointing_kwargs)
+        return model
+
+    # Lightning's FSDP saves and loads at rank 0's path, broadcast to every
+    # rank (a file system every rank shares). Each rank's checkpoint
+    # directory here is its own, on its own host: each saves its part into
+    # its own, and loads from its own (the run hands it every rank's part).
+    _own_paths = False
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self._own_paths:
+            return obj
+        return super().broadcast(obj, src)
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        self._own_paths = True
+        try:
+            super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        finally:
+            self._own_paths = False
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        self._own_paths = True
+        try:
+            return super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        finally:
+            self._own_paths = False
 
 
 class RayTrainReportCallback(pl.Callback):

@@ -14,7 +14,9 @@ and durably by the step:
 - Each epoch of the Trainer is one of the run's iterations: at its end the
   Trainer saves a checkpoint (``checkpoint-<global step>``, its own format),
   and the callback reports it with the epoch's logged metrics
-  (``log_history``: ``loss``, ``learning_rate``, ``eval_*``, ...).
+  (``log_history``: ``loss``, ``learning_rate``, ``eval_*``, ...). As under
+  Ray Train, the reported checkpoint holds the Trainer's in a directory named
+  ``checkpoint`` (``RayTrainReportCallback.CHECKPOINT_NAME``).
 - Between two optimizer steps the gang may stop at a step every rank agrees
   on (``CheckpointConfig(checkpoint_every_steps=N)``, or a worker told to
   shut down): the Trainer saves there, on every rank, and the run resumes at
@@ -36,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Dict, Optional
 
 import transformers
@@ -140,25 +143,56 @@ class RayTrainReportCallback(transformers.TrainerCallback):
         os.makedirs(d, exist_ok=True)  # a rank the Trainer does not write on reports an empty one
         pending, self._pending = self._pending, None
         if pending == "stop":
-            _dt._send({"op": "saved", "epoch": _dt._epoch, "step": _dt._step, "checkpoint_dir": os.path.abspath(d)})
+            wrapped = _as_reported(d)
+            _dt._send({"op": "saved", "epoch": _dt._epoch, "step": _dt._step, "checkpoint_dir": wrapped})
             _dt._await_go(None)
+            shutil.rmtree(wrapped, ignore_errors=True)
             held, self._held = self._held, {}
             if held:
                 _dt.report(held)
             return
-        from durabletrain import train
         if pending == "end":
             metrics: Dict[str, float] = {}
             for entry in state.log_history[self._history:]:
                 metrics.update(_numbers(entry))
             metrics.update(epoch=float(state.epoch or 0), step=float(state.global_step))
             _dt._in_steps = False
-            train.report(metrics, checkpoint=train.Checkpoint.from_directory(d))
+            _report(metrics, d)
             return
         # The Trainer's own save inside the epoch (save_strategy="steps"): every rank saves at that step.
         _dt._step = state.global_step - self._epoch * (self._per_epoch or 1)
         last = _numbers(state.log_history[-1]) if state.log_history else {}
-        train.report(last, checkpoint=train.Checkpoint.from_directory(d))
+        _report(last, d)
+
+
+def _as_reported(d: str) -> str:
+    """The directory a checkpoint is reported as, laid out as Ray Train's
+    callback lays it out: the Trainer's ``checkpoint-N`` as ``checkpoint/``
+    (``RayTrainReportCallback.CHECKPOINT_NAME``) inside it, so that a Ray
+    script's ``os.path.join(checkpoint_dir, CHECKPOINT_NAME)`` finds the
+    model. Its files are hard links to the Trainer's (no copy; a copy where
+    links cannot be made), and the Trainer may rotate its own away after."""
+    out = os.path.join(os.path.dirname(os.path.abspath(d)), "reported-" + os.path.basename(d))
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(d, os.path.join(out, RayTrainReportCallback.CHECKPOINT_NAME), copy_function=link)
+    return out
+
+
+def _report(metrics: Dict[str, float], d: str) -> None:
+    from durabletrain import train
+    wrapped = _as_reported(d)
+    try:
+        train.report(metrics, checkpoint=train.Checkpoint.from_directory(wrapped))
+    finally:
+        shutil.rmtree(wrapped, ignore_errors=True)
 
 
 def _rescale(lr: float, optimizer: Any, scheduler: Any) -> None:
@@ -217,8 +251,11 @@ def prepare_trainer(trainer: Any) -> Any:
         if resume_from_checkpoint is None:
             from durabletrain import train as dtrain
             c = dtrain.get_checkpoint()
-            if c is not None and os.path.exists(os.path.join(c.path, transformers.trainer.TRAINER_STATE_NAME)):
-                resume_from_checkpoint = c.path
+            if c is not None:
+                for d in (os.path.join(c.path, RayTrainReportCallback.CHECKPOINT_NAME), c.path):
+                    if os.path.exists(os.path.join(d, transformers.trainer.TRAINER_STATE_NAME)):
+                        resume_from_checkpoint = d
+                        break
         return train(resume_from_checkpoint, *args, **kwargs)
 
     durable_train._durabletrain = True  # type: ignore[attr-defined]
