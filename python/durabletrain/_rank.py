@@ -48,6 +48,12 @@ def _setup_torch() -> None:
     """The process group Ray Train sets up before the function runs."""
     if _dt.world_size() <= 1:
         return
+    if not _dt._cuda():
+        # A CPU slot: Accelerate (under a Transformers Trainer) takes a CPU
+        # machine without use_cpu=True as no distributed run at all, and each
+        # rank would train alone on the whole data set: tell it the ranks
+        # are CPU processes of one gang (TrainingArguments reads this).
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     try:
         import torch.distributed as dist
     except ImportError:
