@@ -15,7 +15,7 @@ RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spe
 # deploy 216 s, chaos 209 s on a 2-core VM, 2026-11-28).
 SLOWEST   := ./integration/ ./deploy/ ./chaos/
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race test-python python-env bins fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race test-python python-env venv bins fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -58,7 +58,7 @@ bin/bench/minio:
 ## server packages the integration tests compiled, instead of compiling them first, 9 minutes cold),
 ## again under the race detector (all but integration), and the OpenBLAS build of the native trainer
 ## (the one package with OpenBLAS code)
-## (vet and the two tools build side by side: much of a cold build waits on module downloads)
+## (vet, the two tools and .venv build side by side: much of a cold build waits on downloads)
 ## (every link in it, of test binaries, tools and the binaries tests build, leaves out DWARF, which
 ## nothing here reads: it halved the integration test binary's link, 32 -> 17 CPU-seconds on a 2-core VM;
 ## GOFLAGS set in the environment would hide those of `go env -w`, so they are read first)
@@ -69,7 +69,7 @@ test: deps-test
 	@scripts/hugepages.sh $(MAKE) --no-print-directory test-steps
 test-steps: export GOFLAGS = $(shell $(GO) env GOFLAGS) -ldflags=-w
 test-steps:
-	$(MAKE) -j3 vet bin/temporal bin/minio
+	$(MAKE) -j4 vet bin/temporal bin/minio venv
 	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 -timeout 50m $(SLOWEST) ./...
 	$(MAKE) --no-print-directory test-python
 	$(GO) test -count=1 -timeout 25m -race $(RACE)
@@ -77,7 +77,9 @@ test-steps:
 
 ## python-env: .venv, from pinned requirements (scripts/venv.sh), and the binaries the Python
 ## package runs (bin/starter, bin/worker, bin/devserver: durabletrain.init()'s local cluster)
-python-env: bins
+python-env: bins venv
+# venv: .venv alone (its build is mostly downloads: `make test` builds it beside the Go tools)
+venv:
 	@scripts/venv.sh
 bins:
 	$(GO) build -o bin/starter ./cmd/starter
