@@ -44,6 +44,12 @@ def lightning_loop(config):
             self.log("train_loss", loss, sync_dist=True)
             return loss
 
+        def on_fit_start(self):
+            if config.get("places"):
+                t = self.trainer
+                with open(config["places"], "a") as f:
+                    f.write("%d %d %d %d %d\n" % (t.global_rank, t.local_rank, t.node_rank, t.world_size, t.num_nodes))
+
         def validation_step(self, batch, batch_idx):
             (x,) = batch
             self.log("val_loss", self.layer(x.float().unsqueeze(-1) / 100).pow(2).mean(), sync_dist=True)
@@ -143,6 +149,21 @@ def test_a_worker_told_to_stop_saves_every_rank_at_one_step_and_the_run_loses_no
     seen, _ = seen_of(r)
     want, _ = seen_of(unbroken)
     assert seen == want, "rank 0 trained %s; the run never stopped trained %s" % (seen, want)
+
+
+def test_two_ranks_on_one_host_are_one_node_of_two_local_ranks(cluster, unbroken, tmp_path):
+    """workers_per_host 2: both ranks on one host. Lightning sees them as
+    local ranks 0 and 1 of node 0 of 1, in a world of 2, and trains what
+    two ranks on two hosts train."""
+    places = str(tmp_path / "places")
+    r = TorchTrainer(lightning_loop, train_loop_config=dict(CONFIG, places=places),
+                     scaling_config=ScalingConfig(num_workers=2, workers_per_host=2),
+                     run_config=RunConfig(name="lightning-one-host")).fit()
+    assert r.state == "completed" and r.failures == 0, r.progress
+    assert sorted(open(places).read().split("\n")[:-1]) == ["0 0 0 2 1", "1 1 0 2 1"], open(places).read()
+    seen, _ = seen_of(r)
+    want, _ = seen_of(unbroken)
+    assert seen == want, "rank 0 trained %s; two hosts trained %s" % (seen, want)
 
 
 def test_prepare_trainer_refuses_a_plain_strategy_naming_it():
