@@ -289,7 +289,7 @@ def start_or_attach(cluster: Any, workflow_id: str, workflow: str, arg: Any) -> 
     return cluster.loop.run(go())
 
 
-def follow(cluster: Any, handle: Any, follower: Follower, every: float = 0.5) -> Any:
+def follow(cluster: Any, handle: Any, follower: Follower, every: float = 2.0) -> Any:
     """Follows the run until it ends: its result awaited once, its progress
     polled meanwhile; returns (progress, error)."""
     import asyncio
