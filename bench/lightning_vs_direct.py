@@ -25,7 +25,6 @@ to end and of fit(); --load adds a CPU-bound process per core beside both.
 
 import argparse
 import gzip
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -117,7 +116,7 @@ def time_direct(epochs, data):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         start = time.monotonic()
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        os.path.abspath(__file__), "--rank-direct", str(epochs), data, out], check=True, env=env,
+                        os.path.abspath(__file__), "--rank-direct", str(epochs), data, out], check=True, env=env, start_new_session=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         took = time.monotonic() - start
         if len([f for f in os.listdir(out) if f.endswith(".ckpt")]) != epochs:
@@ -142,11 +141,6 @@ def time_durable(epochs, data, n):
     return took, float(fit), int(steps)
 
 
-def spin():
-    while True:
-        pass
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -157,9 +151,10 @@ def main():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import durabletrain
     durabletrain.init(num_cpus=2)
-    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(os.cpu_count() or 1)] if a.load else []
-    for s in spinners:
-        s.start()
+    # Each in a session of its own, as the direct side's processes and the cluster's are: the
+    # kernel's autogroups share the CPU between sessions, so the load weighs on both sides alike.
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(os.cpu_count() or 1)] if a.load else []
     time_direct(1, a.data)  # warm both sides' caches (imports, page cache) once
     time_durable(1, a.data, 0)
     rows = []
@@ -175,7 +170,7 @@ def main():
         rows.append((d, t))
         print("repeat %d: direct %.2f s (fit %.2f), durabletrain %.2f s (fit %.2f)" % (i + 1, d[0], d[1], t[0], t[1]), flush=True)
     for s in spinners:
-        s.terminate()
+        s.kill()
     print()
     print("| %s, %d epochs | direct s | through durabletrain s | ratio | direct fit() s | durabletrain fit() s | ratio |" % (
         "loaded" if a.load else "quiet", a.epochs))
