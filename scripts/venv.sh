@@ -7,17 +7,27 @@
 #   scripts/venv.sh          build .venv from the lock (requirements-test.txt)
 #   scripts/venv.sh --lock   build it from requirements-test.in's names and
 #                            versions, and write the lock from what was installed
+#   scripts/venv.sh [--lock] ray
+#                            the same for .venv-ray, the Ray benchmark's own
+#                            environment (bench/ray/requirements.{in,txt}: the
+#                            test environment and ray[train,tune], optuna), which
+#                            `make test` never builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=.venv
+lockflag=
+if [ "${1:-}" = "--lock" ]; then lockflag=1; shift; fi
+case "${1:-test}" in
+  test) venv=.venv; names=python/requirements-test.in; lock=python/requirements-test.txt ;;
+  ray)  venv=.venv-ray; names=bench/ray/requirements.in; lock=bench/ray/requirements.txt ;;
+  *) echo "venv: unknown environment '$1'; want test or ray" >&2; exit 2 ;;
+esac
 stamp="$venv/.durabletrain-requirements"
-lock=python/requirements-test.txt
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-if [ "${1:-}" = "--lock" ]; then
-  echo "venv: building $venv from python/requirements-test.in, and locking it in $lock" >&2
+if [ -n "$lockflag" ]; then
+  echo "venv: building $venv from $names, and locking it in $lock" >&2
   /usr/bin/python3 -m venv --clear "$venv"
-  "${pip[@]}" -r python/requirements-test.in
-  { echo "# Every package of .venv, pinned: generated from requirements-test.in by scripts/venv.sh --lock"
+  "${pip[@]}" -r "$names"
+  { echo "# Every package of $venv, pinned: generated from $(basename "$names") by scripts/venv.sh --lock"
     echo "# (a package's version changes here only through that file)."
     "$venv/bin/python" -m pip freeze --exclude-editable | grep -v '^durabletrain'; } > "$lock.new"
   mv "$lock.new" "$lock"
@@ -27,7 +37,7 @@ want="$(cat "$lock" python/pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-if [ "${1:-}" != "--lock" ]; then
+if [ -z "$lockflag" ]; then
   echo "venv: building $venv (pinned: $lock)" >&2
   /usr/bin/python3 -m venv --clear "$venv"
   "${pip[@]}" -r "$lock"

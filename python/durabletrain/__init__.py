@@ -46,12 +46,14 @@ import os
 import random
 import socket
 import sys
+import threading
 
 __all__ = ["config", "epochs", "steps", "report", "get_checkpoint", "start_step", "position", "scratch_dir", "backend", "device", "Checkpoint", "ShardSampler",
            "world_rank", "world_size"]
 
 _sock = None
 _reader = None
+_send_lock = threading.Lock()  # the keepalive thread and the program's own messages share the socket
 _epoch = None       # the epoch being trained
 _start = 0          # the step the current epoch began at (above 0 when it resumed mid-way)
 _step = 0           # steps of the current epoch done
@@ -69,11 +71,47 @@ def _channel():
         _sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         _sock.connect(path)
         _reader = _sock.makefile("r", encoding="utf-8")
+        _start_keepalive()
     return _sock
 
 
 def _send(msg):
-    _sock.sendall((json.dumps(msg) + "\n").encode("utf-8"))
+    line = (json.dumps(msg) + "\n").encode("utf-8")
+    with _send_lock:
+        _sock.sendall(line)
+
+
+_KEEPALIVE = b'{"op": "alive"}\n'
+
+
+def _start_keepalive():
+    """Every DURABLETRAIN_KEEPALIVE seconds (the worker sets it: a fifth of
+    failure.stall_timeout), a daemon thread tells the worker that this
+    process still runs. A process that stops (SIGSTOP, a hang in the
+    kernel) stops them, and the worker kills it and re-forms the gang
+    within the stall timeout; a rank merely blocked in a collective, or
+    computing, keeps sending them (PyTorch's collectives and kernels
+    release the GIL)."""
+    raw = os.environ.get("DURABLETRAIN_KEEPALIVE", "")
+    try:
+        every = float(raw) if raw else 0.0
+    except ValueError:
+        raise SystemExit("durabletrain: DURABLETRAIN_KEEPALIVE is %r; want seconds, such as 0.4" % (raw,))
+    if not every > 0:
+        return
+    sock = _sock
+
+    def beat():
+        import time
+        while True:
+            try:
+                with _send_lock:
+                    sock.sendall(_KEEPALIVE)
+            except OSError:
+                return  # the worker closed the channel: the program is ending
+            time.sleep(every)
+
+    threading.Thread(target=beat, name="durabletrain-keepalive", daemon=True).start()
 
 
 def _receive():

@@ -79,6 +79,13 @@ type Config struct {
 	// between two agreements, if longer): a program whose ranks report at
 	// different steps fails instead of waiting forever.
 	VoteTimeout time.Duration
+	// StallTimeout: a program whose durabletrain helper has sent a
+	// keepalive (DURABLETRAIN_KEEPALIVE, a fifth of it) and then sends
+	// nothing for this long is hung or stopped: it is killed, and its
+	// TrainEpoch fails with a StalledError, so the gang re-forms within
+	// seconds instead of waiting, blocked in a collective, for ever
+	// (failure.stall_timeout; 0: not watched).
+	StallTimeout time.Duration
 }
 
 // Trainer drives one rank's program.

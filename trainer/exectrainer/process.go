@@ -63,6 +63,10 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		return fmt.Errorf("exec trainer: the program's own directory: %w", err)
 	}
 	env = append(env, "DURABLETRAIN_SCRATCH_DIR="+own)
+	if t.cfg.StallTimeout > 0 {
+		// Five keepalives within the stall timeout, as the collective's ring sends.
+		env = append(env, "DURABLETRAIN_KEEPALIVE="+strconv.FormatFloat((t.cfg.StallTimeout/5).Seconds(), 'f', -1, 64))
+	}
 	if t.cfg.Devices != "" {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+t.cfg.Devices)
 	}
@@ -126,7 +130,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	defer timer.Stop()
 	select {
 	case c := <-accepted:
-		t.conn, t.in = c, readMessages(c)
+		t.conn, t.in = c, readMessages(c, t.cfg.StallTimeout)
 		return nil
 	case <-t.exited:
 		return t.exitError("exited before it connected to the control socket (does it import durabletrain and call epochs()?)")

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +34,8 @@ import (
 //	  (no_checkpoint: true: no checkpoint_dir on purpose; Save says ErrNoCheckpoint)
 //	finished {epoch} (in place of a report:   exit
 //	  its training ended before the run's epochs)
+//	alive (a keepalive, from a thread of its  (none)
+//	  own, every DURABLETRAIN_KEEPALIVE seconds)
 //
 // sync is the step (steps done in the epoch) at which the program next
 // stops to ask whether to go on; 0: not again this epoch. The gang's
@@ -55,20 +58,41 @@ type message struct {
 // maxLine bounds one message from the program.
 const maxLine = 1 << 20
 
-// inbox is the program's messages, read as they come.
+// inbox is the program's messages, read as they come. Keepalives are
+// taken out: they only say the program's process still runs.
 type inbox struct {
 	lines chan []byte
 	done  chan struct{}
 	err   error // why reading stopped; set before lines closes
+
+	// stalled closes when the program has sent nothing, not even a
+	// keepalive, for the stall timeout, once it has sent its first
+	// keepalive (a program that never sends one, one that speaks the
+	// protocol without the helper, is not watched); silence is then how
+	// long it had been silent.
+	stalled chan struct{}
+	silence time.Duration
+	heard   atomic.Int64 // when the last line came, in UnixNano
+	armed   atomic.Bool  // a keepalive has come
 }
 
-func readMessages(c net.Conn) *inbox {
-	in := &inbox{lines: make(chan []byte), done: make(chan struct{})}
+// keepaliveLine is the helper's keepalive, byte for byte.
+var keepaliveLine = []byte(`{"op": "alive"}`)
+
+// readMessages reads the program's lines; stall > 0 watches its keepalives.
+func readMessages(c net.Conn, stall time.Duration) *inbox {
+	in := &inbox{lines: make(chan []byte), done: make(chan struct{}), stalled: make(chan struct{})}
+	in.heard.Store(time.Now().UnixNano())
 	go func() {
 		defer close(in.lines)
 		sc := bufio.NewScanner(c)
 		sc.Buffer(make([]byte, 64<<10), maxLine)
 		for sc.Scan() {
+			in.heard.Store(time.Now().UnixNano())
+			if bytes.Equal(bytes.TrimSpace(sc.Bytes()), keepaliveLine) {
+				in.armed.Store(true)
+				continue
+			}
 			select {
 			case in.lines <- bytes.Clone(sc.Bytes()):
 			case <-in.done:
@@ -77,7 +101,48 @@ func readMessages(c net.Conn) *inbox {
 		}
 		in.err = sc.Err()
 	}()
+	if stall > 0 {
+		go in.watch(stall)
+	}
 	return in
+}
+
+// watch closes stalled once the program has been silent for stall. Like the
+// collective's ring, it counts silence only while the worker itself runs: a
+// tick that comes late (the worker off its cores: a host starved of CPU, a
+// VM paused) starts the count again from that tick, since the program's
+// keepalives may be waiting, unread, in the socket.
+func (in *inbox) watch(stall time.Duration) {
+	every := max(stall/10, time.Millisecond)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	last := time.Now()
+	var ranLate time.Time
+	for {
+		select {
+		case <-in.done:
+			return
+		case now := <-tick.C:
+			now = time.Now()
+			if now.Sub(last) > 2*every+50*time.Millisecond {
+				ranLate = now
+			}
+			last = now
+			if !in.armed.Load() {
+				continue
+			}
+			heard := time.Unix(0, in.heard.Load())
+			from := heard
+			if ranLate.After(from) {
+				from = ranLate
+			}
+			if now.Sub(from) >= stall {
+				in.silence = now.Sub(heard)
+				close(in.stalled)
+				return
+			}
+		}
+	}
 }
 
 func (in *inbox) close() {
@@ -139,10 +204,31 @@ func (t *Trainer) next(ctx context.Context, doing string) (message, error) {
 			return message{}, trainer.UserError(fmt.Errorf("exec trainer: rank %d's program sent %q, not a message of durabletrain's protocol", t.cfg.Rank, clip(string(b))))
 		}
 		return m, nil
+	case <-t.in.stalled:
+		silence := t.in.silence
+		t.kill()
+		return message{}, &StalledError{Rank: t.cfg.Rank, Silence: silence, Timeout: t.cfg.StallTimeout, Doing: doing}
 	case <-ctx.Done():
 		t.kill()
 		return message{}, ctx.Err()
 	}
+}
+
+// StalledError is a program that stopped sending its keepalives while it
+// should have been training (a process stopped by SIGSTOP, hung in the
+// kernel, or off its cores far longer than the stall timeout): the worker
+// killed it, and the gang re-forms. It is the rank's fault, not the
+// program's bug: a new gang may go on.
+type StalledError struct {
+	Rank    int
+	Silence time.Duration // how long it had sent nothing
+	Timeout time.Duration // the stall timeout (failure.stall_timeout)
+	Doing   string        // what it should have been doing
+}
+
+func (e *StalledError) Error() string {
+	return fmt.Sprintf("exec trainer: rank %d's program sent nothing, not even its keepalive, for %v (the stall timeout, failure.stall_timeout, is %v) while it should %s: "+
+		"it is hung or stopped (SIGSTOP), and was killed", e.Rank, e.Silence.Round(time.Millisecond), e.Timeout, e.Doing)
 }
 
 // expect is the program's next message, which must be op.
