@@ -1,0 +1,396 @@
+"""durabletrain against Ray Train itself: the same jobs both ways, side by side (`make bench-ray`).
+
+One training function, written against Ray Train's API (``train.report``,
+``train.get_checkpoint``, ``train.torch.prepare_model``,
+``prepare_data_loader``), runs three ways in one sitting:
+
+- ray: Ray Train's ``TorchTrainer`` on a local Ray (``ray.init(num_cpus=2)``),
+  as its documentation runs it (``FailureConfig(max_failures=3)``);
+- durabletrain: ``durabletrain.train.torch.TorchTrainer`` on a local cluster
+  (``durabletrain.init()``: the embedded Temporal dev server and a worker);
+- direct (the overhead job only): torchrun (``torch.distributed.run
+  --standalone``) with the same function and a shim of the four calls.
+
+The function differs between the sides in one place: resumed from a
+checkpoint taken inside an epoch, Ray's side skips the batches the
+checkpoint had trained itself (Ray's ``prepare_data_loader`` starts every
+epoch at its beginning), while durabletrain's prepared loader starts there
+on its own. Both report a checkpoint (model, optimizer, epoch, step) every
+``--every`` steps and at every epoch's end: the same cadence.
+
+Every sample is a fresh driver process that starts its side's cluster,
+untimed, then times one ``fit()`` (direct: the launch to the exit), and
+stops the cluster, so no side's daemons share the CPU with another's run.
+The sides alternate, ``--repeats`` times. Rank 0 logs every step it trains
+(time, epoch, step, process): time to the first step, steps trained twice
+(lost) and time to training again after a fault are read from that log.
+
+Jobs (``--jobs``):
+  overhead  the MLP (784-256-10, all of Fashion-MNIST, batch 64) and the
+            reference 000's ResNet-18 (a Fashion-MNIST subset, batch 128):
+            wall time and time to the first step, 2 CPU ranks;
+  killed    the MLP, rank 1's process SIGKILLed mid-epoch: time from the kill
+            to a step trained by a new gang, steps lost;
+  hung      the MLP, rank 1's process SIGSTOPped mid-epoch: time until the run
+            notices and trains again (capped at --hung-cap seconds).
+
+    .venv-ray/bin/python bench/ray/ray_vs_durabletrain.py [--jobs overhead,killed,hung] [--repeats 3]
+"""
+
+import argparse
+import gzip
+import importlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+DATA = "/usr/share/datasets/fashion-mnist"
+HERE = os.path.abspath(__file__)
+
+
+# ---- the training function, one for every side ------------------------------------------
+
+def fashion_mnist(data, limit, image):
+    import numpy as np
+    import torch
+
+    def idx(name, offset):
+        with gzip.open(os.path.join(data, name)) as f:
+            return np.frombuffer(f.read(), np.uint8, offset=offset)
+    x = idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 784)[:limit].astype(np.float32) / 255
+    y = idx("train-labels-idx1-ubyte.gz", 8)[:limit].astype(np.int64)
+    x = torch.from_numpy((x - 0.5) / 0.5)
+    if image:
+        x = x.reshape(-1, 1, 28, 28)
+    return torch.utils.data.TensorDataset(x, torch.from_numpy(y))
+
+
+def build_model(kind):
+    import torch
+    if kind == "resnet18":
+        from torchvision.models import resnet18
+        m = resnet18(num_classes=10)
+        m.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
+        return m
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def train_loop(config):
+    """The job, as a Ray Train user writes it; config["api"] names the module
+    the four calls come from: ray, durabletrain, or this file's shim."""
+    import torch
+    api = importlib.import_module(config["api"]) if config["api"] != "direct" else _direct_api()
+    train = api.train
+    torch.set_num_threads(1)
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    with open(os.path.join(config["pids"], "rank-%d" % rank), "w") as f:
+        f.write(str(os.getpid()))
+    torch.manual_seed(0)
+    image = config["model"] == "resnet18"
+    loader = torch.utils.data.DataLoader(fashion_mnist(config["data"], config["limit"], image), batch_size=config["batch"], shuffle=True)
+    loader = train.torch.prepare_data_loader(loader)
+    model = train.torch.prepare_model(build_model(config["model"]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    start_epoch, start_step = 0, 0
+    ck = train.get_checkpoint()
+    if ck:
+        with ck.as_directory() as d:
+            st = torch.load(os.path.join(d, "state.pt"), weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        start_epoch, start_step = st["epoch"], st["step"]
+        if start_step >= len(loader):
+            start_epoch, start_step = start_epoch + 1, 0
+    log = open(config["log"], "a", buffering=1) if rank == 0 else None
+
+    def save(metrics, epoch, step):
+        with tempfile.TemporaryDirectory() as d:
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "step": step}, os.path.join(d, "state.pt"))
+            train.report(metrics, checkpoint=train.Checkpoint.from_directory(d))
+
+    for epoch in range(start_epoch, config["epochs"]):
+        loader.sampler.set_epoch(epoch)
+        model.train()
+        first = start_step if epoch == start_epoch else 0
+        batches = iter(loader)
+        if config["api"] == "ray":  # Ray's loader starts each epoch at its beginning: skip what the checkpoint trained
+            for _ in range(first):
+                next(batches, None)
+        step = first
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            if log:
+                log.write("%.6f %d %d %d\n" % (time.time(), epoch, step, os.getpid()))
+            if step % config["every"] == 0 and step < len(loader):
+                save({"loss": loss.item(), "epoch": epoch, "step": step}, epoch, step)
+        save({"loss": loss.item(), "epoch": epoch, "step": step}, epoch, step)
+
+
+class _Namespace:
+    pass
+
+
+def _direct_api():
+    """Ray Train's four calls for a torchrun launch: DDP and a
+    DistributedSampler; reports keep the checkpoint on local disk."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    api, t, tt = _Namespace(), _Namespace(), _Namespace()
+
+    class Ctx:
+        def get_world_rank(self):
+            return dist.get_rank()
+
+    class Ckpt:
+        @staticmethod
+        def from_directory(d):
+            return d
+
+    def report(metrics, checkpoint=None):
+        if checkpoint and dist.get_rank() == 0:
+            dst = os.path.join(os.environ["DIRECT_OUT"], "checkpoint")
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(checkpoint, dst)
+        dist.barrier()
+
+    def prepare_data_loader(loader):
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=DistributedSampler(loader.dataset, shuffle=True))
+
+    t.get_context, t.get_checkpoint, t.report, t.Checkpoint = Ctx, (lambda: None), report, Ckpt
+    tt.prepare_model = lambda m: torch.nn.parallel.DistributedDataParallel(m)
+    tt.prepare_data_loader = prepare_data_loader
+    t.torch, api.train = tt, t
+    return api
+
+
+# ---- one sample: a driver process of one side -----------------------------------------------
+
+def read_log(path):
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 4:
+                    rows.append((float(p[0]), int(p[1]), int(p[2]), int(p[3])))
+    return rows
+
+
+class Fault(threading.Thread):
+    """Once rank 0 has logged `at` steps, sends sig to rank 1's process; then
+    waits for a step logged by a process other than rank 0's of the time
+    (the new gang), for at most cap seconds."""
+
+    def __init__(self, log, pids, at, sig, cap):
+        super().__init__(daemon=True)
+        self.log, self.pids, self.at, self.sig, self.cap = log, pids, at, sig, cap
+        self.killed_at = self.again_at = None
+        self.done = threading.Event()
+
+    def run(self):
+        while len(read_log(self.log)) < self.at:
+            time.sleep(0.01)
+        rows = read_log(self.log)
+        old = rows[-1][3]
+        victim = int(open(os.path.join(self.pids, "rank-1")).read())
+        os.kill(victim, self.sig)
+        self.killed_at = time.time()
+        self.victim = victim
+        while time.time() - self.killed_at < self.cap:
+            fresh = [r for r in read_log(self.log) if r[0] > self.killed_at and r[3] != old]
+            if fresh:
+                self.again_at = fresh[0][0]
+                break
+            time.sleep(0.02)
+        self.done.set()
+
+
+def job_config(job, data, out):
+    base = {"data": data, "log": os.path.join(out, "steps.log"), "pids": out}
+    if job == "resnet18":
+        return dict(base, model="resnet18", limit=int(os.environ.get("RESNET_LIMIT", "4096")), batch=128, epochs=2, every=4)
+    # The MLP: all of Fashion-MNIST, 469 steps per rank per epoch at batch 64.
+    return dict(base, model="mlp", limit=60000, batch=64, epochs=int(os.environ.get("MLP_EPOCHS", "2")), every=50)
+
+
+def sample(side, job, fault, data, cap):
+    """One run of job on side; returns its figures as a dict."""
+    out = tempfile.mkdtemp(prefix="raybench-")
+    cfg = job_config(job, data, out)
+    cfg["api"] = side
+    try:
+        if side == "direct":
+            env = dict(os.environ, OMP_NUM_THREADS="1", DIRECT_OUT=out)
+            start = time.time()
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", HERE,
+                            "--rank-direct", json.dumps(cfg)], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            end = time.time()
+            return figures(cfg, start, end, None, "completed")
+        if side == "ray":
+            import ray
+            from ray.train import FailureConfig, RunConfig, ScalingConfig
+            from ray.train.torch import TorchTrainer
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        else:
+            import durabletrain as ray  # noqa: F811 (the same names, durabletrain's)
+            from durabletrain.train import FailureConfig, RunConfig, ScalingConfig
+            from durabletrain.train.torch import TorchTrainer
+            ray.init(num_cpus=2, storage=os.path.join(out, "storage"))
+        trainer = TorchTrainer(train_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
+                               run_config=RunConfig(name="bench-%s-%d" % (job, os.getpid()), storage_path=os.path.join(out, "storage"),
+                                                    failure_config=FailureConfig(max_failures=3)))
+        f = None
+        if fault:
+            steps = 469  # the MLP's steps per rank and epoch
+            f = Fault(cfg["log"], out, steps + 75, signal.SIGKILL if fault == "killed" else signal.SIGSTOP, cap)
+            f.start()
+        start = time.time()
+        state = "completed"
+        if f is not None and fault == "hung":
+            # A run that never notices is stopped at the cap: its outcome is the cap.
+            res = {}
+            th = threading.Thread(target=lambda: res.setdefault("r", _fit(trainer)), daemon=True)
+            th.start()
+            f.done.wait(cap + 600)
+            if f.again_at is None:
+                os.kill(f.victim, signal.SIGKILL)
+                state = "not noticed in %ds" % cap
+                th.join(120)
+            else:
+                th.join(600)
+            state = res.get("r", state) if f.again_at is not None else state
+        else:
+            state = _fit(trainer)
+        end = time.time()
+        return figures(cfg, start, end, f, state)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _fit(trainer):
+    try:
+        trainer.fit()
+        return "completed"
+    except Exception as e:  # the run's own failure is a figure, not the bench's
+        return "failed: %s" % str(e).splitlines()[0][:120]
+
+
+def figures(cfg, start, end, fault, state):
+    rows = read_log(cfg["log"])
+    per_epoch = None
+    out = {"wall": end - start, "state": state, "steps": len(rows)}
+    if rows:
+        out["first_step"] = rows[0][0] - start
+    if fault is not None and fault.killed_at:
+        out["again"] = (fault.again_at - fault.killed_at) if fault.again_at else None
+        # Steps trained twice: every (epoch, step) logged more than once.
+        seen = {}
+        for r in rows:
+            seen[(r[1], r[2])] = seen.get((r[1], r[2]), 0) + 1
+        out["lost"] = sum(n - 1 for n in seen.values())
+    return out
+
+
+# ---- the sitting -------------------------------------------------------------------------
+
+def run_sample(side, job, fault, repeats_cap):
+    """A sample in a fresh driver process: returns its figures."""
+    cmd = [sys.executable, HERE, "--sample", side, job, fault or "-", str(repeats_cap)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"state": "driver failed (rc %d): %s" % (p.returncode, (p.stderr.strip().splitlines() or [""])[-1][:200])}
+
+
+def spread(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    m = statistics.median(xs)
+    return "%.2f (%.2f-%.2f)" % (m, min(xs), max(xs))
+
+
+def ratio(ours, peer):
+    a = [x for x in ours if x is not None]
+    b = [x for x in peer if x is not None]
+    if not a or not b:
+        return "-"
+    return "%.3f" % (statistics.median(a) / statistics.median(b))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", default="overhead,killed,hung")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hung-cap", type=int, default=120, help="seconds a hung rank may go unnoticed before the sample stops it")
+    ap.add_argument("--data", default=DATA)
+    a = ap.parse_args()
+    print("# durabletrain against Ray Train: %s, %d repeats, %s" % (a.jobs, a.repeats, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
+    for job in a.jobs.split(","):
+        if job == "overhead":
+            for model in ("mlp", "resnet18"):
+                got = {s: [] for s in ("direct", "ray", "durabletrain")}
+                for i in range(a.repeats):
+                    for side in (("direct", "ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray", "direct")):
+                        r = run_sample(side, model, None, a.hung_cap)
+                        got[side].append(r)
+                        print("overhead %s repeat %d %s: %s" % (model, i + 1, side, json.dumps(r)), flush=True)
+                table("overhead, " + model, got, ("wall", "first_step"))
+        elif job in ("killed", "hung"):
+            got = {s: [] for s in ("ray", "durabletrain")}
+            for i in range(a.repeats):
+                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                    r = run_sample(side, "mlp", job, a.hung_cap)
+                    got[side].append(r)
+                    print("%s repeat %d %s: %s" % (job, i + 1, side, json.dumps(r)), flush=True)
+            table("rank 1 %s mid-epoch, the MLP" % ("SIGKILLed" if job == "killed" else "SIGSTOPped"), got, ("again", "lost", "wall"))
+        else:
+            sys.exit("bench ray: unknown job %r; want overhead, killed or hung" % job)
+
+
+def table(title, got, keys):
+    print("\n## %s: median (min-max) over the repeats; ratio = durabletrain / peer, of the medians" % title)
+    sides = list(got)
+    print("| | " + " | ".join(sides) + " | durabletrain/ray |" + (" durabletrain/direct |" if "direct" in got else ""))
+    print("|---|" + "---:|" * (len(sides) + 1 + ("direct" in got)))
+    for k in keys:
+        cols = [spread([r.get(k) for r in got[s]]) for s in sides]
+        row = "| %s s | " % k if k != "lost" else "| steps lost | "
+        row += " | ".join(cols) + " | " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["ray"]]) + " |"
+        if "direct" in got:
+            row += " " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["direct"]]) + " |"
+        print(row)
+    states = {s: sorted(set(r.get("state", "?") for r in got[s])) for s in sides}
+    print("| outcome | " + " | ".join("; ".join(states[s]) for s in sides) + " | |" + (" |" if "direct" in got else ""))
+    print(flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-direct":
+        train_loop(json.loads(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--sample":
+        side, job, fault, cap = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+        r = sample(side, job, None if fault == "-" else fault, DATA, cap)
+        print(json.dumps(r), flush=True)
+        os._exit(0)  # past a hung run's threads, and each side's shutdown at exit is its own
+    else:
+        main()
