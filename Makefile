@@ -15,7 +15,7 @@ RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spe
 # deploy 216 s, chaos 209 s on a 2-core VM, 2026-11-28).
 SLOWEST   := ./integration/ ./deploy/ ./chaos/
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race test-python python-env venv bins fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-lightning bench-scale vet
+.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race test-python python-env venv bins fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-lightning bench-ray bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -120,6 +120,10 @@ bench: deps-bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-li
 ## bench-lightning: Lightning through durabletrain against Lightning under torchrun (LOAD=1: loaded)
 bench-lightning: deps python-env
 	OMP_NUM_THREADS=1 .venv/bin/python bench/lightning_vs_direct.py --repeats $${REPEATS:-3} $${LOAD:+--load}
+
+## bench-ray: the same jobs through Ray Train and through durabletrain (its own .venv-ray; JOBS=, REPEATS=)
+bench-ray: deps
+	$(GO) run ./bench ray --jobs $${JOBS:-overhead,killed,hung} --repeats $${REPEATS:-3}
 
 bench-allreduce: deps-bench
 	$(GO) run -tags '$(TAGS)' ./bench allreduce

@@ -10,6 +10,7 @@
 //	bench tune         one search of many trials on a simulated fleet, within Temporal's limits
 //	bench search       TPE vs random search on the same budget of real trainings, seed by seed
 //	bench pbt          population-based training vs fixed hyperparameters, real trials on a simulated fleet
+//	bench ray          the same jobs through Ray Train and through durabletrain (bench/ray)
 //
 // Run `bench <table> -h` for its flags. The peers come from Debian's packages
 // (make deps-bench installs them).
@@ -33,6 +34,7 @@ var tables = map[string]func(args []string) error{
 	"tune":       benchTune,
 	"search":     benchSearch,
 	"pbt":        benchPBT,
+	"ray":        benchRay,
 	// Child processes the tables start: one rank each.
 	"allreduce-rank": allReduceRank,
 	"spin":           spin,
@@ -42,7 +44,7 @@ var tables = map[string]func(args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || tables[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune|search|pbt [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench allreduce|train|checkpoint|s3|scale|contention|tune|search|pbt|ray [flags]")
 		os.Exit(2)
 	}
 	if err := tables[os.Args[1]](os.Args[2:]); err != nil {

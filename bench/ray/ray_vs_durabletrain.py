@@ -226,7 +226,7 @@ class Fault(threading.Thread):
 def job_config(job, data, out):
     base = {"data": data, "log": os.path.join(out, "steps.log"), "pids": out}
     if job == "resnet18":
-        return dict(base, model="resnet18", limit=int(os.environ.get("RESNET_LIMIT", "4096")), batch=128, epochs=2, every=4)
+        return dict(base, model="resnet18", limit=int(os.environ.get("RESNET_LIMIT", "2048")), batch=128, epochs=2, every=4)
     # The MLP: all of Fashion-MNIST, 469 steps per rank per epoch at batch 64.
     return dict(base, model="mlp", limit=60000, batch=64, epochs=int(os.environ.get("MLP_EPOCHS", "2")), every=50)
 
