@@ -26,13 +26,27 @@ The sides alternate, ``--repeats`` times. Rank 0 logs every step it trains
 (lost) and time to training again after a fault are read from that log.
 
 Jobs (``--jobs``):
-  overhead  the MLP (784-256-10, all of Fashion-MNIST, batch 64) and the
-            reference 000's ResNet-18 (a Fashion-MNIST subset, batch 128):
-            wall time and time to the first step, 2 CPU ranks;
-  killed    the MLP, rank 1's process SIGKILLed mid-epoch: time from the kill
+  overhead  the MLP (784-256-10, all of Fashion-MNIST, batch 64, 2 epochs) with a
+            checkpoint at each epoch's end (mlp) and every 50 steps too
+            (mlp50), and the reference 000's ResNet-18 (a Fashion-MNIST
+            subset, batch 128, a checkpoint per epoch): wall time and time
+            to the first step, 2 CPU ranks;
+  killed    mlp50, rank 1's process SIGKILLed mid-epoch: time from the kill
             to a step trained by a new gang, steps lost;
-  hung      the MLP, rank 1's process SIGSTOPped mid-epoch: time until the run
-            notices and trains again (capped at --hung-cap seconds).
+  hung      mlp50, rank 1's process SIGSTOPped mid-epoch: time until the run
+            notices and trains again (capped at --hung-cap seconds);
+  coordinator
+            mlp50, the driver and every process of its cluster SIGKILLed
+            mid-epoch (Ray: the driver, GCS, raylet and workers; ours: the
+            driver, the Temporal server, the worker and its ranks), then the
+            same script run again at once, as each side's documentation
+            says (Ray Train: the same RunConfig name and storage_path; ours:
+            durabletrain.init() and fit() of the same name): whether it
+            completes, steps lost, time from the kill to training again;
+  asha      the reference 001 search (a Trainable, ConvNet on Fashion-MNIST,
+            tune.run with ASHA, examples/ray_to_durabletrain) with 16 trials,
+            --asha-iterations iterations each, one CPU per trial: wall time and
+            the best mean_accuracy.
 
     .venv-ray/bin/python bench/ray/ray_vs_durabletrain.py [--jobs overhead,killed,hung] [--repeats 3]
 """
@@ -135,7 +149,7 @@ def train_loop(config):
             step += 1
             if log:
                 log.write("%.6f %d %d %d\n" % (time.time(), epoch, step, os.getpid()))
-            if step % config["every"] == 0 and step < len(loader):
+            if config["every"] and step % config["every"] == 0 and step < len(loader):
                 save({"loss": loss.item(), "epoch": epoch, "step": step}, epoch, step)
         save({"loss": loss.item(), "epoch": epoch, "step": step}, epoch, step)
 
@@ -225,15 +239,36 @@ class Fault(threading.Thread):
 
 def job_config(job, data, out):
     base = {"data": data, "log": os.path.join(out, "steps.log"), "pids": out}
-    if job == "resnet18":
-        return dict(base, model="resnet18", limit=int(os.environ.get("RESNET_LIMIT", "2048")), batch=128, epochs=2, every=4)
-    # The MLP: all of Fashion-MNIST, 469 steps per rank per epoch at batch 64.
-    return dict(base, model="mlp", limit=60000, batch=64, epochs=int(os.environ.get("MLP_EPOCHS", "2")), every=50)
+    if job == "resnet18":  # the reference 000: a checkpoint at every epoch's end
+        return dict(base, model="resnet18", limit=int(os.environ.get("RESNET_LIMIT", "2048")), batch=128, epochs=2, every=0)
+    # The MLP: all of Fashion-MNIST, 469 steps per rank per epoch at batch 64; "mlp" checkpoints at
+    # every epoch's end, "mlp50" every 50 steps as well (the cadence the fault jobs run at).
+    return dict(base, model="mlp", limit=60000, batch=64, epochs=int(os.environ.get("MLP_EPOCHS", "2")), every=50 if job == "mlp50" else 0)
 
 
-def sample(side, job, fault, data, cap):
-    """One run of job on side; returns its figures as a dict."""
-    out = tempfile.mkdtemp(prefix="raybench-")
+def start_side(side, out):
+    """Starts side's local cluster (untimed); returns its TorchTrainer and configs."""
+    if side == "ray":
+        import ray
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    else:
+        import durabletrain as ray  # noqa: F811 (the same names, durabletrain's)
+        from durabletrain.train import FailureConfig, RunConfig, ScalingConfig
+        from durabletrain.train.torch import TorchTrainer
+        ray.init(num_cpus=2, storage=os.path.join(out, "storage"))
+    return TorchTrainer, FailureConfig, RunConfig, ScalingConfig
+
+
+def sample(side, job, fault, data, cap, out=None, name=None):
+    """One run of job on side; returns its figures as a dict. With out and
+    name given (the coordinator job's two drivers), they are the caller's."""
+    keep = out is not None
+    out = out or tempfile.mkdtemp(prefix="raybench-")
+    name = name or "bench-%s-%d" % (job, os.getpid())
+    if job == "asha":
+        return asha_sample(side, out, cap)
     cfg = job_config(job, data, out)
     cfg["api"] = side
     try:
@@ -244,20 +279,15 @@ def sample(side, job, fault, data, cap):
                             "--rank-direct", json.dumps(cfg)], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             end = time.time()
             return figures(cfg, start, end, None, "completed")
-        if side == "ray":
-            import ray
-            from ray.train import FailureConfig, RunConfig, ScalingConfig
-            from ray.train.torch import TorchTrainer
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        else:
-            import durabletrain as ray  # noqa: F811 (the same names, durabletrain's)
-            from durabletrain.train import FailureConfig, RunConfig, ScalingConfig
-            from durabletrain.train.torch import TorchTrainer
-            ray.init(num_cpus=2, storage=os.path.join(out, "storage"))
+        TorchTrainer, FailureConfig, RunConfig, ScalingConfig = start_side(side, out)
         trainer = TorchTrainer(train_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
-                               run_config=RunConfig(name="bench-%s-%d" % (job, os.getpid()), storage_path=os.path.join(out, "storage"),
+                               run_config=RunConfig(name=name, storage_path=os.path.join(out, "storage"),
                                                     failure_config=FailureConfig(max_failures=3)))
         f = None
+        if fault and fault.startswith("coordinator"):
+            start = time.time()
+            state = _fit(trainer)
+            return {"state": state, "end": time.time(), "start": start}
         if fault:
             steps = 469  # the MLP's steps per rank and epoch
             f = Fault(cfg["log"], out, steps + 75, signal.SIGKILL if fault == "killed" else signal.SIGSTOP, cap)
@@ -282,7 +312,116 @@ def sample(side, job, fault, data, cap):
         end = time.time()
         return figures(cfg, start, end, f, state)
     finally:
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def coordinator_sample(side, data, at):
+    """The coordinator job: a driver that fits, SIGKILLed with every process
+    of its cluster once rank 0 has trained `at` steps, and a second driver
+    of the same script, started at once, that fits the same run again."""
+    out = tempfile.mkdtemp(prefix="raybench-")
+    name = "bench-coordinator-%d" % os.getpid()
+    marker = "RAYBENCH_SAMPLE=" + os.path.basename(out)
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYBENCH_SAMPLE=os.path.basename(out), DURABLETRAIN_HOME=os.path.join(out, "home"))
+    cfg = job_config("mlp50", data, out)
+    cmd = [sys.executable, HERE, "--sample", side, "mlp50", "coordinator", "0", out, name]
+    try:
+        start = time.time()
+        first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while len(read_log(cfg["log"])) < at and first.poll() is None:
+            time.sleep(0.01)
+        old = read_log(cfg["log"])[-1][3]
+        killed = kill_marked(marker)
+        killed_at = time.time()
+        first.wait()
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        end = time.time()
+        got = json.loads([l for l in second.stdout.splitlines() if l.startswith("{")][-1]) if second.returncode == 0 else {"state": "driver failed"}
+        rows = read_log(cfg["log"])
+        fresh = [r for r in rows if r[0] > killed_at and r[3] != old]
+        seen = {}
+        for r in rows:
+            seen[(r[1], r[2])] = seen.get((r[1], r[2]), 0) + 1
+        want = 469 * cfg["epochs"]
+        done = len(seen) == want
+        return {"wall": end - start, "state": got["state"] + ("" if done else " (%d of %d steps trained)" % (len(seen), want)),
+                "again": fresh[0][0] - killed_at if fresh else None, "lost": sum(n - 1 for n in seen.values()), "killed": killed, "steps": len(rows)}
+    finally:
+        kill_marked(marker)
         shutil.rmtree(out, ignore_errors=True)
+
+
+def kill_marked(marker):
+    """SIGKILLs every process whose environment holds marker; returns how many."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if marker.encode() not in f.read().split(b"\0"):
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
+def make_trainable(tune):
+    """The reference 001's Trainable (examples/ray_to_durabletrain/ray_tune_mnist.py), over tune's Trainable."""
+    import torch
+    import torch.optim as optim
+    from mnist_helpers import ConvNet, get_data_loaders, test, train
+
+    class MNISTTrainable(tune.Trainable):
+        def setup(self, config):
+            torch.set_num_threads(1)
+            self.train_loader, self.test_loader = get_data_loaders()
+            self.model = ConvNet()
+            self.optimizer = optim.SGD(self.model.parameters(), lr=config.get("lr", 0.01), momentum=config.get("momentum", 0.9))
+
+        def step(self):
+            train(self.model, self.optimizer, self.train_loader)
+            return {"mean_accuracy": test(self.model, self.test_loader)}
+
+        def save_checkpoint(self, checkpoint_dir):
+            path = os.path.join(checkpoint_dir, "checkpoint.bin")
+            torch.save((self.model.state_dict(), self.optimizer.state_dict()), path)
+            return path
+
+        def load_checkpoint(self, checkpoint_path):
+            model, optimizer = torch.load(checkpoint_path)
+            self.model.load_state_dict(model)
+            self.optimizer.load_state_dict(optimizer)
+    return MNISTTrainable
+
+
+def asha_sample(side, out, iterations):
+    """The reference 001 search on side: 16 trials, ASHA, one CPU each."""
+    if side == "ray":
+        import ray
+        from ray import tune
+        from ray.tune.schedulers import ASHAScheduler
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    else:
+        import durabletrain as ray  # noqa: F811
+        from durabletrain import tune
+        from durabletrain.tune import ASHAScheduler
+        ray.init(num_cpus=2, storage=os.path.join(out, "storage"))
+    start = time.time()
+    analysis = tune.run(make_trainable(tune), scheduler=ASHAScheduler(metric="mean_accuracy", mode="max"),
+                        stop={"mean_accuracy": 0.99, "training_iteration": iterations}, resources_per_trial={"cpu": 1, "gpu": 0},
+                        num_samples=16, config={"lr": tune.uniform(0.001, 1.0), "momentum": tune.uniform(0.1, 0.9)},
+                        storage_path=os.path.join(out, "storage"), verbose=0)
+    wall = time.time() - start
+    best = analysis.get_best_config(metric="mean_accuracy", mode="max")
+    df = analysis.results_df
+    col = "mean_accuracy" if "mean_accuracy" in df else [c for c in df.columns if c.endswith("mean_accuracy")][0]
+    iters = [c for c in df.columns if c.endswith("training_iteration")]
+    return {"wall": wall, "best": float(df[col].max()), "trials": int(len(df)), "iterations": int(df[iters[0]].sum()) if iters else None,
+            "state": "completed", "best_config": best}
 
 
 def _fit(trainer):
@@ -314,7 +453,9 @@ def figures(cfg, start, end, fault, state):
 def run_sample(side, job, fault, repeats_cap):
     """A sample in a fresh driver process: returns its figures."""
     cmd = [sys.executable, HERE, "--sample", side, job, fault or "-", str(repeats_cap)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    helpers = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "examples", "ray_to_durabletrain")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (helpers, os.environ.get("PYTHONPATH")) if p))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -342,12 +483,13 @@ def main():
     ap.add_argument("--jobs", default="overhead,killed,hung")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hung-cap", type=int, default=120, help="seconds a hung rank may go unnoticed before the sample stops it")
+    ap.add_argument("--asha-iterations", type=int, default=10, help="the ASHA search's training_iteration stop")
     ap.add_argument("--data", default=DATA)
     a = ap.parse_args()
     print("# durabletrain against Ray Train: %s, %d repeats, %s" % (a.jobs, a.repeats, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
     for job in a.jobs.split(","):
         if job == "overhead":
-            for model in ("mlp", "resnet18"):
+            for model in ("mlp", "mlp50", "resnet18"):
                 got = {s: [] for s in ("direct", "ray", "durabletrain")}
                 for i in range(a.repeats):
                     for side in (("direct", "ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray", "direct")):
@@ -359,12 +501,28 @@ def main():
             got = {s: [] for s in ("ray", "durabletrain")}
             for i in range(a.repeats):
                 for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
-                    r = run_sample(side, "mlp", job, a.hung_cap)
+                    r = run_sample(side, "mlp50", job, a.hung_cap)
                     got[side].append(r)
                     print("%s repeat %d %s: %s" % (job, i + 1, side, json.dumps(r)), flush=True)
             table("rank 1 %s mid-epoch, the MLP" % ("SIGKILLed" if job == "killed" else "SIGSTOPped"), got, ("again", "lost", "wall"))
+        elif job == "coordinator":
+            got = {s: [] for s in ("ray", "durabletrain")}
+            for i in range(a.repeats):
+                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                    r = coordinator_sample(side, a.data, 469 + 75)
+                    got[side].append(r)
+                    print("coordinator repeat %d %s: %s" % (i + 1, side, json.dumps(r)), flush=True)
+            table("the driver and its whole cluster SIGKILLed mid-epoch, the script run again, the MLP", got, ("again", "lost", "wall"))
+        elif job == "asha":
+            got = {s: [] for s in ("ray", "durabletrain")}
+            for i in range(a.repeats):
+                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                    r = run_sample(side, "asha", None, a.asha_iterations)
+                    got[side].append(r)
+                    print("asha repeat %d %s: %s" % (i + 1, side, json.dumps(r)), flush=True)
+            table("ASHA, the reference 001 search, 16 trials of %d iterations" % a.asha_iterations, got, ("wall", "best", "iterations"))
         else:
-            sys.exit("bench ray: unknown job %r; want overhead, killed or hung" % job)
+            sys.exit("bench ray: unknown job %r; want overhead, killed, hung, coordinator or asha" % job)
 
 
 def table(title, got, keys):
@@ -374,7 +532,7 @@ def table(title, got, keys):
     print("|---|" + "---:|" * (len(sides) + 1 + ("direct" in got)))
     for k in keys:
         cols = [spread([r.get(k) for r in got[s]]) for s in sides]
-        row = "| %s s | " % k if k != "lost" else "| steps lost | "
+        row = {"lost": "| steps lost | ", "best": "| best mean_accuracy | ", "iterations": "| iterations trained | "}.get(k, "| %s s | " % k)
         row += " | ".join(cols) + " | " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["ray"]]) + " |"
         if "direct" in got:
             row += " " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["direct"]]) + " |"
@@ -389,7 +547,8 @@ if __name__ == "__main__":
         train_loop(json.loads(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--sample":
         side, job, fault, cap = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-        r = sample(side, job, None if fault == "-" else fault, DATA, cap)
+        out, name = (sys.argv[6], sys.argv[7]) if len(sys.argv) > 7 else (None, None)
+        r = sample(side, job, None if fault == "-" else fault, DATA, cap, out, name)
         print(json.dumps(r), flush=True)
         os._exit(0)  # past a hung run's threads, and each side's shutdown at exit is its own
     else:
