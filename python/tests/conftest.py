@@ -111,3 +111,25 @@ def checkpoints_after(cluster, name, prefix, least_step=1):
     d = os.path.join(cluster.storage, name)
     ids = os.listdir(d) if os.path.isdir(d) else []
     return [i for i in ids if i.startswith(prefix) and int(i[-9:]) >= least_step]
+
+
+def fit_with_a_rank_signalled(cluster, trainer, name, prefix, least_step=1, sig=signal.SIGKILL, timeout=300):
+    """Fits trainer (its run named name) in a thread; once the run holds a
+    checkpoint named prefix... at least_step or later, sends sig to the run's
+    last rank process. Returns the Result, the newest restored incident's
+    detail and the signalled process, after checking that the run completed
+    with that one failure."""
+    import threading
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", trainer.fit()))
+    th.start()
+    wait_for("a checkpoint %s... at step %d or later" % (prefix, least_step), lambda: checkpoints_after(cluster, name, prefix, least_step), every=0.02)
+    victim = rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1]
+    os.kill(victim, sig)
+    th.join(timeout)
+    assert not th.is_alive(), "the run %s is still going %d s after its rank %d had signal %d" % (name, timeout, victim, sig)
+    r = out["r"]
+    assert r.state == "completed" and r.failures == 1, r.progress
+    restored = [i for i in r.incidents if i["kind"] == "restored"]
+    assert restored, r.incidents
+    return r, restored[-1]["detail"], victim

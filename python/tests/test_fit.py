@@ -18,7 +18,7 @@ from durabletrain import train  # noqa: E402
 from durabletrain.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from durabletrain.train.torch import TorchTrainer  # noqa: E402
 
-from conftest import rank_pids, wait_for  # noqa: E402
+from conftest import fit_with_a_rank_signalled, rank_pids, wait_for  # noqa: E402
 
 
 def linear_loop(config):
@@ -260,21 +260,7 @@ def test_a_rank_stopped_mid_epoch_is_found_by_its_keepalives_and_the_run_goes_on
     name = "fit-stopped-rank"
     t = TorchTrainer(index_loop, train_loop_config={"n": 96, "epochs": 2, "every": 3, "sleep": 0.1},
                      scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(name=name))
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
-    th.start()
-
-    def mid_epoch():
-        d = os.path.join(cluster.storage, name)
-        ids = os.listdir(d) if os.path.isdir(d) else []
-        return [i for i in ids if i.startswith("ckpt-e000001-s") and not i.endswith("s000000000")]
-    wait_for("a checkpoint inside epoch 1", mid_epoch, every=0.02)
-    stopped = rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1]
-    os.kill(stopped, signal.SIGSTOP)
-    th.join(180)
-    assert not th.is_alive(), "the run is still waiting on its stopped rank"
-    r = out["r"]
-    assert r.state == "completed" and r.failures == 1, r.progress
+    r, _, stopped = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000001-s", sig=signal.SIGSTOP, timeout=180)
     said = " ".join(i.get("detail", "") for i in r.incidents)
     assert "keepalive" in said and "stall_timeout" in said, r.incidents
     assert not os.path.exists("/proc/%d" % stopped) or open("/proc/%d/stat" % stopped).read().split()[2] == "Z", "the stopped rank was not killed"

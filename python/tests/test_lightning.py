@@ -5,7 +5,6 @@ trains, in the same order, none twice."""
 
 import json
 import os
-import signal
 import threading
 
 import pytest
@@ -16,7 +15,7 @@ torch = pytest.importorskip("torch")
 from durabletrain.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from durabletrain.train.torch import TorchTrainer  # noqa: E402
 
-from conftest import checkpoints_after, rank_pids, stop_the_worker_of, wait_for  # noqa: E402
+from conftest import fit_with_a_rank_signalled, stop_the_worker_of, wait_for  # noqa: E402
 
 
 def lightning_loop(config):
@@ -113,17 +112,8 @@ def test_a_rank_killed_mid_epoch_resumes_at_its_last_step_checkpoint_on_the_batc
     name = "lightning-killed"
     t = TorchTrainer(lightning_loop, train_loop_config=CONFIG, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name=name, checkpoint_config=CheckpointConfig(checkpoint_every_steps=5)))
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
-    th.start()
-
-    wait_for("a checkpoint inside epoch 1", lambda: checkpoints_after(cluster, name, "ckpt-e000001-s"), every=0.02)
-    os.kill(rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1], signal.SIGKILL)
-    th.join(240)
-    r = out["r"]
-    assert r.state == "completed" and r.failures == 1, r.progress
-    restored = [i for i in r.incidents if i["kind"] == "restored"]
-    assert restored and any(" epoch 1 step %d" % s in restored[-1]["detail"] for s in (5, 10)), restored
+    r, restored, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000001-s", timeout=240)
+    assert any(" epoch 1 step %d" % s in restored for s in (5, 10)), restored
     seen, _ = seen_of(r)
     want, _ = seen_of(unbroken)
     assert seen == want, "rank 0 trained %s; the run never stopped trained %s" % (seen, want)
@@ -219,16 +209,8 @@ def test_a_sharded_fsdp_run_killed_mid_epoch_resumes_with_every_ranks_part(clust
     name = "lightning-fsdp-killed"
     t = TorchTrainer(lightning_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name=name, checkpoint_config=CheckpointConfig(sharded=True, checkpoint_every_steps=5)))
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
-    th.start()
-    wait_for("a checkpoint inside epoch 1", lambda: checkpoints_after(cluster, name, "ckpt-e000001-s"), every=0.02)
-    os.kill(rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1], signal.SIGKILL)
-    th.join(300)
-    r = out["r"]
-    assert r.state == "completed" and r.failures == 1, r.progress
-    restored = [i for i in r.incidents if i["kind"] == "restored"]
-    assert restored and any(" epoch 1 step %d" % s in restored[-1]["detail"] for s in (5, 10)), restored
+    r, restored, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000001-s")
+    assert any(" epoch 1 step %d" % s in restored for s in (5, 10)), restored
     _, got, meta = fsdp_state_of(r)
     assert meta["seen"] == want_meta["seen"], "rank 0 trained %s; the run never stopped trained %s" % (meta["seen"], want_meta["seen"])
     assert meta["global_step"] == want_meta["global_step"] == 36, (meta["global_step"], want_meta["global_step"])

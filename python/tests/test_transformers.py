@@ -3,7 +3,6 @@ on a real local cluster: a tiny BERT built from its config (no hub download),
 the real transformers.Trainer on 2 gloo ranks, real signals."""
 
 import os
-import signal
 import threading
 
 import pytest
@@ -14,7 +13,7 @@ torch = pytest.importorskip("torch")
 from durabletrain.train import CheckpointConfig, RunConfig, ScalingConfig  # noqa: E402
 from durabletrain.train.torch import TorchTrainer  # noqa: E402
 
-from conftest import checkpoints_after, rank_pids, stop_the_worker_of, wait_for  # noqa: E402
+from conftest import fit_with_a_rank_signalled, stop_the_worker_of, wait_for  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -128,17 +127,8 @@ def test_a_rank_killed_mid_epoch_resumes_at_its_step_checkpoint_and_trains_each_
     name = "hf-killed"
     t = TorchTrainer(hf_loop, train_loop_config=CONFIG, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name=name, checkpoint_config=CheckpointConfig(checkpoint_every_steps=3)))
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
-    th.start()
-
-    wait_for("a checkpoint inside epoch 1", lambda: checkpoints_after(cluster, name, "ckpt-e000001-s"), every=0.02)
-    os.kill(rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1], signal.SIGKILL)
-    th.join(300)
-    r = out["r"]
-    assert r.state == "completed" and r.failures == 1, r.progress
-    restored = [i for i in r.incidents if i["kind"] == "restored"]
-    assert restored and any(" epoch 1 step %d" % s in restored[-1]["detail"] for s in (3, 6)), restored
+    r, restored, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000001-s")
+    assert any(" epoch 1 step %d" % s in restored for s in (3, 6)), restored
     assert torch.equal(counts_of(r), counts_of(unbroken)), (counts_of(r), counts_of(unbroken))
 
 

@@ -4,7 +4,6 @@ signals. A run killed or preempted between rounds must end with the model an
 unbroken run ends with."""
 
 import os
-import signal
 import threading
 
 import pytest
@@ -15,7 +14,7 @@ np = pytest.importorskip("numpy")
 from durabletrain.train import CheckpointConfig, RunConfig, ScalingConfig  # noqa: E402
 from durabletrain.train.xgboost import RayTrainReportCallback, XGBoostTrainer  # noqa: E402
 
-from conftest import checkpoints_after, rank_pids, stop_the_worker_of, wait_for  # noqa: E402
+from conftest import fit_with_a_rank_signalled, stop_the_worker_of, wait_for  # noqa: E402
 
 
 def data(n=2000, seed=3):
@@ -86,17 +85,8 @@ def test_a_rank_killed_between_rounds_resumes_at_its_last_saved_round(cluster, u
     name = "xgb-killed"
     t = XGBoostTrainer(xgb_loop, train_loop_config=dict(CONFIG, frequency=4), scaling_config=ScalingConfig(num_workers=2),
                        run_config=RunConfig(name=name))
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", t.fit()))
-    th.start()
-
-    wait_for("a checkpoint at round 8", lambda: checkpoints_after(cluster, name, "ckpt-e000000-s", 8), every=0.02)
-    os.kill(rank_pids("TORCHELASTIC_RUN_ID=" + name)[-1], signal.SIGKILL)
-    th.join(240)
-    r = out["r"]
-    assert r.state == "completed" and r.failures == 1, r.progress
-    restored = [i for i in r.incidents if i["kind"] == "restored"]
-    assert restored and " epoch 0 step 0" not in restored[-1]["detail"], restored
+    r, restored, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000000-s", 8, timeout=240)
+    assert " epoch 0 step 0" not in restored, restored
     assert model_of(r).save_raw() == model_of(unbroken).save_raw(), "the resumed run's model differs from the unbroken one's"
 
 
