@@ -32,7 +32,8 @@ Jobs (``--jobs``):
             subset, batch 128, a checkpoint per epoch): wall time and time
             to the first step, 2 CPU ranks;
   killed    mlp50, rank 1's process SIGKILLed mid-epoch: time from the kill
-            to a step trained by a new gang, steps lost;
+            to a step trained by a new gang, steps lost; ours with and without
+            FailureConfig(warm_spares=True) (durabletrain+spares);
   hung      mlp50, rank 1's process SIGSTOPped mid-epoch: time until the run
             notices and trains again (capped at --hung-cap seconds);
   coordinator
@@ -270,7 +271,7 @@ def sample(side, job, fault, data, cap, out=None, name=None):
     if job == "asha":
         return asha_sample(side, out, cap)
     cfg = job_config(job, data, out)
-    cfg["api"] = side
+    cfg["api"] = side.split("+")[0]
     try:
         if side == "direct":
             env = dict(os.environ, OMP_NUM_THREADS="1", DIRECT_OUT=out)
@@ -279,10 +280,10 @@ def sample(side, job, fault, data, cap, out=None, name=None):
                             "--rank-direct", json.dumps(cfg)], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             end = time.time()
             return figures(cfg, start, end, None, "completed")
-        TorchTrainer, FailureConfig, RunConfig, ScalingConfig = start_side(side, out)
+        TorchTrainer, FailureConfig, RunConfig, ScalingConfig = start_side(cfg["api"], out)
+        failure = FailureConfig(max_failures=3, warm_spares=True) if side.endswith("+spares") else FailureConfig(max_failures=3)
         trainer = TorchTrainer(train_loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=2),
-                               run_config=RunConfig(name=name, storage_path=os.path.join(out, "storage"),
-                                                    failure_config=FailureConfig(max_failures=3)))
+                               run_config=RunConfig(name=name, storage_path=os.path.join(out, "storage"), failure_config=failure))
         f = None
         if fault and fault.startswith("coordinator"):
             start = time.time()
@@ -498,9 +499,10 @@ def main():
                         print("overhead %s repeat %d %s: %s" % (model, i + 1, side, json.dumps(r)), flush=True)
                 table("overhead, " + model, got, ("wall", "first_step"))
         elif job in ("killed", "hung"):
-            got = {s: [] for s in ("ray", "durabletrain")}
+            sides = ("ray", "durabletrain", "durabletrain+spares")
+            got = {s: [] for s in sides}
             for i in range(a.repeats):
-                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
                     r = run_sample(side, "mlp50", job, a.hung_cap)
                     got[side].append(r)
                     print("%s repeat %d %s: %s" % (job, i + 1, side, json.dumps(r)), flush=True)
@@ -533,7 +535,10 @@ def table(title, got, keys):
     for k in keys:
         cols = [spread([r.get(k) for r in got[s]]) for s in sides]
         row = {"lost": "| steps lost | ", "best": "| best mean_accuracy | ", "iterations": "| iterations trained | "}.get(k, "| %s s | " % k)
-        row += " | ".join(cols) + " | " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["ray"]]) + " |"
+        row += " | ".join(cols) + " | " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["ray"]])
+        if "durabletrain+spares" in got:
+            row += " (with spares: " + ratio([r.get(k) for r in got["durabletrain+spares"]], [r.get(k) for r in got["ray"]]) + ")"
+        row += " |"
         if "direct" in got:
             row += " " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["direct"]]) + " |"
         print(row)

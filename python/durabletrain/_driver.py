@@ -207,7 +207,8 @@ class Job:
         spec: Dict[str, Any] = {
             "name": self.name,
             "trainer": "exec",
-            "exec": {"command": [sys.executable, "-m", "durabletrain._rank"], "env": env},
+            "exec": dict({"command": [sys.executable, "-m", "durabletrain._rank"], "env": env},
+                         **({"warm_spare": True} if self.run.failure_config.warm_spares else {})),
             "hyper": {"epochs": self.run.max_iterations},
             "scaling": scaling,
             "checkpoint": checkpoint,

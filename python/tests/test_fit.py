@@ -266,6 +266,39 @@ def test_a_rank_stopped_mid_epoch_is_found_by_its_keepalives_and_the_run_goes_on
     assert not os.path.exists("/proc/%d" % stopped) or open("/proc/%d/stat" % stopped).read().split()[2] == "Z", "the stopped rank was not killed"
 
 
+def spare_loop(config):
+    """Iterations that say whether the process that trained them started as
+    a worker's spare, with a checkpoint at each."""
+    import os, tempfile, time
+    from durabletrain import train
+    from durabletrain.train.torch import prepare_model
+    import torch
+    prepare_model(torch.nn.Linear(1, 1))
+    with open("/proc/self/cmdline", "rb") as f:
+        spare = 1.0 if b"durabletrain._spare" in f.read() else 0.0
+    ck = train.get_checkpoint()
+    start = ck.epoch if ck else 0
+    for i in range(start, config["n"]):
+        time.sleep(0.5)
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "it"), "w").write(str(i))
+            train.report({"it": i, "spare": spare}, checkpoint=train.Checkpoint.from_directory(d))
+
+
+def test_warm_spares_take_a_killed_gangs_place_with_pytorch_imported(cluster):
+    """FailureConfig(warm_spares=True): a rank SIGKILLed mid-run, the new
+    gang's ranks are the spares their first start left on the worker (their
+    interpreter up and PyTorch imported), and the run completes."""
+    name = "fit-warm-spares"
+    t = TorchTrainer(spare_loop, train_loop_config={"n": 8}, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name=name, failure_config=FailureConfig(warm_spares=True)))
+    r, _, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000002-s", least_step=0)
+    rows = r.metrics_dataframe.to_dict("records")
+    before = [row["spare"] for row in rows if row["it"] <= 1]
+    assert before and set(before) == {0.0}, rows
+    assert rows[-1]["spare"] == 1.0, rows
+
+
 def failing_loop(config):
     import os, tempfile
     from durabletrain import train

@@ -51,7 +51,7 @@ func NewRank(ctx context.Context, r trainer.Rank) (trainer.Trainer, error) {
 		MasterAddr: masterHost, MasterPort: int(port[0]), Devices: r.Device,
 		Epochs: r.Spec.Hyper.Epochs, Hyper: r.Spec.Config.JSON(), Scratch: filepath.Join(r.Scratch, "rank"), PythonPath: r.PythonPath,
 		Log: log, Saves: r.Rank == 0 || r.Spec.Checkpoint.Sharded, Environ: r.Environ, Comm: r.Comm,
-		StallTimeout: r.Spec.Failure.RingStallTimeout()})
+		StallTimeout: r.Spec.Failure.RingStallTimeout(), Spare: x.WarmSpare})
 	if err != nil {
 		return nil, trainer.UserError(err)
 	}

@@ -86,6 +86,12 @@ type Config struct {
 	// seconds instead of waiting, blocked in a collective, for ever
 	// (failure.stall_timeout; 0: not watched).
 	StallTimeout time.Duration
+	// Spare: keep a spare process for this rank, started ahead with the
+	// interpreter up and PyTorch imported, so that the rank's next start
+	// on this worker (a new gang after a failure) skips both (spare.go;
+	// exec.warm_spare). Only for the Python front door's ranks
+	// (python -m durabletrain._rank); ignored for other commands.
+	Spare bool
 }
 
 // Trainer drives one rank's program.
@@ -93,10 +99,13 @@ type Trainer struct {
 	cfg    Config
 	cursor trainer.Cursor
 
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	exitErr error
-	conn    net.Conn
+	cmd    *exec.Cmd
+	proc   *process // the program's process: cmd, its output and its end
+	exited chan struct{}
+	conn   net.Conn
+	// spareHeld is the key of the spare processes this rank keeps ready
+	// (spare.go); "" when it keeps none.
+	spareHeld string
 	in      *inbox
 	tail    *tailBuffer
 
@@ -348,6 +357,10 @@ func (t *Trainer) Save(ctx context.Context, to trainer.StateWriter) error {
 func (t *Trainer) Close() error {
 	if t.cmd != nil {
 		t.stop()
+	}
+	if t.spareHeld != "" {
+		spares.release(t.spareHeld)
+		t.spareHeld = ""
 	}
 	if t.sockDir != "" {
 		os.RemoveAll(t.sockDir)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,11 +40,7 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	// with the worker: a worker that dies (SIGKILL, OOM) leaves no program
 	// behind holding its GPU, blocked in a collective with a dead peer.
 	cmd.SysProcAttr = procAttr()
-	base := t.cfg.Environ
-	if base == nil {
-		base = minimalEnviron()
-	}
-	env := append(append([]string{}, base...),
+	env := append(t.baseEnviron(),
 		"RANK="+strconv.Itoa(t.cfg.Rank), "WORLD_SIZE="+strconv.Itoa(t.cfg.World), "LOCAL_RANK="+strconv.Itoa(t.cfg.LocalRank),
 		"LOCAL_WORLD_SIZE="+strconv.Itoa(max(1, t.cfg.LocalWorld)), "GROUP_RANK="+strconv.Itoa(t.cfg.GroupRank), "NODE_RANK="+strconv.Itoa(t.cfg.GroupRank),
 		"GROUP_WORLD_SIZE="+strconv.Itoa(max(1, t.cfg.GroupWorld)), "ROLE_NAME=default", "ROLE_RANK="+strconv.Itoa(t.cfg.Rank),
@@ -67,58 +64,38 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		// Five keepalives within the stall timeout, as the collective's ring sends.
 		env = append(env, "DURABLETRAIN_KEEPALIVE="+strconv.FormatFloat((t.cfg.StallTimeout/5).Seconds(), 'f', -1, 64))
 	}
-	if t.cfg.Devices != "" {
-		env = append(env, "CUDA_VISIBLE_DEVICES="+t.cfg.Devices)
+	env = append(env, t.startEnviron()...)
+	key, spareOK := t.spareKey()
+	var proc *process
+	if spareOK {
+		proc = spares.take(key)
 	}
-	if t.cfg.PythonPath != "" {
-		env = append(env, "PYTHONPATH="+t.cfg.PythonPath+string(os.PathListSeparator)+os.Getenv("PYTHONPATH"))
-	}
-	for k, v := range t.cfg.Env {
-		env = append(env, k+"="+v)
-	}
-	cmd.Env = env
-	// The output goes through pipes of exec's own, copied by Wait's
-	// goroutines: Wait then waits for it to close for at most WaitDelay
-	// after the program exits, where a process the program left behind,
-	// in a session of its own, may hold it open for ever.
-	stdout, stdoutW := io.Pipe()
-	stderr, stderrW := io.Pipe()
-	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = stdoutW, stderrW, outputWaitDelay
-	if err := cmd.Start(); err != nil {
-		if outOfWorkerResources(err) {
-			return fmt.Errorf("exec trainer: this worker cannot start exec.command %s now: %w (the worker's own limits, not a fault of the program: the run tries again)", quotedCommand(t.cfg.Command), err)
+	if proc != nil {
+		// A spare started ahead (spare.go): its interpreter is up and PyTorch
+		// imported; it becomes this rank on the environment written to it.
+		if err := proc.goAhead(env, cmd.Dir); err != nil {
+			proc.kill()
+			proc = nil
 		}
-		// No such program, not executable, no such directory: the spec's
-		// exec section is wrong, and no retry on any worker will start it.
-		return trainer.UserError(fmt.Errorf("exec trainer: cannot start exec.command %s: %w", quotedCommand(t.cfg.Command), err))
 	}
-	t.cmd, t.exited, t.exitErr, t.paused = cmd, make(chan struct{}), nil, false
-	var streams sync.WaitGroup
-	for name, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
-		streams.Go(func() {
-			sc := bufio.NewScanner(r)
-			sc.Buffer(make([]byte, 64<<10), maxOutputLine)
-			sc.Split(splitOutputLines)
-			for sc.Scan() {
-				line := sc.Text()
-				if name == "stderr" {
-					t.tail.add(line)
-				}
-				t.cfg.Log.Info(line, zap.Int("rank", t.cfg.Rank), zap.String("stream", name))
+	if proc == nil {
+		proc, err = launch(cmd, env)
+		if err != nil {
+			if outOfWorkerResources(err) {
+				return fmt.Errorf("exec trainer: this worker cannot start exec.command %s now: %w (the worker's own limits, not a fault of the program: the run tries again)", quotedCommand(t.cfg.Command), err)
 			}
-		})
-	}
-	go func() {
-		err := cmd.Wait()
-		if errors.Is(err, exec.ErrWaitDelay) {
-			err = nil // it exited by itself, with status 0; something it left holds its output
+			// No such program, not executable, no such directory: the spec's
+			// exec section is wrong, and no retry on any worker will start it.
+			return trainer.UserError(fmt.Errorf("exec trainer: cannot start exec.command %s: %w", quotedCommand(t.cfg.Command), err))
 		}
-		stdoutW.Close()
-		stderrW.Close()
-		streams.Wait()
-		t.exitErr = err
-		close(t.exited)
-	}()
+	}
+	proc.output(func(name, line string) {
+		if name == "stderr" {
+			t.tail.add(line)
+		}
+		t.cfg.Log.Info(line, zap.Int("rank", t.cfg.Rank), zap.String("stream", name))
+	})
+	t.proc, t.cmd, t.exited, t.paused = proc, proc.cmd, proc.exited, false
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -131,6 +108,10 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 	select {
 	case c := <-accepted:
 		t.conn, t.in = c, readMessages(c, t.cfg.StallTimeout)
+		if spareOK && t.spareHeld == "" {
+			t.spareHeld = key
+			spares.hold(key, t.spareCommand(), cmd.Dir, append(t.baseEnviron(), t.startEnviron()...))
+		}
 		return nil
 	case <-t.exited:
 		return t.exitError("exited before it connected to the control socket (does it import durabletrain and call epochs()?)")
@@ -141,6 +122,37 @@ func (t *Trainer) start(ctx context.Context, checkpointDir string) error {
 		t.stop()
 		return ctx.Err()
 	}
+}
+
+// baseEnviron is the worker's environment the program gets.
+func (t *Trainer) baseEnviron() []string {
+	if t.cfg.Environ == nil {
+		return minimalEnviron()
+	}
+	return append([]string{}, t.cfg.Environ...)
+}
+
+// startEnviron is the program's environment that its interpreter reads
+// as it starts, or its libraries as they load (the device, PYTHONPATH,
+// exec.env's OMP_NUM_THREADS and the like), after torchrun's variables:
+// what a spare process must be started with (spare.go).
+func (t *Trainer) startEnviron() []string {
+	var env []string
+	if t.cfg.Devices != "" {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+t.cfg.Devices)
+	}
+	if t.cfg.PythonPath != "" {
+		env = append(env, "PYTHONPATH="+t.cfg.PythonPath+string(os.PathListSeparator)+os.Getenv("PYTHONPATH"))
+	}
+	keys := make([]string, 0, len(t.cfg.Env))
+	for k := range t.cfg.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // one order, so that equal environments make equal spare keys
+	for _, k := range keys {
+		env = append(env, k+"="+t.cfg.Env[k])
+	}
+	return env
 }
 
 // outOfWorkerResources says whether err is a want of the worker's own
@@ -190,7 +202,7 @@ func (t *Trainer) ownDir() (string, error) {
 
 // exitError describes how the program ended, with its last lines of stderr.
 func (t *Trainer) exitError(what string) error {
-	return &ExitError{Program: strings.Join(t.cfg.Command, " "), Rank: t.cfg.Rank, What: what, Err: t.exitErr, Stderr: t.tail.lines(), MasterPort: t.cfg.MasterPort}
+	return &ExitError{Program: strings.Join(t.cfg.Command, " "), Rank: t.cfg.Rank, What: what, Err: t.proc.exitErr, Stderr: t.tail.lines(), MasterPort: t.cfg.MasterPort}
 }
 
 // ExitError is a program that ended when it should not have: a user error.
@@ -350,3 +362,75 @@ func quotedCommand(c []string) string {
 // outputWaitDelay is how long, after a program exits, its output may stay
 // open (held by a process it left behind) before the worker stops reading it.
 const outputWaitDelay = 5 * time.Second
+
+// process is a started program: its command, its output, and its end.
+type process struct {
+	cmd   *exec.Cmd
+	stdin *os.File // a spare's, where its go-ahead is written; nil for others
+	// exited closes once the program has exited and its output is read to
+	// the end (or outputWaitDelay passed); exitErr is then how it ended.
+	exited  chan struct{}
+	exitErr error
+	mu      sync.Mutex
+	sink    func(stream, line string) // where its lines go; nil: dropped
+}
+
+// launch starts cmd with env. Its output goes through pipes of exec's own,
+// copied by Wait's goroutines: Wait then waits for it to close for at most
+// WaitDelay after the program exits, where a process the program left
+// behind, in a session of its own, may hold it open for ever.
+func launch(cmd *exec.Cmd, env []string) (*process, error) {
+	cmd.Env = env
+	stdout, stdoutW := io.Pipe()
+	stderr, stderrW := io.Pipe()
+	cmd.Stdout, cmd.Stderr, cmd.WaitDelay = stdoutW, stderrW, outputWaitDelay
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, exited: make(chan struct{})}
+	var streams sync.WaitGroup
+	for name, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
+		streams.Go(func() {
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 64<<10), maxOutputLine)
+			sc.Split(splitOutputLines)
+			for sc.Scan() {
+				p.mu.Lock()
+				sink := p.sink
+				p.mu.Unlock()
+				if sink != nil {
+					sink(name, sc.Text())
+				}
+			}
+			io.Copy(io.Discard, r) // past a read error: the program must not block on its output
+		})
+	}
+	go func() {
+		err := cmd.Wait()
+		if errors.Is(err, exec.ErrWaitDelay) {
+			err = nil // it exited by itself, with status 0; something it left holds its output
+		}
+		stdoutW.Close()
+		stderrW.Close()
+		streams.Wait()
+		p.exitErr = err
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// output sends the program's lines, from now on, to sink.
+func (p *process) output(sink func(stream, line string)) {
+	p.mu.Lock()
+	p.sink = sink
+	p.mu.Unlock()
+}
+
+// kill ends the program's whole process group and waits for its end.
+func (p *process) kill() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.exited
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
+}
