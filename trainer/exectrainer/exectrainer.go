@@ -106,8 +106,8 @@ type Trainer struct {
 	// spareHeld is the key of the spare processes this rank keeps ready
 	// (spare.go); "" when it keeps none.
 	spareHeld string
-	in      *inbox
-	tail    *tailBuffer
+	in        *inbox
+	tail      *tailBuffer
 
 	// paused: the program waits between two steps for word to go on (it
 	// stopped at a step the gang agreed on, and saved there).
