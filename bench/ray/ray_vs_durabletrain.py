@@ -354,7 +354,14 @@ def coordinator_sample(side, data, at):
 
 
 def kill_marked(marker):
-    """SIGKILLs every process whose environment holds marker; returns how many."""
+    """SIGKILLs every process whose environment holds marker, twice a second
+    apart (a daemon may start another as it goes); returns how many."""
+    n = _kill_marked(marker)
+    time.sleep(1)
+    return n + _kill_marked(marker)
+
+
+def _kill_marked(marker):
     n = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -455,8 +462,16 @@ def run_sample(side, job, fault, repeats_cap):
     """A sample in a fresh driver process: returns its figures."""
     cmd = [sys.executable, HERE, "--sample", side, job, fault or "-", str(repeats_cap)]
     helpers = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "examples", "ray_to_durabletrain")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (helpers, os.environ.get("PYTHONPATH")) if p))
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    home = tempfile.mkdtemp(prefix="raybench-home-")
+    # A cluster of its own (DURABLETRAIN_HOME), as each Ray sample's ray.init()
+    # starts one; every process the sample leaves (marked) is killed after it.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (helpers, os.environ.get("PYTHONPATH")) if p),
+               DURABLETRAIN_HOME=home, RAYBENCH_SAMPLE=os.path.basename(home))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    finally:
+        kill_marked("RAYBENCH_SAMPLE=" + os.path.basename(home))
+        shutil.rmtree(home, ignore_errors=True)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -555,6 +570,15 @@ if __name__ == "__main__":
         out, name = (sys.argv[6], sys.argv[7]) if len(sys.argv) > 7 else (None, None)
         r = sample(side, job, None if fault == "-" else fault, DATA, cap, out, name)
         print(json.dumps(r), flush=True)
-        os._exit(0)  # past a hung run's threads, and each side's shutdown at exit is its own
+        if fault != "coordinator":  # the coordinator job's first driver is killed; its second leaves the cluster to the bench
+
+            def stop():
+                mod = sys.modules.get("ray") if side == "ray" else sys.modules.get("durabletrain")
+                if mod is not None:
+                    mod.shutdown()
+            t = threading.Thread(target=stop, daemon=True)
+            t.start()
+            t.join(30)
+        os._exit(0)  # past a hung run's threads  # past a hung run's threads, and each side's shutdown at exit is its own
     else:
         main()
