@@ -290,9 +290,10 @@ def test_warm_spares_take_a_killed_gangs_place_with_pytorch_imported(cluster):
     gang's ranks are the spares their first start left on the worker (their
     interpreter up and PyTorch imported), and the run completes."""
     name = "fit-warm-spares"
-    t = TorchTrainer(spare_loop, train_loop_config={"n": 8}, scaling_config=ScalingConfig(num_workers=2),
+    t = TorchTrainer(spare_loop, train_loop_config={"n": 42}, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name=name, failure_config=FailureConfig(warm_spares=True)))
-    r, _, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000002-s", least_step=0)
+    # Spares start 15 s after their ranks (exectrainer's spareDelay): the kill comes after 18 s of iterations.
+    r, _, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000036-s", least_step=0)
     rows = r.metrics_dataframe.to_dict("records")
     before = [row["spare"] for row in rows if row["it"] <= 1]
     assert before and set(before) == {0.0}, rows

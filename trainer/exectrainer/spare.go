@@ -16,8 +16,8 @@ import (
 // durabletrain._rank) spends most of its start importing PyTorch: about 2 s
 // of a 4.6 s restart on a 2-core VM, where the gang re-forms in 0.15 s. With
 // Config.Spare (exec.warm_spare), every such rank keeps a spare on its
-// worker: `python -m durabletrain._spare`, started once the rank's program
-// has connected, with the environment an interpreter reads as it starts
+// worker: `python -m durabletrain._spare`, started spareDelay after the
+// rank's program has connected, with the environment an interpreter reads as it starts
 // (startEnviron), which imports PyTorch and waits. The rank's next start on
 // this worker with the same command and start environment (the new gang
 // after a failure: a rank killed, hung, or a peer lost) takes the spare and
@@ -26,6 +26,9 @@ import (
 // nobody takes is stopped spareIdle after the last rank that kept it
 // closed. The cost: one idle interpreter with PyTorch loaded (about 300 MB)
 // per rank.
+
+// spareDelay is how long after a rank's program connected its spare starts.
+var spareDelay = 15 * time.Second
 
 // spareIdle is how long spares outlive the last rank that kept them: long
 // enough for a failed gang's ranks to be started again on this worker.
@@ -65,15 +68,24 @@ type sparePool struct {
 
 var spares sparePool
 
-// hold notes a rank that keeps spares of key and starts one for it, so that
-// there is a spare for every rank that keeps the key.
+// hold notes a rank that keeps spares of key and, spareDelay later, starts
+// a spare for it, so that there is a spare for every rank that keeps the key.
+// Not at once: a gang that has just started (or started again) needs every
+// core, and a spare's start is an interpreter and PyTorch's import.
 func (s *sparePool) hold(key string, command []string, dir string, env []string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.kept == nil {
 		s.kept, s.idle = map[string]int{}, map[string][]*process{}
 	}
 	s.kept[key]++
+	s.mu.Unlock()
+	time.AfterFunc(spareDelay, func() { s.fill(key, command, dir, env) })
+}
+
+// fill starts spares of key until every rank that keeps it has one.
+func (s *sparePool) fill(key string, command []string, dir string, env []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for len(s.idle[key]) < s.kept[key] {
 		p, err := startSpare(command, dir, env)
 		if err != nil {

@@ -47,6 +47,8 @@ func trainedBy(t *testing.T, tr *Trainer, epoch int) map[string]float64 {
 // started ahead, now with the rank's environment and working directory;
 // the spare after it is started in turn. Without warm_spare there is none.
 func TestARankStartedAgainTakesItsSpare(t *testing.T) {
+	defer func(d time.Duration) { spareDelay = d }(spareDelay)
+	spareDelay = 0
 	dir := t.TempDir()
 	first := frontDoorRank(t, dir, true)
 	if err := first.Init(context.Background()); err != nil {
@@ -96,16 +98,19 @@ func TestARankStartedAgainTakesItsSpare(t *testing.T) {
 
 // Spares no rank keeps any more are stopped once spareIdle has passed.
 func TestSparesNobodyKeepsAreStopped(t *testing.T) {
-	defer func(d time.Duration) { spareIdle = d }(spareIdle)
-	spareIdle = 100 * time.Millisecond
+	defer func(d, i time.Duration) { spareDelay, spareIdle = d, i }(spareDelay, spareIdle)
+	spareDelay, spareIdle = 0, 100*time.Millisecond
 	tr := frontDoorRank(t, t.TempDir(), true)
 	if err := tr.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	key, _ := tr.spareKey()
-	spares.mu.Lock()
-	ps := append([]*process(nil), spares.idle[key]...)
-	spares.mu.Unlock()
+	var ps []*process
+	for deadline := time.Now().Add(10 * time.Second); len(ps) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		spares.mu.Lock()
+		ps = append([]*process(nil), spares.idle[key]...)
+		spares.mu.Unlock()
+	}
 	if len(ps) != 1 {
 		t.Fatalf("%d spares; want 1", len(ps))
 	}
