@@ -18,14 +18,21 @@ import (
 // signal imported.
 func keepaliveProgram(t *testing.T, body string, stall time.Duration) *Trainer {
 	t.Helper()
-	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
-		t.Skip("no /usr/bin/python3")
-	}
 	prog := "import os, signal, time\nimport durabletrain as dt\nfor epoch in dt.epochs():\n" +
 		"    for step, _ in dt.steps(range(20)):\n" + body + "\n" +
 		"    os.makedirs('ck', exist_ok=True)\n    dt.report({'train_loss': 1.0}, checkpoint_dir='ck')\n"
+	return watchedProgram(t, prog, 2, stall)
+}
+
+// watchedProgram is the Python program prog as a rank of epochs epochs,
+// started, whose keepalives are watched with stall.
+func watchedProgram(t *testing.T, prog string, epochs int, stall time.Duration) *Trainer {
+	t.Helper()
+	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
 	py, _ := filepath.Abs("../../python")
-	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, Dir: t.TempDir(), World: 1, Epochs: 2,
+	tr, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, Dir: t.TempDir(), World: 1, Epochs: epochs,
 		Scratch: t.TempDir(), PythonPath: py, Saves: true, StallTimeout: stall})
 	if err != nil {
 		t.Fatal(err)
@@ -88,23 +95,11 @@ func TestASlowStepIsNotAStall(t *testing.T) {
 // its messages (1.5 s of steps before its report) is no stall.
 func TestAProgramThatSendsNoKeepaliveIsNotWatched(t *testing.T) {
 	const stall = 300 * time.Millisecond
-	if _, err := exec.LookPath("/usr/bin/python3"); err != nil {
-		t.Skip("no /usr/bin/python3")
-	}
 	// The helper with its keepalive thread switched off: DURABLETRAIN_KEEPALIVE empty.
 	prog := "import os\nos.environ['DURABLETRAIN_KEEPALIVE'] = ''\nimport time\nimport durabletrain as dt\nfor epoch in dt.epochs():\n" +
 		"    for step, _ in dt.steps(range(5)):\n        time.sleep(0.3)\n" +
 		"    os.makedirs('ck', exist_ok=True)\n    dt.report({'train_loss': 1.0}, checkpoint_dir='ck')\n"
-	py, _ := filepath.Abs("../../python")
-	quiet, err := New(Config{Command: []string{"/usr/bin/python3", "-c", prog}, Dir: t.TempDir(), World: 1, Epochs: 1,
-		Scratch: t.TempDir(), PythonPath: py, Saves: true, StallTimeout: stall})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer quiet.Close()
-	if err := quiet.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	quiet := watchedProgram(t, prog, 1, stall)
 	if _, err := quiet.TrainEpoch(context.Background(), 0, trainer.EpochOptions{}); err != nil {
 		t.Fatalf("a program without keepalives: %v", err)
 	}
