@@ -15,7 +15,7 @@ RACE      := ./collective/... ./dataset/... ./checkpoint/... ./trainer/... ./spe
 # deploy 216 s, chaos 209 s on a 2-core VM, 2026-11-28).
 SLOWEST   := ./integration/ ./deploy/ ./chaos/
 
-.PHONY: chaos images minio temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race test-python python-env venv bins fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-lightning bench-ray bench-scale vet
+.PHONY: chaos images minio fake-gcs-server azurite temporal-cli deps deps-test deps-bench demo demo-direct test test-steps test-race test-python python-env venv bins fuzz bench bench-allreduce bench-train bench-checkpoint bench-s3 bench-lightning bench-ray bench-scale vet
 
 deps:
 	@scripts/deps.sh
@@ -54,6 +54,23 @@ bin/minio:
 bin/bench/minio:
 	GOBIN='$(CURDIR)/bin/bench' $(GO) install github.com/minio/minio@$(MINIO_VERSION)
 
+## fake-gcs-server: the Google Cloud Storage emulator in bin/, built from the Go module proxy, for the gs:// tests
+FAKE_GCS_VERSION := v1.56.1
+fake-gcs-server: bin/fake-gcs-server
+bin/fake-gcs-server:
+	GOBIN='$(CURDIR)/bin' $(GO) install $(TOOLFLAGS) github.com/fsouza/fake-gcs-server@$(FAKE_GCS_VERSION)
+bin/bench/fake-gcs-server:
+	GOBIN='$(CURDIR)/bin/bench' $(GO) install github.com/fsouza/fake-gcs-server@$(FAKE_GCS_VERSION)
+
+## azurite: Azurite, the Azure Storage emulator (Node.js), in bin/azurite from the npm registry at the
+## versions testkit/azurite/package-lock.json pins, for the azblob:// tests
+azurite: bin/azurite/node_modules/.bin/azurite-blob
+bin/azurite/node_modules/.bin/azurite-blob: testkit/azurite/package.json testkit/azurite/package-lock.json
+	mkdir -p bin/azurite
+	cp testkit/azurite/package.json testkit/azurite/package-lock.json bin/azurite/
+	cd bin/azurite && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 ## test: every test, the Python package's (after the Go tests: bin/devserver then links the Temporal
 ## server packages the integration tests compiled, instead of compiling them first, 9 minutes cold),
 ## again under the race detector (all but integration), and the OpenBLAS build of the native trainer
@@ -70,7 +87,7 @@ test: deps-test
 test-steps: export GOFLAGS = $(shell $(GO) env GOFLAGS) -ldflags=-w
 test-steps:
 	$(MAKE) -j4 vet bin/temporal bin/minio venv
-	DURABLETRAIN_REQUIRE_S3=1 $(GO) test -count=1 -timeout 50m $(SLOWEST) ./...
+	DURABLETRAIN_REQUIRE_SERVICES=1 $(GO) test -count=1 -timeout 50m $(SLOWEST) ./...
 	$(MAKE) --no-print-directory test-python
 	$(GO) test -count=1 -timeout 25m -race $(RACE)
 	$(GO) test -count=1 -tags '$(TAGS)' ./trainer/native/...

@@ -63,10 +63,11 @@ type Agent struct {
 	// with their gang and checkpoint before they are cut off; default 8s.
 	// Keep it below the worker's stop grace.
 	LeaveTimeout time.Duration
-	// SlotsChanged, if set, is told how many slots are free and held
-	// whenever a gang takes or frees one (the worker's durabletrain_slots
-	// gauge). It must not block.
-	SlotsChanged func(free, held int)
+	// SlotsChanged, if set, is told how many slots are free, held and
+	// withdrawn (their GPU unhealthy) whenever a gang takes or frees one or
+	// a health check withdraws or restores one (the worker's
+	// durabletrain_slots gauge). It must not block.
+	SlotsChanged func(free, held, withdrawn int)
 
 	once      sync.Once
 	scratch   string // this process's directory for ranks' scratch directories

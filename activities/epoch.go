@@ -235,7 +235,11 @@ func (a *Agent) trainEpoch(ctx context.Context, rep *replica, in spec.EpochInput
 		rep.metrics.pause()
 		from := rep.tr.Cursor().Step
 		opts := trainer.EpochOptions{Leave: leave, Progress: func(p trainer.Progress) {
-			beat.set(map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps, "loss": p.Loss})
+			detail := map[string]any{"epoch": p.Epoch, "step": p.Step, "steps": p.Steps}
+			if !p.NoLoss {
+				detail["loss"] = p.Loss
+			}
+			beat.set(detail)
 			rep.metrics.step(p, in.BatchSize)
 			if rep.events != nil {
 				rep.events.step(p)

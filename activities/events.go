@@ -29,7 +29,7 @@ func (e *epochEvents) step(p trainer.Progress) {
 		e.epoch, e.events = p.Epoch, e.events[:0]
 	}
 	stride := max(1, (p.Steps+maxStepEvents-1)/maxStepEvents)
-	if p.Step%stride != 0 && p.Step != p.Steps {
+	if p.NoLoss || p.Step%stride != 0 && p.Step != p.Steps {
 		return
 	}
 	e.events = append(e.events, tensorboard.Event{WallTime: unixSeconds(time.Now()), Step: globalStep(p.Epoch, p.Step, p.Steps),
@@ -49,7 +49,9 @@ func (a *Agent) writeEpochEvents(ctx context.Context, rep *replica, in spec.Epoc
 	}
 	events := append([]tensorboard.Event(nil), rep.events.events...)
 	scalars := m.Map()
-	scalars["epoch"] = float64(m.Epoch)
+	if _, reported := scalars["epoch"]; !reported { // a program's own epoch counter stands
+		scalars["epoch"] = float64(m.Epoch)
+	}
 	now := time.Now()
 	// At the epoch's last step: on the same event as that step's loss, if it was kept.
 	end := globalStep(m.Epoch+1, 0, m.Steps)
@@ -60,8 +62,11 @@ func (a *Agent) writeEpochEvents(ctx context.Context, rep *replica, in spec.Epoc
 	} else {
 		events = append(events, tensorboard.Event{WallTime: unixSeconds(now), Step: end, Scalars: scalars})
 	}
-	// Named by epoch, gang and time: TensorBoard reads a directory's files in name order.
-	name := fmt.Sprintf("events.out.tfevents.e%06d.%d.g%d.durabletrain", m.Epoch, now.Unix(), in.Generation)
+	// Named by epoch alone: TensorBoard reads a directory's files in name
+	// order, and an epoch that ends again (a gang that failed after writing
+	// it, and the epoch run again) replaces its file instead of writing its
+	// steps twice.
+	name := fmt.Sprintf("events.out.tfevents.e%06d.durabletrain", m.Epoch)
 	if err := rep.store.WriteEvents(ctx, in.Run, name, tensorboard.Encode(unixSeconds(now), events)); err != nil {
 		a.Log.Warn("TensorBoard event file not written", zap.String("run", in.Run), zap.Int("epoch", m.Epoch), zap.Error(err))
 	}

@@ -37,7 +37,7 @@ func TestUnhealthyGPUsAreWithdrawn(t *testing.T) {
 	var free []int
 	a := &Agent{Identity: "w", Devices: gpus, Policy: testPolicy(),
 		Slots:        []Slot{{Index: 0, GPU: "A100 GPU-0", Device: "0"}, {Index: 1, GPU: "A100 GPU-1", Device: "1"}, {Index: 2, GPU: "A100 GPU-2", Device: "2"}},
-		SlotsChanged: func(f, _ int) { free = append(free, f) }}
+		SlotsChanged: func(f, _, _ int) { free = append(free, f) }}
 	a.init()
 	gpus.set(0, "XID 79 error", true)
 	gpus.set(1, "clocks throttled: hardware thermal slowdown", false)

@@ -54,7 +54,9 @@ func (m *rankMetrics) step(p trainer.Progress, batch int) {
 	m.stepG.Update(float64(p.Step))
 	m.steps.Inc(1)
 	m.samples.Inc(int64(batch))
-	m.loss.Update(p.Loss)
+	if !p.NoLoss {
+		m.loss.Update(p.Loss)
+	}
 }
 
 // heartbeat records that the rank lives, at every heartbeat of its epoch:

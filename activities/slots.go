@@ -26,9 +26,10 @@ type slotTable struct {
 	refs   map[int]*spec.CheckpointRef     // the latest checkpoint the slot's gang committed
 	keys   map[int]*slotKey                // the identity of the slot's current hold
 	out    map[int]withdrawn               // slots out of service: their GPU is unhealthy
-	// changed, if set, is told the free and held counts whenever a slot is
-	// taken or freed (called with mu held: it must not call back).
-	changed func(free, held int)
+	// changed, if set, is told the free, held and withdrawn counts whenever
+	// a slot is taken, freed, withdrawn or brought back (called with mu
+	// held: it must not call back).
+	changed func(free, held, withdrawn int)
 }
 
 func (t *slotTable) notify() {
@@ -39,7 +40,7 @@ func (t *slotTable) notify() {
 				free++
 			}
 		}
-		t.changed(free, len(t.busy))
+		t.changed(free, len(t.busy), len(t.out))
 	}
 }
 

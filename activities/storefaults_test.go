@@ -15,6 +15,7 @@ import (
 	"github.com/durabletrain/durabletrain/testkit/faultproxy"
 	"github.com/durabletrain/durabletrain/testkit/minio"
 	"github.com/durabletrain/durabletrain/testkit/minio/miniotest"
+	"github.com/durabletrain/durabletrain/testkit/storeproc"
 	"github.com/durabletrain/durabletrain/testkit/testdata"
 )
 
@@ -87,12 +88,12 @@ func TestAHungStoreFailsTheEpochAsTheStoresFault(t *testing.T) {
 }
 
 // dataOnFaultyS3 is a real MinIO holding the small Fashion-MNIST under
-// data/ (uploaded directly), with a fault proxy in front of it, and the
+// data/ (uploaded through the proxy, before any fault), with a fault proxy in front of it, and the
 // server as reached through the proxy.
 func dataOnFaultyS3(t *testing.T) (*faultproxy.Proxy, *minio.Server) {
 	t.Helper()
 	p, via := miniotest.StartBehindFaults(t, "..", "faults")
-	miniotest.UploadDir(t, via, "faults", "data/", testdata.FashionMNISTSmallDir())
+	storeproc.UploadDir(t, via.BucketURL("faults", "data/"), testdata.FashionMNISTSmallDir())
 	return p, via
 }
 

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"gocloud.dev/blob"
 
+	"github.com/durabletrain/durabletrain/internal/blobopen"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/blobwatch"
 )
@@ -77,7 +77,7 @@ func Open(ctx context.Context, url string, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w", url, err)
 	}
-	b, err := blob.OpenBucket(ctx, withFileDefaults(bucketURL))
+	b, err := blobopen.Open(ctx, withFileDefaults(bucketURL))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: opening storage %q: %w (want a gocloud.dev/blob URL such as file:///var/lib/durabletrain/checkpoints?create_dir=1, s3://bucket?prefix=runs/ (gocloud ignores a path), gs://bucket or mem://)", url, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"gocloud.dev/blob"
 	"gocloud.dev/gcerrors"
 
+	"github.com/durabletrain/durabletrain/internal/blobopen"
 	"github.com/durabletrain/durabletrain/internal/bloburl"
 	"github.com/durabletrain/durabletrain/internal/blobwatch"
 	"github.com/durabletrain/durabletrain/spec"
@@ -84,7 +85,7 @@ func Load(ctx context.Context, url string, split Split) (*Set, error) {
 	if err := bloburl.Check("dataset URL", url); err != nil {
 		return nil, fmt.Errorf("dataset: %w", err)
 	}
-	b, err := blob.OpenBucket(ctx, url)
+	b, err := blobopen.Open(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("dataset: opening %s: %w%s", url, err, installHint(url))
 	}

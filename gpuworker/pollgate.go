@@ -16,7 +16,7 @@ import (
 func HoldTuner(agent *activities.Agent) (worker.WorkerTuner, error) {
 	gate := newPollGate(len(agent.Slots))
 	if next := agent.SlotsChanged; next != nil {
-		agent.SlotsChanged = func(free, held int) { gate.slotsChanged(free, held); next(free, held) }
+		agent.SlotsChanged = func(free, held, withdrawn int) { gate.slotsChanged(free, held, withdrawn); next(free, held, withdrawn) }
 	} else {
 		agent.SlotsChanged = gate.slotsChanged
 	}
@@ -55,7 +55,7 @@ type pollPermit struct{ used bool }
 
 // slotsChanged is told the agent's free slots (Agent.SlotsChanged). Fewer
 // free slots than before means a hold took its slots.
-func (g *pollGate) slotsChanged(free, _ int) {
+func (g *pollGate) slotsChanged(free, _, _ int) {
 	g.mu.Lock()
 	if free < g.free && len(g.taking) > 0 {
 		g.taking = g.taking[1:]

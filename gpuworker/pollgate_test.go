@@ -35,7 +35,7 @@ func TestPollGateAsksForHoldsOnlyWhileASlotIsFree(t *testing.T) {
 	if g.TryReserveSlot(nil) != nil {
 		t.Fatal("a worker polled while a hold it took had not yet taken its slots")
 	}
-	g.slotsChanged(0, 2) // the hold took both slots
+	g.slotsChanged(0, 2, 0) // the hold took both slots
 	if g.TryReserveSlot(nil) != nil {
 		t.Fatal("a worker with no free slot polled")
 	}
@@ -50,7 +50,7 @@ func TestPollGateAsksForHoldsOnlyWhileASlotIsFree(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	g.ReleaseSlot(released{p: a}) // the hold ended
-	g.slotsChanged(2, 0)
+	g.slotsChanged(2, 0, 0)
 	select {
 	case p := <-got:
 		if p == nil {
@@ -60,7 +60,7 @@ func TestPollGateAsksForHoldsOnlyWhileASlotIsFree(t *testing.T) {
 		t.Fatal("a waiting reservation was not woken when slots were freed")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g.slotsChanged(0, 2)
+	g.slotsChanged(0, 2, 0)
 	cancel()
 	if _, err := g.ReserveSlot(ctx, nil); err == nil {
 		t.Fatal("a cancelled reservation returned a permit")

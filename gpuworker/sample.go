@@ -15,13 +15,18 @@ import (
 // Prometheus scrape (15 s by default) and cheap (a lock and an NVML call per GPU).
 const sampleEvery = 2 * time.Second
 
-// slotGauges is the agent's SlotsChanged: the free and held gauges, updated
-// the moment a slot is taken or freed.
-func slotGauges(h client.MetricsHandler) func(free, held int) {
-	free, held := h.WithTags(map[string]string{"state": "free"}).Gauge(metricname.Slots), h.WithTags(map[string]string{"state": "held"}).Gauge(metricname.Slots)
-	return func(f, hd int) {
+// slotGauges is the agent's SlotsChanged: the free, held and withdrawn
+// gauges, updated the moment a slot is taken or freed, or its GPU withdrawn
+// from service or brought back.
+func slotGauges(h client.MetricsHandler) func(free, held, withdrawn int) {
+	gauge := func(state string) client.MetricsGauge {
+		return h.WithTags(map[string]string{"state": state}).Gauge(metricname.Slots)
+	}
+	free, held, out := gauge("free"), gauge("held"), gauge("withdrawn")
+	return func(f, hd, w int) {
 		free.Update(float64(f))
 		held.Update(float64(hd))
+		out.Update(float64(w))
 	}
 }
 

@@ -214,7 +214,7 @@ func Run(ctx context.Context, c client.Client, cfg Config) error {
 		if cfg.Metrics != nil {
 			h := cfg.Metrics.WithTags(map[string]string{"worker": cfg.Identity})
 			agent.SlotsChanged = slotGauges(h)
-			agent.SlotsChanged(len(agent.Slots), 0)
+			agent.SlotsChanged(len(agent.Slots), 0, 0)
 			if gpus != nil {
 				go sampleGPUs(ctx, h, agent, sampleEvery)
 			}

@@ -6,7 +6,9 @@
 # nothing when the requirements have not changed since the last build.
 #   scripts/venv.sh          build .venv from the lock (requirements-test.txt)
 #   scripts/venv.sh --lock   build it from requirements-test.in's names and
-#                            versions, and write the lock from what was installed
+#                            versions (constrained by the lock as it stands, so that
+#                            adding a name moves no package already pinned), and
+#                            write the lock from what was installed
 #   scripts/venv.sh [--lock] ray
 #                            the same for .venv-ray, the Ray benchmark's own
 #                            environment (bench/ray/requirements.{in,txt}: the
@@ -26,7 +28,12 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 if [ -n "$lockflag" ]; then
   echo "venv: building $venv from $names, and locking it in $lock" >&2
   /usr/bin/python3 -m venv --clear "$venv"
-  "${pip[@]}" -r "$names"
+  constraints=()
+  if [ -f "$lock" ]; then
+    grep -v '^#' "$lock" > "$venv/.constraints.txt"
+    constraints=(-c "$venv/.constraints.txt")
+  fi
+  "${pip[@]}" -r "$names" "${constraints[@]}"
   { echo "# Every package of $venv, pinned: generated from $(basename "$names") by scripts/venv.sh --lock"
     echo "# (a package's version changes here only through that file)."
     "$venv/bin/python" -m pip freeze --exclude-editable | grep -v '^durabletrain'; } > "$lock.new"

@@ -93,6 +93,10 @@ type EpochOptions struct {
 type Progress struct {
 	Epoch, Step, Steps int
 	Loss               float64 // the step's loss, averaged over every rank's batch
+	// NoLoss says that the trainer does not know this step's loss (Loss is
+	// then not one): a program that reports its loss per epoch, or not at
+	// this step. Nothing records a loss for such a step.
+	NoLoss bool
 }
 
 // EpochMetrics is what an epoch of training measured.

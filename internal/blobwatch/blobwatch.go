@@ -28,6 +28,8 @@ import (
 
 	"gocloud.dev/blob"
 	"gocloud.dev/gcerrors"
+
+	"github.com/durabletrain/durabletrain/internal/blobopen"
 )
 
 // DefaultStallTimeout is how long a call to storage may move nothing before
@@ -82,7 +84,7 @@ type Bucket struct {
 
 // Open opens the bucket at url (blob.OpenBucket), with ctx's stall timeout.
 func Open(ctx context.Context, url string) (*Bucket, error) {
-	b, err := blob.OpenBucket(ctx, url)
+	b, err := blobopen.Open(ctx, url)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +168,22 @@ func (b *Bucket) once(ctx context.Context, op string, call func(context.Context)
 	w := b.watch(ctx, op)
 	defer w.close()
 	w.arm()
-	return w.disarm(call(w.ctx))
+	return w.disarm(contained(b.url, op, func() error { return call(w.ctx) }))
+}
+
+// contained runs a driver's call, and turns a panic in it into an error:
+// a store that fails in a way its driver did not expect must fail the
+// call, not the worker. (gocloud.dev v0.47's azureblob writer dereferences
+// a pipe its upload goroutine has just set to nil when an upload fails at
+// once, as against a store that cannot be reached; v0.48 fixes it, but
+// needs an OpenTelemetry the Temporal server we embed does not build with.)
+func contained(url, op string, call func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("storage %s: the blob driver panicked while %s: %v", url, op, p)
+		}
+	}()
+	return call()
 }
 
 // Close releases the bucket.
@@ -276,6 +293,7 @@ func (r *Reader) Close() error {
 type Writer struct {
 	w   *blob.Writer
 	dog *watchdog
+	url string
 }
 
 // NewWriter is blob.Bucket.NewWriter, watched until Close. Cancelling ctx
@@ -288,12 +306,12 @@ func (b *Bucket) NewWriter(ctx context.Context, key string, opts *blob.WriterOpt
 		dog.close()
 		return nil, err
 	}
-	return &Writer{w: w, dog: dog}, nil
+	return &Writer{w: w, dog: dog, url: b.url}, nil
 }
 
-func (w *Writer) Write(p []byte) (int, error) {
+func (w *Writer) Write(p []byte) (n int, err error) {
 	w.dog.arm()
-	n, err := w.w.Write(p)
+	err = contained(w.url, "writing", func() (err error) { n, err = w.w.Write(p); return err })
 	return n, w.dog.disarm(err)
 }
 
@@ -301,7 +319,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 // cancelled): on S3 the upload's last parts and its completion happen here.
 func (w *Writer) Close() error {
 	w.dog.arm()
-	err := w.dog.disarm(w.w.Close())
+	err := w.dog.disarm(contained(w.url, "closing a writer", w.w.Close))
 	w.dog.close()
 	return err
 }

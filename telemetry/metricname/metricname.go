@@ -51,7 +51,7 @@ const (
 	SlotsWanted = "durabletrain_slots_wanted"
 
 	// The worker's slots and GPUs (tags: worker; gpu for a GPU's).
-	Slots             = "durabletrain_slots" // gauge (tag state: free or held)
+	Slots             = "durabletrain_slots" // gauge (tag state: free, held, or withdrawn: its GPU unhealthy)
 	GPUUtilization    = "durabletrain_gpu_utilization_percent"
 	GPUMemoryUsed     = "durabletrain_gpu_memory_used_bytes"
 	GPUMemoryTotal    = "durabletrain_gpu_memory_total_bytes"

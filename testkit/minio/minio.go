@@ -17,9 +17,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"time"
 
-	"github.com/durabletrain/durabletrain/internal/netport"
+	"github.com/durabletrain/durabletrain/testkit/storeproc"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"gocloud.dev/blob"
@@ -43,51 +42,29 @@ func Binary(repoRoot string) (string, error) {
 type Server struct {
 	Endpoint             string // http://127.0.0.1:port
 	AccessKey, SecretKey string
-	cmd                  *exec.Cmd
-	done                 chan error
+	proc                 *storeproc.Proc
 }
 
 // Start runs bin with its data in dir and waits until it answers.
 func Start(bin, dir string) (*Server, error) {
-	port, err := freePort()
+	port, err := storeproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Endpoint: "http://127.0.0.1:" + strconv.Itoa(port), AccessKey: "durabletrain", SecretKey: randomHex(20), done: make(chan error, 1)}
-	s.cmd = exec.Command(bin, "server", dir, "--address", "127.0.0.1:"+strconv.Itoa(port), "--console-address", "127.0.0.1:0", "--quiet")
-	s.cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey,
+	s := &Server{Endpoint: "http://127.0.0.1:" + strconv.Itoa(port), AccessKey: "durabletrain", SecretKey: randomHex(20)}
+	cmd := exec.Command(bin, "server", dir, "--address", "127.0.0.1:"+strconv.Itoa(port), "--console-address", "127.0.0.1:0", "--quiet")
+	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey,
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "MINIO_CI_CD=1")
-	logFile, err := os.Create(filepath.Join(filepath.Dir(dir), "minio.log"))
+	s.proc, err = storeproc.Start("MinIO", cmd, filepath.Join(filepath.Dir(dir), "minio.log"), s.Endpoint+"/minio/health/ready",
+		func(code int) bool { return code == http.StatusOK })
 	if err != nil {
 		return nil, err
 	}
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	if err := s.cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("starting MinIO %s: %w", bin, err)
-	}
-	go func() { s.done <- s.cmd.Wait(); logFile.Close() }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(s.Endpoint + "/minio/health/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return s, nil
-			}
-		}
-		select {
-		case err := <-s.done:
-			log, _ := os.ReadFile(logFile.Name())
-			return nil, fmt.Errorf("MinIO exited (%v):\n%s", err, log)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.Stop()
-			return nil, errors.New("MinIO did not become ready within 60 s")
-		}
-	}
+	return s, nil
 }
+
+// Scheme is the URL scheme of the server's buckets.
+func (s *Server) Scheme() string { return "s3" }
 
 // Env is what a process needs to reach the server with the AWS SDK.
 func (s *Server) Env() []string {
@@ -135,20 +112,7 @@ func (s *Server) CreateBucket(ctx context.Context, name string) error {
 }
 
 // Stop kills the server.
-func (s *Server) Stop() {
-	if s.cmd.Process != nil {
-		s.cmd.Process.Kill()
-		<-s.done
-	}
-}
-
-// freePort is a port for the server, outside the ephemeral range (see netport.Free).
-func freePort() (int, error) {
-	if port := netport.Free("127.0.0.1"); port != 0 {
-		return port, nil
-	}
-	return 0, errors.New("no free loopback port for MinIO")
-}
+func (s *Server) Stop() { s.proc.Stop() }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -79,7 +79,7 @@ func (t *Trainer) TrainEpoch(ctx context.Context, epoch int, opts trainer.EpochO
 				t.kill()
 				return trainer.EpochMetrics{}, err
 			}
-			t.noteLoss(m.Metrics)
+			t.noteLoss(m.Metrics, m.Step)
 		}
 		if m.Steps > 0 {
 			t.epoch.steps = m.Steps
@@ -197,11 +197,13 @@ func (t *Trainer) partial(epoch int, start time.Time, left bool) trainer.EpochMe
 		Seconds: time.Since(start).Seconds(), Left: left}
 }
 
-func (t *Trainer) noteLoss(metrics map[string]float64) {
+// noteLoss keeps the loss a program reported at step (its train_loss, or
+// its loss), if it reported one.
+func (t *Trainer) noteLoss(metrics map[string]float64, step int) {
 	if v, ok := metrics["train_loss"]; ok {
-		t.epoch.loss = v
+		t.epoch.loss, t.epoch.lossAt = v, step
 	} else if v, ok := metrics["loss"]; ok {
-		t.epoch.loss = v
+		t.epoch.loss, t.epoch.lossAt = v, step
 	}
 }
 
@@ -211,5 +213,7 @@ func (t *Trainer) progress(opts trainer.EpochOptions, epoch, step int) {
 		return
 	}
 	t.epoch.reported = step
-	opts.Progress(trainer.Progress{Epoch: epoch, Step: step, Steps: max(t.epoch.steps, step), Loss: t.epoch.loss})
+	// The program's newest loss is this step's only if it reported it at this step.
+	known := t.epoch.lossAt == step
+	opts.Progress(trainer.Progress{Epoch: epoch, Step: step, Steps: max(t.epoch.steps, step), Loss: t.epoch.loss, NoLoss: !known})
 }

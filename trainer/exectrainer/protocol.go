@@ -309,6 +309,7 @@ func (t *Trainer) vote(ctx context.Context, event, step, proposal int, leave <-c
 type epochPace struct {
 	steps    int     // the epoch's steps, once the program says
 	loss     float64 // the newest train_loss the program reported
+	lossAt   int     // the step it reported it at (0: none yet)
 	lastAt   time.Time
 	lastStep int
 	perStep  time.Duration // the newest time per step

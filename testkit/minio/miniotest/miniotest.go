@@ -1,8 +1,8 @@
 // Package miniotest owns how a test gets a real MinIO: started for the test
 // with one bucket, this process's AWS SDK pointed at it, and stopped at the
-// test's end; behind a fault proxy if the test asks; with files uploaded. Without a MinIO binary the test is skipped, unless
-// DURABLETRAIN_REQUIRE_S3 is set (make test sets it: there, a missing
-// binary is a failure, not a silent skip).
+// test's end; behind a fault proxy if the test asks. (Package storetest
+// starts every kind of store; this one keeps a test of s3:// alone from
+// building the Google Cloud and Azure SDKs.)
 package miniotest
 
 import (
@@ -11,21 +11,19 @@ import (
 	"path/filepath"
 	"testing"
 
-	"gocloud.dev/blob"
-
 	"github.com/durabletrain/durabletrain/testkit/faultproxy"
 	"github.com/durabletrain/durabletrain/testkit/minio"
+	"github.com/durabletrain/durabletrain/testkit/storeproc"
 )
 
 // Start runs MinIO (minio.Binary under repoRoot) with bucket created.
+// Without the binary the test is skipped, or fails where stores are
+// required (storeproc.Required).
 func Start(t *testing.T, repoRoot, bucket string) *minio.Server {
 	t.Helper()
 	bin, err := minio.Binary(repoRoot)
 	if err != nil {
-		if os.Getenv("DURABLETRAIN_REQUIRE_S3") != "" {
-			t.Fatal(err)
-		}
-		t.Skipf("%v: skipping", err)
+		storeproc.Missing(t, err)
 	}
 	dir := filepath.Join(t.TempDir(), "data")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -57,29 +55,4 @@ func StartBehindFaults(t *testing.T, repoRoot, bucket string) (*faultproxy.Proxy
 	via := *srv
 	via.Endpoint = p.URL
 	return p, &via
-}
-
-// UploadDir copies the files of dir into bucket under prefix (directly,
-// past any proxy): a data set for a run to read from S3.
-func UploadDir(t *testing.T, s *minio.Server, bucket, prefix, dir string) {
-	t.Helper()
-	ctx := context.Background()
-	b, err := blob.OpenBucket(ctx, s.BucketURL(bucket, prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	files, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		data, err := os.ReadFile(filepath.Join(dir, f.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.WriteAll(ctx, f.Name(), data, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
 }

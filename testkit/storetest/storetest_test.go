@@ -1,4 +1,4 @@
-package integration
+package storetest_test
 
 import (
 	"bytes"
@@ -12,78 +12,84 @@ import (
 	"testing"
 	"time"
 
+	"gocloud.dev/blob"
+	"gocloud.dev/gcerrors"
+
 	"github.com/durabletrain/durabletrain/checkpoint"
-	"github.com/durabletrain/durabletrain/spec"
-	"github.com/durabletrain/durabletrain/testkit/minio/miniotest"
-	"github.com/durabletrain/durabletrain/testkit/testdata"
+	"github.com/durabletrain/durabletrain/internal/blobopen"
+	"github.com/durabletrain/durabletrain/testkit/storetest"
 )
 
-// TestTrainsOnS3: a run reads its data set from S3 and checkpoints to S3
-// (a real MinIO, through the worker's storage root that holds the endpoint),
-// and a second run on another worker resumes from those checkpoints.
-func TestTrainsOnS3(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts MinIO and worker processes")
-	}
-	s3 := miniotest.Start(t, "..", "durabletrain")
-	ctx := context.Background()
-	// The committed data subset, uploaded.
-	miniotest.UploadDir(t, s3, "durabletrain", "data/", testdata.FashionMNISTSmallDir())
-
-	queue := "it-s3"
-	root := s3.BucketURL("durabletrain", "")
-	flags := []string{"-storage-roots", root}
-	startWorkerWith(t, "worker-a", "both", queue, flags, s3.Env()...)
-	c := dial(t)
-	s := subsetSpec(t, queue, 1, 2)
-	s.Hyper.BatchSize = 128
-	s.Dataset.URL = "s3://durabletrain?prefix=data/"
-	s.Checkpoint.URL = "s3://durabletrain?prefix=ckpt/"
-	first := awaitRun(t, startRun(t, c, "it-s3-1", queue, s), 3*time.Minute)
-	if first.State != spec.StateCompleted || first.Latest == nil || first.Latest.URL != s.Checkpoint.URL {
-		t.Fatalf("the run on S3: %+v", first)
-	}
-
-	// Its checkpoints are in the bucket and verify.
-	store, err := checkpoint.Open(ctx, s3.BucketURL("durabletrain", "ckpt/"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	c0, err := store.LatestVerified(ctx, first.Run)
-	if err != nil || c0.Manifest.Epoch != 2 {
-		t.Fatalf("the latest verified checkpoint in S3: %+v, %v", c0, err)
-	}
-
-	// Another worker resumes from them.
-	startWorkerWith(t, "worker-b", "agent", queue, flags, s3.Env()...)
-	s.ResumeFrom, s.Hyper.Epochs = first.Run, 3
-	second := awaitRun(t, startRun(t, c, "it-s3-2", queue, s), 3*time.Minute)
-	if second.State != spec.StateCompleted || len(second.Metrics) != 1 || second.Metrics[0].Epoch != 2 {
-		t.Fatalf("the resumed run: %+v", second)
+// TestEachStoreHoldsObjects: each store, reached through its URL with the
+// endpoint in the query, writes, lists, reads and deletes an object under a
+// prefix, and says an object that is not there is not there.
+func TestEachStoreHoldsObjects(t *testing.T) {
+	for _, scheme := range storetest.Schemes {
+		t.Run(scheme, func(t *testing.T) {
+			store := storetest.Start(t, "../..", scheme, "objects")
+			ctx := context.Background()
+			b, err := blobopen.Open(ctx, store.BucketURL("objects", "runs/a/"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if err := b.WriteAll(ctx, "x/state.bin", []byte("durable"), nil); err != nil {
+				t.Fatal(err)
+			}
+			got, err := b.ReadAll(ctx, "x/state.bin")
+			if err != nil || string(got) != "durable" {
+				t.Fatalf("read back %q, %v", got, err)
+			}
+			whole, err := blobopen.Open(ctx, store.BucketURL("objects", ""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer whole.Close()
+			if ok, err := whole.Exists(ctx, "runs/a/x/state.bin"); !ok || err != nil {
+				t.Fatalf("the object is not under the prefix in the bucket: %v, %v", ok, err)
+			}
+			page, _, err := b.ListPage(ctx, blob.FirstPageToken, 10, nil)
+			if err != nil || len(page) != 1 || page[0].Key != "x/state.bin" {
+				t.Fatalf("listed %+v, %v", page, err)
+			}
+			if err := b.Delete(ctx, "x/state.bin"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.ReadAll(ctx, "x/state.bin"); gcerrors.Code(err) != gcerrors.NotFound {
+				t.Fatalf("after delete: %v; want not found", err)
+			}
+		})
 	}
 }
 
 const bigCheckpointBytes = 1 << 30
 
-// TestBigCheckpointOnS3: a 1 GiB checkpoint goes through S3's multipart
-// upload and verifies; a writer killed with SIGKILL in the middle of the
-// same upload leaves nothing that verifies, so nothing partial can load.
-func TestBigCheckpointOnS3(t *testing.T) {
+// TestBigCheckpointOnEachStore: on each store, a 1 GiB checkpoint goes
+// through the store's large upload (S3's multipart upload, GCS's resumable
+// upload, Azure's staged blocks) and verifies; a writer killed with SIGKILL
+// in the middle of the same upload leaves nothing that verifies, so nothing
+// partial can load.
+func TestBigCheckpointOnEachStore(t *testing.T) {
 	if os.Getenv("DURABLETRAIN_BIG_CHECKPOINT_URL") != "" {
 		writeBigCheckpoint(t) // the child the test kills
 		return
 	}
 	if testing.Short() {
-		t.Skip("writes 1 GiB twice")
+		t.Skip("writes 1 GiB twice to each store")
 	}
-	s3 := miniotest.Start(t, "..", "big")
+	for _, scheme := range storetest.Schemes {
+		t.Run(scheme, func(t *testing.T) { bigCheckpoint(t, scheme) })
+	}
+}
+
+func bigCheckpoint(t *testing.T, scheme string) {
+	store := storetest.Start(t, "../..", scheme, "big")
 	ctx := context.Background()
-	url := s3.BucketURL("big", "ckpt/")
+	url := store.BucketURL("big", "ckpt/")
 
 	// Killed mid-upload: the child writes, the parent waits for it to be
 	// well into the object, then kills it.
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestBigCheckpointOnS3$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestBigCheckpointOnEachStore$", "-test.v")
 	cmd.Env = append(os.Environ(), "DURABLETRAIN_BIG_CHECKPOINT_URL="+url, "DURABLETRAIN_BIG_CHECKPOINT_RUN=killed")
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = cmd.Stdout
@@ -115,12 +121,12 @@ func TestBigCheckpointOnS3(t *testing.T) {
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
-	store, err := checkpoint.Open(ctx, url, nil)
+	cs, err := checkpoint.Open(ctx, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
-	if c, err := store.LatestVerified(ctx, "killed"); !errors.Is(err, checkpoint.ErrNoCheckpoint) {
+	defer cs.Close()
+	if c, err := cs.LatestVerified(ctx, "killed"); !errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		t.Fatalf("after a writer killed mid-upload: %+v, %v; want no checkpoint", c, err)
 	}
 
@@ -131,7 +137,7 @@ func TestBigCheckpointOnS3(t *testing.T) {
 	writeBigCheckpoint(t)
 	wrote := time.Since(start)
 	start = time.Now()
-	c, err := store.LatestVerified(ctx, "whole")
+	c, err := cs.LatestVerified(ctx, "whole")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,8 +150,8 @@ func TestBigCheckpointOnS3(t *testing.T) {
 	if err != nil || n != bigCheckpointBytes || c.Manifest.Bytes() != bigCheckpointBytes {
 		t.Fatalf("read back %d bytes (%v); manifest says %d", n, err, c.Manifest.Bytes())
 	}
-	t.Logf("1 GiB checkpoint on MinIO: saved in %v (%.2f GB/s), verified and read in %v", wrote.Round(time.Millisecond),
-		float64(bigCheckpointBytes)/wrote.Seconds()/1e9, time.Since(start).Round(time.Millisecond))
+	t.Logf("1 GiB checkpoint on %s: saved in %v (%.2f GB/s), verified and read in %v",
+		scheme, wrote.Round(time.Millisecond), float64(bigCheckpointBytes)/wrote.Seconds()/1e9, time.Since(start).Round(time.Millisecond))
 }
 
 // writeBigCheckpoint writes a 1 GiB checkpoint to $DURABLETRAIN_BIG_CHECKPOINT_URL,
