@@ -19,6 +19,14 @@ from conftest import fit_with_a_rank_signalled  # noqa: E402
 from test_fit import index_loop, linear_loop  # noqa: E402
 
 
+def logdir_of(result):
+    """The local directory of a run's event files (Result.path is its URL)."""
+    from urllib.parse import unquote, urlparse
+    u = urlparse(result.path)
+    assert u.scheme == "file", result.path
+    return os.path.join(unquote(u.path), "tensorboard")
+
+
 def scalars(logdir):
     """Every scalar TensorBoard reads in logdir: tag -> [(step, value)], in
     the order it serves them. TensorBoard's loader skips a damaged record
@@ -53,7 +61,7 @@ def test_tensorboard_reads_every_reported_metric_of_a_run(cluster):
     r = TorchTrainer(linear_loop, train_loop_config={"epochs": 4}, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name="tb-straight")).fit()
     assert r.state == "completed"
-    tb = scalars(os.path.join(r.path, "tensorboard"))
+    tb = scalars(logdir_of(r))
     check_against_history(tb, r.metrics_history)
     assert len(r.metrics_history) == 4 and len(tb["loss"]) == 4, tb
     # The program reports no loss per step: TensorBoard shows no made-up one.
@@ -68,6 +76,6 @@ def test_tensorboard_has_each_step_once_after_a_resume_mid_epoch(cluster):
                      scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(name=name))
     r, detail, _ = fit_with_a_rank_signalled(cluster, t, name, "ckpt-e000001-s", least_step=4)
     assert "step 0" not in detail.split(" at ")[1], detail
-    tb = scalars(os.path.join(r.path, "tensorboard"))
+    tb = scalars(logdir_of(r))
     check_against_history(tb, r.metrics_history)
     assert [row["epoch"] for row in r.metrics_history] == [0, 1, 2], r.metrics_history
