@@ -86,7 +86,7 @@ test: deps-test
 	@scripts/hugepages.sh $(MAKE) --no-print-directory test-steps
 test-steps: export GOFLAGS = $(shell $(GO) env GOFLAGS) -ldflags=-w
 test-steps:
-	$(MAKE) -j4 vet bin/temporal bin/minio venv
+	$(MAKE) -j4 vet bin/temporal bin/minio bin/fake-gcs-server azurite venv
 	DURABLETRAIN_REQUIRE_SERVICES=1 $(GO) test -count=1 -timeout 50m $(SLOWEST) ./...
 	$(MAKE) --no-print-directory test-python
 	$(GO) test -count=1 -timeout 25m -race $(RACE)
@@ -151,8 +151,8 @@ bench-train: deps-bench
 bench-checkpoint: deps
 	$(GO) run -tags '$(TAGS)' ./bench checkpoint
 
-bench-s3: deps-bench bin/bench/minio
-	MINIO_BIN='$(CURDIR)/bin/bench/minio' $(GO) run ./bench s3
+bench-s3: deps-bench bin/bench/minio bin/bench/fake-gcs-server azurite
+	MINIO_BIN='$(CURDIR)/bin/bench/minio' FAKE_GCS_BIN='$(CURDIR)/bin/bench/fake-gcs-server' $(GO) run ./bench s3
 
 ## bench-scale: runs on a simulated fleet of 8-GPU hosts, per host (today) and per rank (before),
 ## one row each (RANKS="8 64 512 2048" to choose; minutes per row at 512 ranks and more)
