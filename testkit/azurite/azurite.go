@@ -10,7 +10,6 @@ package azurite
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -35,12 +34,10 @@ const (
 // Binary is Azurite's blob service to run: $AZURITE_BIN, else
 // bin/azurite/node_modules/.bin/azurite-blob under the repository root given.
 func Binary(repoRoot string) (string, error) {
-	if p := os.Getenv("AZURITE_BIN"); p != "" {
-		return p, nil
-	}
-	p := filepath.Join(repoRoot, "bin", "azurite", "node_modules", ".bin", "azurite-blob")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("no Azurite at %s (make azurite installs it from the npm registry; or set AZURITE_BIN)", p)
+	p, err := storeproc.Binary("Azurite", "AZURITE_BIN", filepath.Join(repoRoot, "bin", "azurite", "node_modules", ".bin", "azurite-blob"),
+		"make azurite installs it from the npm registry")
+	if err != nil {
+		return "", err
 	}
 	if _, err := exec.LookPath("node"); err != nil {
 		return "", errors.New("no node on PATH: Azurite is a Node.js program (install Node.js 20 or later)")

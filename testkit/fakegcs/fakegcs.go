@@ -25,14 +25,7 @@ import (
 // Binary is the server to run: $FAKE_GCS_BIN, else bin/fake-gcs-server
 // under the repository root given.
 func Binary(repoRoot string) (string, error) {
-	if p := os.Getenv("FAKE_GCS_BIN"); p != "" {
-		return p, nil
-	}
-	p := filepath.Join(repoRoot, "bin", "fake-gcs-server")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("no fake-gcs-server at %s (make fake-gcs-server builds it from the Go module proxy; or set FAKE_GCS_BIN)", p)
-	}
-	return p, nil
+	return storeproc.Binary("fake-gcs-server", "FAKE_GCS_BIN", filepath.Join(repoRoot, "bin", "fake-gcs-server"), "make fake-gcs-server builds it from the Go module proxy")
 }
 
 // Server is a running fake-gcs-server.

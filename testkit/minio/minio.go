@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -28,14 +27,7 @@ import (
 // Binary is the MinIO server to run: $MINIO_BIN, else bin/minio under the
 // repository root given.
 func Binary(repoRoot string) (string, error) {
-	if p := os.Getenv("MINIO_BIN"); p != "" {
-		return p, nil
-	}
-	p := filepath.Join(repoRoot, "bin", "minio")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("no MinIO server at %s (make minio builds it from the Go module proxy; or set MINIO_BIN)", p)
-	}
-	return p, nil
+	return storeproc.Binary("MinIO server", "MINIO_BIN", filepath.Join(repoRoot, "bin", "minio"), "make minio builds it from the Go module proxy")
 }
 
 // Server is a running MinIO.

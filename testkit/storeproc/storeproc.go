@@ -93,6 +93,18 @@ func (p *Proc) Stop() {
 	}
 }
 
+// Binary is a server's program: $env if set, else path, which must exist
+// (what says "no NAME at path (how, or set env)" otherwise).
+func Binary(name, env, path, how string) (string, error) {
+	if p := os.Getenv(env); p != "" {
+		return p, nil
+	}
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("no %s at %s (%s; or set %s)", name, path, how, env)
+	}
+	return path, nil
+}
+
 // Required says whether a store whose program is missing fails a test
 // rather than skipping it: DURABLETRAIN_REQUIRE_SERVICES (or the older
 // DURABLETRAIN_REQUIRE_S3) is set, as `make test` sets it.
