@@ -44,6 +44,12 @@ Jobs (``--jobs``):
             says (Ray Train: the same RunConfig name and storage_path; ours:
             durabletrain.init() and fit() of the same name): whether it
             completes, steps lost, time from the kill to training again;
+  tpe       the same TPE search on both (Ray: OptunaSearch, Optuna's own TPE;
+            ours: the search workflow's TPE, through the same OptunaSearch
+            import path) over one space (the MLP's lr, weight decay, width,
+            batch, optimizer, trained one epoch on 6,000 images, scored on
+            2,000 others), --tpe-trials trials, 2 at a time, for each of
+            --tpe-seeds: the best accuracy per seed, and wall time;
   asha      the reference 001 search (a Trainable, ConvNet on Fashion-MNIST,
             tune.run with ASHA, examples/ray_to_durabletrain) with 16 trials,
             --asha-iterations iterations each, one CPU per trial: wall time and
@@ -270,6 +276,9 @@ def sample(side, job, fault, data, cap, out=None, name=None):
     name = name or "bench-%s-%d" % (job, os.getpid())
     if job == "asha":
         return asha_sample(side, out, cap)
+    if job.startswith("tpe"):  # tpe:<seed>:<trials>
+        _, seed, trials = job.split(":")
+        return tpe_sample(side, out, int(seed), int(trials))
     cfg = job_config(job, data, out)
     cfg["api"] = side.split("+")[0]
     try:
@@ -432,6 +441,67 @@ def asha_sample(side, out, iterations):
             "state": "completed", "best_config": best}
 
 
+TPE_SPACE = {"lr": ("loguniform", 1e-5, 1.0), "weight_decay": ("loguniform", 1e-6, 0.1),
+             "hidden": ("choice", [32, 128, 512]), "batch": ("choice", [32, 64, 128, 256]), "optimizer": ("choice", ["adam", "sgd"])}
+
+
+def tpe_objective(config):
+    """One epoch of the MLP on 6,000 images, scored on 2,000 others: every
+    config scores the same on both sides (one weight seed, one order)."""
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = fashion_mnist(config["data"], 8000, False)
+    x, y = data.tensors
+    g = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:6000], y[:6000]), batch_size=int(config["batch"]), shuffle=True, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(784, int(config["hidden"])), torch.nn.ReLU(), torch.nn.Linear(int(config["hidden"]), 10))
+    opt_cls = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.SGD
+    opt = opt_cls(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    for xb, yb in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    with torch.no_grad():
+        acc = float((model(x[6000:]).argmax(1) == y[6000:]).float().mean())
+    if config["api"] == "ray":
+        from ray import tune
+    else:
+        from durabletrain import tune
+    tune.report({"accuracy": acc})
+
+
+def tpe_sample(side, out, seed, trials):
+    """One TPE search of trials on side, seeded; its best accuracy and wall time."""
+    if side == "ray":
+        import ray
+        from ray import tune
+        from ray.tune.search.optuna import OptunaSearch
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        trainable = tune.with_resources(tpe_objective, {"cpu": 1})
+        run_config = tune.RunConfig(name="tpe-%d" % seed, storage_path=os.path.join(out, "storage"), verbose=0)
+    else:
+        import durabletrain as ray  # noqa: F811
+        from durabletrain import tune
+        from durabletrain.train import RunConfig
+        from durabletrain.tune.search.optuna import OptunaSearch
+        ray.init(num_cpus=2, storage=os.path.join(out, "storage"))
+        trainable = tpe_objective
+        run_config = RunConfig(name="tpe-%d-%d" % (seed, os.getpid()), verbose=0)
+    space = {"data": DATA, "api": side}
+    for k, (kind, *args) in TPE_SPACE.items():
+        space[k] = tune.loguniform(*args) if kind == "loguniform" else tune.choice(args[0])
+    start = time.time()
+    grid = tune.Tuner(trainable, param_space=space, run_config=run_config,
+                      tune_config=tune.TuneConfig(metric="accuracy", mode="max", num_samples=trials, max_concurrent_trials=2,
+                                                  search_alg=OptunaSearch(seed=seed))).fit()
+    wall = time.time() - start
+    df = grid.get_dataframe()
+    accs = [float(a) for a in df["accuracy"] if a == a]
+    return {"wall": wall, "best": max(accs) if accs else None, "trials": len(accs),
+            "best_half": max(accs[:trials // 2]) if len(accs) >= trials // 2 else None, "state": "completed", "seed": seed}
+
+
 def _fit(trainer):
     try:
         trainer.fit()
@@ -500,6 +570,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hung-cap", type=int, default=120, help="seconds a hung rank may go unnoticed before the sample stops it")
     ap.add_argument("--asha-iterations", type=int, default=10, help="the ASHA search's training_iteration stop")
+    ap.add_argument("--tpe-trials", type=int, default=24, help="trials per TPE search")
+    ap.add_argument("--tpe-seeds", default="1,2,3", help="the TPE searches' seeds")
     ap.add_argument("--data", default=DATA)
     a = ap.parse_args()
     print("# durabletrain against Ray Train: %s, %d repeats, %s" % (a.jobs, a.repeats, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
@@ -538,8 +610,16 @@ def main():
                     got[side].append(r)
                     print("asha repeat %d %s: %s" % (i + 1, side, json.dumps(r)), flush=True)
             table("ASHA, the reference 001 search, 16 trials of %d iterations" % a.asha_iterations, got, ("wall", "best", "iterations"))
+        elif job == "tpe":
+            got = {s: [] for s in ("ray", "durabletrain")}
+            for i, seed in enumerate(int(x) for x in a.tpe_seeds.split(",")):
+                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                    r = run_sample(side, "tpe:%d:%d" % (seed, a.tpe_trials), None, 0)
+                    got[side].append(r)
+                    print("tpe seed %d %s: %s" % (seed, side, json.dumps(r)), flush=True)
+            table("TPE (Ray: OptunaSearch), %d trials, 2 at a time, seeds %s" % (a.tpe_trials, a.tpe_seeds), got, ("wall", "best", "best_half"))
         else:
-            sys.exit("bench ray: unknown job %r; want overhead, killed, hung, coordinator or asha" % job)
+            sys.exit("bench ray: unknown job %r; want overhead, killed, hung, coordinator, asha or tpe" % job)
 
 
 def table(title, got, keys):
@@ -549,7 +629,8 @@ def table(title, got, keys):
     print("|---|" + "---:|" * (len(sides) + 1 + ("direct" in got)))
     for k in keys:
         cols = [spread([r.get(k) for r in got[s]]) for s in sides]
-        row = {"lost": "| steps lost | ", "best": "| best mean_accuracy | ", "iterations": "| iterations trained | "}.get(k, "| %s s | " % k)
+        row = {"lost": "| steps lost | ", "best": "| best mean_accuracy | ", "iterations": "| iterations trained | ",
+               "best_half": "| best in the first half of the trials | "}.get(k, "| %s s | " % k)
         row += " | ".join(cols) + " | " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["ray"]])
         if "durabletrain+spares" in got:
             row += " (with spares: " + ratio([r.get(k) for r in got["durabletrain+spares"]], [r.get(k) for r in got["ray"]]) + ")"

@@ -142,3 +142,16 @@ def test_auto_finds_no_cluster_in_an_empty_home(tmp_path, monkeypatch):
         assert "no cluster is running here" in str(e.value)
     finally:
         _cluster._cluster = saved
+
+
+def test_optuna_search_takes_rays_arguments_and_refuses_what_it_cannot_do():
+    """Ray's OptunaSearch, by its import path: Optuna's TPE with its defaults;
+    what it cannot honour is refused before anything starts, naming it."""
+    from durabletrain.tune.search.optuna import OptunaSearch
+    s = OptunaSearch(metric="accuracy", mode="max", seed=7)
+    assert (s.metric, s.mode, s.seed, s.to_spec()) == ("accuracy", "max", 7, {"type": "tpe", "n_startup_trials": 10})
+    for kwargs, named in (({"space": {"lr": [0, 1]}}, "space"), ({"points_to_evaluate": [{"lr": 0.1}]}, "points_to_evaluate"),
+                          ({"mode": "best"}, "mode"), ({"seed": -1}, "seed"), ({"sampler": object()}, "sampler"),
+                          ({"max_concurrent": 2}, "max_concurrent")):
+        with pytest.raises(ValueError, match=named):
+            OptunaSearch(**kwargs)

@@ -170,7 +170,8 @@ class TuneConfig:
         for name in ("scheduler", "search_alg"):
             v = getattr(self, name)
             if v is not None and not hasattr(v, "to_spec"):
-                raise TypeError("TuneConfig.%s is %r; want one of durabletrain.tune's (ASHAScheduler, PopulationBasedTraining, TPESearch, ...)" % (name, v))
+                raise TypeError("TuneConfig.%s is %r; want one of durabletrain.tune's (ASHAScheduler, PopulationBasedTraining, TPESearch, "
+                                "durabletrain.tune.search.optuna.OptunaSearch, ...)" % (name, v))
 
 
 def _flatten(space: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -314,8 +315,8 @@ class Tuner:
         s: Dict[str, Any] = {"name": self.name, "train": train,
                              "param_space": {_key(k): dict(v) for k, v in self.domains.items()},
                              "num_samples": tc.num_samples}
-        metric = tc.metric or getattr(tc.scheduler, "metric", None)
-        mode = tc.mode or getattr(tc.scheduler, "mode", None)
+        metric = tc.metric or getattr(tc.scheduler, "metric", None) or getattr(tc.search_alg, "metric", None)
+        mode = tc.mode or getattr(tc.scheduler, "mode", None) or getattr(tc.search_alg, "mode", None)
         if metric:
             s["metric"] = metric
         if mode:
@@ -329,8 +330,9 @@ class Tuner:
             s["scheduler"] = tc.scheduler.to_spec()
         if tc.search_alg is not None:
             s["search_alg"] = tc.search_alg.to_spec()
-        if tc.seed is not None:
-            s["seed"] = tc.seed
+        seed = tc.seed if tc.seed is not None else getattr(tc.search_alg, "seed", None)
+        if seed is not None:
+            s["seed"] = seed
         if self.stop:
             s["stop"] = dict(self.stop)
         return s
