@@ -99,15 +99,18 @@ func RegisterWorkflows(w worker.Registry, p policy.Policy) {
 	RegisterSearch(w, activities.Results{Policy: p})
 }
 
-// RegisterSearch registers the workflows and the activities a search runs
-// on the workflows' queue: writing its results, and cloning checkpoints
-// for PBT (signed with r.PoolKey, which must then be the pool's key).
+// RegisterSearch registers the workflows and the activities a run and a
+// search run on the workflows' queue: writing a search's results, cloning
+// checkpoints for PBT (signed with r.PoolKey, which must then be the
+// pool's key), and logging to MLflow (where r.Policy.Trackers allows).
 func RegisterSearch(w worker.Registry, r activities.Results) {
 	w.RegisterWorkflowWithOptions(workflows.TrainingWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTraining})
 	w.RegisterWorkflowWithOptions(workflows.TuneWorkflow, workflow.RegisterOptions{Name: spec.WorkflowTune})
 	w.RegisterActivityWithOptions(r.WriteTuneResults, activity.RegisterOptions{Name: spec.ActivityWriteTuneResults})
 	w.RegisterActivityWithOptions(r.WriteTuneRows, activity.RegisterOptions{Name: spec.ActivityWriteTuneRows})
 	w.RegisterActivityWithOptions(r.CloneCheckpoint, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	// A run's MLflow logging (spec.mlflow), where r.Policy.Trackers allows.
+	w.RegisterActivityWithOptions(activities.Tracker{Policy: r.Policy, Log: r.Log}.TrackMLflow, activity.RegisterOptions{Name: spec.ActivityTrackMLflow})
 }
 
 // RegisterAgent registers a GPU agent's activities: HoldSlot on the worker of

@@ -65,6 +65,9 @@ type Policy struct {
 	// may move nothing before it fails as the store's fault, and the gang
 	// re-forms; 0: blobwatch.DefaultStallTimeout (2 minutes).
 	StorageStallTimeout time.Duration
+	// Trackers lists the MLflow tracking servers a spec's mlflow.tracking_uri
+	// may name (CheckTracker): http(s) URLs, or "*" for any. Empty: none.
+	Trackers []string
 }
 
 // StorageContext is ctx for opening blob storage under this policy: its

@@ -10,6 +10,11 @@ func (t Training) WithDefaults() Training {
 	if t.Trainer == TrainerNative {
 		t.applyNativeConfig()
 	}
+	if t.MLflow != nil && t.MLflow.ExperimentName == "" {
+		m := *t.MLflow // the caller's section stays as it was
+		m.ExperimentName = DefaultExperiment
+		t.MLflow = &m
+	}
 	if t.Model.Hidden == nil {
 		t.Model.Hidden = []int{256, 128}
 	}

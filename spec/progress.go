@@ -93,6 +93,8 @@ type Progress struct {
 	// task queue, how many granted, until when; a gang that did not form and
 	// when the next try is.
 	Waiting string `json:"waiting,omitempty"`
+	// MLflow is where the run's MLflow logging stands, when its spec names a server.
+	MLflow *TrackerProgress `json:"mlflow,omitempty"`
 }
 
 // Incident records a failure, a preemption, a gang that did not form, a

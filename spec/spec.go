@@ -39,6 +39,8 @@ type Training struct {
 	// namespace must have them (the dev server registers them; elsewhere:
 	// `temporal operator search-attribute create`), so it is off by default.
 	SearchAttributes bool `json:"search_attributes,omitempty"`
+	// MLflow, if set, logs the run to an MLflow tracking server (see MLflow).
+	MLflow *MLflow `json:"mlflow,omitempty"`
 }
 
 // Exec is the program each rank of an "exec" run starts (once per gang),

@@ -130,6 +130,9 @@ func (t Training) validateFields() error {
 	if err := CheckURL("checkpoint.url", c.URL); err != nil {
 		return fmt.Errorf("spec: %w", err)
 	}
+	if err := t.MLflow.check(); err != nil {
+		return fmt.Errorf("spec: %w", err)
+	}
 	if t.Exec != nil {
 		if err := t.Exec.check(); err != nil {
 			return fmt.Errorf("spec: %w", err)

@@ -144,6 +144,7 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 		return
 	}
 	r.p.AddMetrics(res.Metrics)
+	r.report(ctx, res.Metrics)
 	// The ranks train the epoch their state is at: after a failure that is the
 	// latest checkpoint's, which may be behind the epochs counted so far.
 	r.p.Epoch = res.Metrics.Epoch + 1

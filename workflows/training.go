@@ -64,6 +64,7 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 	if err := r.handle(ctx); err != nil {
 		return nil, err
 	}
+	r.startTracking(ctx) // spec.mlflow: a field no earlier run's history holds
 	r.elastic = workflow.GetVersion(ctx, "elastic-gangs", workflow.DefaultVersion, 1) >= 1
 	// Ranks authenticate with keys of their own slots (no secret in history);
 	// runs recorded before that drew a shared secret in a SideEffect.
@@ -156,6 +157,8 @@ type run struct {
 	// signals counts the signals this execution has received (Temporal
 	// bounds them per execution).
 	signals int
+	// track logs the run to its MLflow tracking server (tracker.go), if its spec names one.
+	track *tracker
 }
 
 // handle sets up the query, signal and update handlers of a run.
@@ -321,6 +324,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 		r.growGang(ctx)
 		info := workflow.GetInfo(ctx)
 		if continueAsNew(r.p, info.GetCurrentHistoryLength(), r.signals, info.GetContinueAsNewSuggested()) {
+			r.flushTracking(ctx, false) // what is left crosses in Progress.MLflow
 			kept := r.keepForNext(ctx)
 			next, err := encodeInput(r.spec, r.p, kept)
 			if err != nil {
@@ -345,6 +349,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 	} else {
 		r.setState(ctx, spec.StateCompleted)
 	}
+	r.endTracking(ctx)
 	return r.p, nil
 }
 
@@ -354,6 +359,7 @@ func (r *run) train(ctx workflow.Context) (*spec.Progress, error) {
 func (r *run) cancelled(ctx workflow.Context) (*spec.Progress, error) {
 	r.releaseGang(ctx, true)
 	r.setState(ctx, spec.StateCancelled)
+	r.endTracking(ctx)
 	workflow.GetLogger(ctx).Info("run cancelled", "epoch", r.p.Epoch, "latest", r.p.Latest)
 	return r.p, ctx.Err()
 }
@@ -361,6 +367,7 @@ func (r *run) cancelled(ctx workflow.Context) (*spec.Progress, error) {
 func (r *run) fail(ctx workflow.Context, err error) (*spec.Progress, error) {
 	r.releaseGang(ctx, true)
 	r.setState(ctx, spec.StateFailed)
+	r.endTracking(ctx)
 	return r.p, runFailure(err)
 }
 

@@ -62,6 +62,7 @@ func main() {
 	ncclAsync := flag.Bool("nccl-async-error-handling", true, "have NCCL errors and collective timeouts abort the rank's program instead of hanging it (TORCH_NCCL_ASYNC_ERROR_HANDLING)")
 	roots := flag.String("storage-roots", strings.Join(policy.DefaultStorageRoots, ","),
 		"blob URLs (or absolute local paths) that dataset, checkpoint and results URLs must fall under, comma-separated; a root's query parameters (endpoint=, region=, profile=) are the worker's and added to the spec's")
+	trackers := flag.String("trackers", "", "MLflow tracking servers a spec's mlflow.tracking_uri may name, comma-separated http(s) URLs (paths at or under each), or * for any (default: none; this worker's MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD, authenticate)")
 	poolKey := flag.String("pool-key-file", os.Getenv("DURABLETRAIN_POOL_KEY_FILE"),
 		"file holding the secret all workers of this pool share (at least 32 bytes, mode 600): it signs slot grants and checkpoints, so nobody outside the pool can join a gang or forge a checkpoint")
 	flag.Int64Var(&cfg.Policy.MaxRankMemory, "max-rank-memory", 0, "bytes one rank's model may take (default: half the worker's memory or cgroup limit, shared among its slots)")
@@ -99,6 +100,10 @@ func main() {
 	cfg.Policy.Exec, cfg.Policy.ExecDirs = list(*allowExec), list(*execDirs)
 	cfg.Policy.PassEnv = list(*passEnv)
 	if cfg.Policy.StorageRoots, err = policy.ParseStorageRoots("-storage-roots", *roots); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	if cfg.Policy.Trackers, err = policy.ParseTrackers("-trackers", *trackers); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(2)
 	}

@@ -154,7 +154,7 @@ class Cluster:
         args = [_binaries.find("worker"), "-address", self.address, "-namespace", self.namespace, "-role", role,
                 "-slots", str(slots), "-identity", identity, "-control-queue", self.control_queue, "-task-queue", self.task_queue,
                 "-allow-exec", sys.executable, "-exec-dirs", "/",
-                "-storage-roots", "file:///", "-grace", "20s", "-log-format", "json"]
+                "-storage-roots", "file:///", "-trackers", "*", "-grace", "20s", "-log-format", "json"]
         if self.codec_key_file:
             args += ["-codec-key-file", os.path.abspath(self.codec_key_file)]
         env = dict(os.environ, DURABLETRAIN_PYTHONPATH=py, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

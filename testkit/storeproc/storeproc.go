@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,6 +50,11 @@ func Start(name string, cmd *exec.Cmd, logPath, ready string, okStatus func(int)
 		return nil, err
 	}
 	p := &Proc{name: name, cmd: cmd, done: make(chan error, 1), log: logPath}
+	if cmd.SysProcAttr == nil {
+		// A group of its own: Stop kills what the server started too
+		// (mlflow server runs uvicorn as a child).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -84,9 +90,12 @@ func (p *Proc) Log() string {
 	return string(b)
 }
 
-// Stop kills the server and waits for it.
+// Stop kills the server, and its process group's other processes, and waits for it.
 func (p *Proc) Stop() {
 	if p.cmd.Process != nil {
+		if a := p.cmd.SysProcAttr; a != nil && a.Setpgid {
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		}
 		p.cmd.Process.Kill()
 		err := <-p.done
 		p.done <- err
