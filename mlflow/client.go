@@ -201,25 +201,59 @@ type Tag struct {
 }
 
 // FindRun is the ID of the newest run of the experiment with every tag
-// given, if there is one.
+// given, if there is one. MLflow's search filter has no escape for a quote,
+// so a value holding both kinds is matched by LIKE with the quotes as
+// wildcards, and every tag of what comes back is compared here exactly.
 func (c *Client) FindRun(ctx context.Context, experimentID string, tags []Tag) (string, bool, error) {
 	var filter []string
 	for _, t := range tags {
-		filter = append(filter, fmt.Sprintf("tags.`%s` = '%s'", strings.ReplaceAll(t.Key, "`", ""), strings.ReplaceAll(t.Value, "'", "\\'")))
+		filter = append(filter, tagFilter(t))
 	}
 	var got struct {
 		Runs []struct {
 			Info struct {
 				ID string `json:"run_id"`
 			} `json:"info"`
+			Data struct {
+				Tags []Tag `json:"tags"`
+			} `json:"data"`
 		} `json:"runs"`
 	}
 	err := c.call(ctx, http.MethodPost, "runs/search", nil, map[string]any{"experiment_ids": []string{experimentID},
-		"filter": strings.Join(filter, " and "), "max_results": 1, "order_by": []string{"attributes.start_time DESC"}}, &got)
-	if err != nil || len(got.Runs) == 0 {
+		"filter": strings.Join(filter, " and "), "max_results": 50, "order_by": []string{"attributes.start_time DESC"}}, &got)
+	if err != nil {
 		return "", false, err
 	}
-	return got.Runs[0].Info.ID, got.Runs[0].Info.ID != "", nil
+	for _, r := range got.Runs {
+		have := map[string]string{}
+		for _, t := range r.Data.Tags {
+			have[t.Key] = t.Value
+		}
+		match := r.Info.ID != ""
+		for _, t := range tags {
+			if v, ok := have[t.Key]; !ok || v != t.Value {
+				match = false
+			}
+		}
+		if match {
+			return r.Info.ID, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// tagFilter is one term of a runs/search filter that matches the tag's
+// value (or, where no quoting can say it, a superset of it).
+func tagFilter(t Tag) string {
+	key := "tags.`" + strings.ReplaceAll(t.Key, "`", "") + "`"
+	switch {
+	case !strings.Contains(t.Value, "'"):
+		return key + " = '" + t.Value + "'"
+	case !strings.Contains(t.Value, `"`):
+		return key + ` = "` + t.Value + `"`
+	default:
+		return key + " LIKE '" + strings.ReplaceAll(t.Value, "'", "_") + "'"
+	}
 }
 
 // CreateRun starts a run of the experiment, and is its ID.
@@ -273,7 +307,17 @@ func (c *Client) LogBatch(ctx context.Context, runID string, metrics []Metric, p
 		np := min(len(params), MaxBatchParams)
 		nt := min(len(tags), MaxBatchTags)
 		nm := min(len(metrics), MaxBatchMetrics, MaxBatchEntities-np-nt)
-		body := map[string]any{"run_id": runID, "metrics": metrics[:nm], "params": params[:np], "tags": tags[:nt]}
+		// An absent list is empty; a null one is a 500 from MLflow's server.
+		body := map[string]any{"run_id": runID}
+		if nm > 0 {
+			body["metrics"] = metrics[:nm]
+		}
+		if np > 0 {
+			body["params"] = params[:np]
+		}
+		if nt > 0 {
+			body["tags"] = tags[:nt]
+		}
 		if err := c.call(ctx, http.MethodPost, "runs/log-batch", nil, body, nil); err != nil {
 			return err
 		}

@@ -55,6 +55,18 @@ func TestLogsToARealTrackingServer(t *testing.T) {
 	if id, found, err := c.FindRun(ctx, exp, tags); err != nil || !found || id != run {
 		t.Fatalf("FindRun: %q %v %v; want %q", id, found, err, run)
 	}
+	// A value no quoting can say, and one that differs from it only where
+	// the quotes are: each finds its own run.
+	for _, v := range []string{`a'b"c\d%`, `a_b_c\d%`, `a"b'c\d%`} {
+		tags := []mlflow.Tag{{Key: "durabletrain.run", Value: v}}
+		other, err := c.CreateRun(ctx, exp, "quotes", 1000, tags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id, found, err := c.FindRun(ctx, exp, tags); err != nil || !found || id != other {
+			t.Fatalf("FindRun(%s): %q %v %v; want %q", v, id, found, err, other)
+		}
+	}
 	// More metrics than one request takes, a NaN and an infinity among them.
 	var metrics []mlflow.Metric
 	for step := int64(1); step <= 2500; step++ {

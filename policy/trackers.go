@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/url"
+	"path"
 	"strings"
 
 	"github.com/durabletrain/durabletrain/spec"
@@ -37,10 +38,15 @@ func (p Policy) CheckTracker(raw string) error {
 	return refuse("mlflow.tracking_uri %s is not among this worker's -trackers (%s)", raw, strings.Join(p.Trackers, ","))
 }
 
-// pathUnder says whether path p is at or under root.
+// pathUnder says whether path p is at or under root, once each is cleaned
+// (a "/mlflow/../admin" is not under "/mlflow"); an escaped path is
+// compared as the server would decode it.
 func pathUnder(p, root string) bool {
-	root = strings.TrimRight(root, "/")
-	p = strings.TrimRight(p, "/")
+	if u, err := url.PathUnescape(p); err == nil {
+		p = u
+	}
+	root = strings.TrimRight(path.Clean("/"+root), "/")
+	p = path.Clean("/" + p)
 	return root == "" || p == root || strings.HasPrefix(p, root+"/")
 }
 

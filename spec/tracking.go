@@ -165,7 +165,7 @@ func flatten(out map[string]string, prefix string, raw json.RawMessage, depth in
 		return
 	}
 	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if trimmed := strings.TrimSpace(string(raw)); strings.HasPrefix(trimmed, `"`) && json.Unmarshal(raw, &s) == nil {
 		out[prefix] = s
 		return
 	}
