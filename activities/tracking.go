@@ -98,7 +98,7 @@ func (t Tracker) track(ctx context.Context, c *mlflow.Client, in spec.TrackInput
 	var metrics []mlflow.Metric
 	for _, r := range in.Reports {
 		for _, k := range sortedKeys(r.Metrics) {
-			metrics = append(metrics, mlflow.Metric{Key: k, Value: r.Metrics[k], Timestamp: r.Millis, Step: int64(r.Iteration)})
+			metrics = append(metrics, mlflow.Metric{Key: spec.MLflowName(k), Value: r.Metrics[k], Timestamp: r.Millis, Step: int64(r.Iteration)})
 		}
 	}
 	params := make([]mlflow.Tag, 0, len(in.Params))

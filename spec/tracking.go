@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -79,6 +80,8 @@ func (m *MLflow) check() error {
 		switch {
 		case k == "" || len(k) > MaxTrackerTagKey || !utf8.ValidString(k) || strings.ContainsAny(k, "\x00\n\r"):
 			return fmt.Errorf("mlflow.tags has the key %.80q; want 1 to %d characters on one line", k, MaxTrackerTagKey)
+		case MLflowName(k) != k:
+			return fmt.Errorf("mlflow.tags has the key %.80q; MLflow takes letters, digits, _ - . : space and /, with no empty, . or .. part (such as %q)", k, MLflowName(k))
 		case strings.HasPrefix(k, TrackerTagPrefix):
 			return fmt.Errorf("mlflow.tags[%q]: tags beginning %q are durabletrain's own (the run, its search, state and checkpoint); name it otherwise", k, TrackerTagPrefix)
 		case len(v) > MaxTrackerTagValue || !utf8.ValidString(v):
@@ -143,7 +146,7 @@ func (t Training) Params() []KeyValue {
 	sort.Strings(keys)
 	kv := make([]KeyValue, 0, len(keys))
 	for _, k := range keys {
-		kv = append(kv, KeyValue{Key: cut(k, 250), Value: cut(out[k], 6000)})
+		kv = append(kv, KeyValue{Key: MLflowName(k), Value: cut(out[k], 6000)})
 	}
 	return kv
 }
@@ -170,6 +173,27 @@ func flatten(out map[string]string, prefix string, raw json.RawMessage, depth in
 		return
 	}
 	out[prefix] = string(raw)
+}
+
+// MLflowName is key as MLflow takes a metric, param or tag name: letters,
+// digits, _ - . : space and /, its parts between slashes neither empty
+// nor "." or ".."; each other character becomes "_" (a metric a program
+// reports as "acc@1" is logged as "acc_1"), and it is cut to 250 bytes.
+func MLflowName(key string) string {
+	b := []rune(key)
+	for i, r := range b {
+		if !(unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune("_-.: /", r)) {
+			b[i] = '_'
+		}
+	}
+	parts := strings.Split(string(b), "/")
+	for i, p := range parts {
+		switch p {
+		case "", ".", "..":
+			parts[i] = strings.Repeat("_", max(1, len(p)))
+		}
+	}
+	return cut(strings.Join(parts, "/"), 250)
 }
 
 // cut shortens s to at most n bytes, on a rune boundary.
@@ -221,7 +245,7 @@ type TrackInput struct {
 	Workflow string          `json:"workflow"`  // the run's workflow ID (TrackerTagRun)
 	FirstRun string          `json:"first_run"` // its first execution's run ID (TrackerTagFirstRun)
 	Search   string          `json:"search,omitempty"`
-	Name     string          `json:"name"`   // the MLflow run's name
+	Name     string          `json:"name"`    // the MLflow run's name
 	Started  int64           `json:"started"` // the run's start, in milliseconds
 	RunID    string          `json:"run_id,omitempty"`
 	Params   []KeyValue      `json:"params,omitempty"`

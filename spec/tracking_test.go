@@ -20,6 +20,7 @@ func TestMLflowSectionNamesTheFieldAndWhatIsAccepted(t *testing.T) {
 		{`{"mlflow": {"tracking_uri": "http://m", "experiment_name": "a\nb"}}`, "mlflow.experiment_name"},
 		{`{"mlflow": {"tracking_uri": "http://m", "experiment_name": "` + strings.Repeat("e", 501) + `"}}`, "at most 500 characters"},
 		{`{"mlflow": {"tracking_uri": "http://m", "tags": {"": "x"}}}`, "mlflow.tags has the key"},
+		{`{"mlflow": {"tracking_uri": "http://m", "tags": {"owner@team": "x"}}}`, `MLflow takes letters, digits, _ - . : space and /, with no empty, . or .. part (such as "owner_team")`},
 		{`{"mlflow": {"tracking_uri": "http://m", "tags": {"durabletrain.state": "x"}}}`, `mlflow.tags["durabletrain.state"]: tags beginning "durabletrain."`},
 		{`{"mlflow": {"tracking_uri": "http://m", "tags": {"k": "` + strings.Repeat("v", 5001) + `"}}}`, "want at most 5000"},
 		{`{"mlflow": {"tracking_uri": "http://m", "token": "x"}}`, "token"},
@@ -116,5 +117,21 @@ func TestMLflowStatusAndCheckpointLocation(t *testing.T) {
 	ref := CheckpointRef{URL: "s3://bucket/ckpt/?endpoint=http://minio:9000&region=x", Run: "wf-1", ID: "e3"}
 	if got := ref.Location(); got != "s3://bucket/ckpt/wf-1/e3" {
 		t.Fatalf("location %s", got)
+	}
+}
+
+// A name MLflow would refuse (and so lose the whole batch) is made one it
+// takes; one it takes is left as it is.
+func TestMLflowNameIsOneMLflowTakes(t *testing.T) {
+	for in, want := range map[string]string{
+		"loss": "loss", "val/acc": "val/acc", "top-1 acc: train.v2": "top-1 acc: train.v2", "Genauigkeit_ä": "Genauigkeit_ä",
+		"acc@1": "acc_1", "a\nb": "a_b", "/abs": "_/abs", "a//b": "a/_/b", "a/../b": "a/__/b", ".": "_", "": "_", "trail/": "trail/_",
+	} {
+		if got := MLflowName(in); got != want {
+			t.Errorf("MLflowName(%q) = %q; want %q", in, got, want)
+		}
+	}
+	if got := MLflowName(strings.Repeat("k", 300)); len(got) != 250 {
+		t.Errorf("a 300-byte name is %d bytes", len(got))
 	}
 }
