@@ -3,6 +3,7 @@ package workflows
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -39,10 +40,11 @@ const (
 	trackerBatch      = 50 // reports per call (each up to 67 metrics: one log-batch request)
 	trackerMaxBackoff = time.Minute
 	// trackerEndWait bounds how long a run that ends waits for its last
-	// reports and its end to be logged, while the server answers; one
-	// that fails is waited for through one call (at most
-	// activities.TrackerCallTimeout per request).
-	trackerEndWait = time.Minute
+	// reports and its end to be logged, the server answering or not: one
+	// that is down is called again every trackerEndBackoff meanwhile, and
+	// what is still unlogged after the wait is reported as an incident.
+	trackerEndWait    = time.Minute
+	trackerEndBackoff = 5 * time.Second
 )
 
 // startTracking starts the run's tracker, if its spec names a server.
@@ -110,9 +112,11 @@ func (t *tracker) loop(ctx workflow.Context, r *run) {
 		}
 		refused := isTrackerRefused(err)
 		if t.st.Error == "" || refused {
-			detail := fmt.Sprintf("MLflow tracking server %s: %s; the run trains on, keeps its reports and logs them when the server answers", t.cfg.TrackingURI, errText(err))
+			// The activity's error names the server, as the incident does.
+			why := strings.TrimPrefix(errText(err), "tracking server "+t.cfg.TrackingURI+": ")
+			detail := fmt.Sprintf("MLflow tracking server %s: %s; the run trains on, keeps its reports and logs them when the server answers", t.cfg.TrackingURI, why)
 			if refused {
-				detail = fmt.Sprintf("MLflow tracking server %s refused the run: %s; nothing more is logged to it", t.cfg.TrackingURI, errText(err))
+				detail = fmt.Sprintf("MLflow tracking server %s refused the run: %s; nothing more is logged to it", t.cfg.TrackingURI, why)
 			}
 			r.p.AddIncident(spec.Incident{Generation: r.p.Generation, Epoch: r.p.Epoch, Kind: spec.IncidentTracker, Detail: detail})
 		}
@@ -123,7 +127,12 @@ func (t *tracker) loop(ctx workflow.Context, r *run) {
 		}
 		t.failures++
 		backoff := min(trackerMaxBackoff, time.Second<<min(t.failures-1, 6))
-		if _, err := workflow.AwaitWithTimeout(ctx, backoff, func() bool { return t.hurry || t.closed }); err != nil {
+		hurried := t.hurry
+		if hurried {
+			backoff = min(backoff, trackerEndBackoff)
+		}
+		// A run that starts to end cuts a long backoff short, once.
+		if _, err := workflow.AwaitWithTimeout(ctx, backoff, func() bool { return t.hurry && !hurried || t.closed }); err != nil {
 			return
 		}
 	}
@@ -165,15 +174,24 @@ func (r *run) report(ctx workflow.Context, m spec.EpochMetrics) {
 }
 
 // endTracking logs the run's end (its state, its latest checkpoint) and
-// waits, bounded, for the tracker to send it: while the server answers,
-// at most trackerEndWait; while it fails, through one more call.
+// waits, at most trackerEndWait, for the tracker to send it and the
+// reports still kept, calling a server that is down again meanwhile; what
+// is left unlogged is reported as an incident.
 func (r *run) endTracking(ctx workflow.Context) {
 	r.flushTracking(ctx, true)
+	t := r.track
+	if t == nil || t.st.GaveUp || t.st.Ended {
+		return
+	}
+	r.p.AddIncident(spec.Incident{Generation: r.p.Generation, Epoch: r.p.Epoch, Kind: spec.IncidentTracker,
+		Detail: fmt.Sprintf("MLflow tracking server %s did not log the run's end within %s of it (%s); %d reports were not logged and are in the run's progress (mlflow.pending)",
+			t.cfg.TrackingURI, trackerEndWait, strings.TrimPrefix(t.st.Error, "tracking server "+t.cfg.TrackingURI+": "), len(t.st.Pending))})
 }
 
-// flushTracking waits for the tracker as endTracking does, with the end
-// (end) or without it (before continue-as-new, which carries what is left),
-// then stops the tracker's goroutine.
+// flushTracking waits for the tracker as endTracking says, with the end
+// (end), or without it (before continue-as-new, which carries what is
+// left): then a server that fails is waited for through one more call.
+// Then it stops the tracker's goroutine.
 func (r *run) flushTracking(ctx workflow.Context, end bool) {
 	t := r.track
 	if t == nil || t.closed {
@@ -189,7 +207,7 @@ func (r *run) flushTracking(ctx workflow.Context, end bool) {
 	from := t.attempts
 	dctx, _ := workflow.NewDisconnectedContext(ctx)
 	workflow.AwaitWithTimeout(dctx, trackerEndWait, func() bool {
-		return !t.work() || t.attempts > from && t.st.Error != ""
+		return !t.work() || !end && t.attempts > from && t.st.Error != ""
 	})
 	t.closed = true
 }

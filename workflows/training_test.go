@@ -77,7 +77,9 @@ type release struct {
 	in    spec.ReleaseHoldInput
 }
 
-func newHarness(t *testing.T) *harness {
+// newHarness registers the fake activities, and those of more (which the
+// mocks must follow).
+func newHarness(t *testing.T, more ...func(*harness)) *harness {
 	var suite testsuite.WorkflowTestSuite
 	counted := &countingMetrics{counts: map[string]int64{}}
 	suite.SetMetricsHandler(counted)
@@ -178,6 +180,9 @@ func newHarness(t *testing.T) *harness {
 		h.mu.Unlock()
 		return nil
 	}, activity.RegisterOptions{Name: spec.ActivityReleaseHold})
+	for _, register := range more {
+		register(h)
+	}
 	h.env.OnActivity(startedHolds, mock.Anything).Return(func(context.Context) ([]string, error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
