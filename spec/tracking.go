@@ -33,6 +33,15 @@ type MLflow struct {
 	// LogParamsOnTrialEnd logs the params when the run ends instead of when
 	// it starts (Ray's log_params_on_trial_end).
 	LogParamsOnTrialEnd bool `json:"log_params_on_trial_end,omitempty"`
+	// ConfigPrefix, if set, is put before the run's config keys in its
+	// params: the Python driver sets "train_loop_config", so that a
+	// trainer's trial logs train_loop_config/lr, as Ray's does.
+	ConfigPrefix string `json:"config_prefix,omitempty"`
+	// Params are logged besides the config, flattened the same way (the
+	// config wins a key both have): the Python driver puts here a
+	// trainer's train_loop_config, which travels to the ranks pickled, not
+	// in the spec. At most MaxTrackerParamsBytes of JSON.
+	Params map[string]json.RawMessage `json:"params,omitempty"`
 }
 
 // Limits of the MLflow section: MLflow's own (a tag's key and value) and
@@ -43,6 +52,8 @@ const (
 	MaxTrackerTagValue = 5000
 	MaxTrackerURI      = 2048
 	MaxExperimentName  = 500
+	// MaxTrackerParamsBytes bounds mlflow.params, as JSON.
+	MaxTrackerParamsBytes = 8 << 10 // the whole spec is at most 16 KiB
 )
 
 // DefaultExperiment is MLflow's default experiment's name.
@@ -72,6 +83,15 @@ func (m *MLflow) check() error {
 	}
 	if len(m.ExperimentName) > MaxExperimentName || !utf8.ValidString(m.ExperimentName) || strings.ContainsAny(m.ExperimentName, "\x00\n\r") {
 		return fmt.Errorf("mlflow.experiment_name is %.80q; want at most %d characters on one line", m.ExperimentName, MaxExperimentName)
+	}
+	if m.ConfigPrefix != "" && (len(m.ConfigPrefix) > 100 || MLflowName(m.ConfigPrefix) != m.ConfigPrefix) {
+		return fmt.Errorf("mlflow.config_prefix is %.80q; want at most 100 of letters, digits, _ - . : space and /, such as \"train_loop_config\"", m.ConfigPrefix)
+	}
+	if m.Params != nil {
+		b, _ := json.Marshal(m.Params)
+		if len(b) > MaxTrackerParamsBytes {
+			return fmt.Errorf("mlflow.params is %d bytes of JSON; want at most %d (MLflow keeps a param's value to 6,000 characters)", len(b), MaxTrackerParamsBytes)
+		}
 	}
 	if len(m.Tags) > MaxTrackerTags {
 		return fmt.Errorf("mlflow.tags has %d tags; want at most %d", len(m.Tags), MaxTrackerTags)
@@ -124,8 +144,17 @@ func CheckTrackingURI(field, raw string) error {
 // and 6,000 characters) are cut, and sorted by key.
 func (t Training) Params() []KeyValue {
 	out := map[string]string{}
+	prefix := ""
+	if t.MLflow != nil {
+		for k, raw := range t.MLflow.Params {
+			flatten(out, k, raw, 0)
+		}
+		if t.MLflow.ConfigPrefix != "" {
+			prefix = t.MLflow.ConfigPrefix + "/"
+		}
+	}
 	for k, raw := range t.Config {
-		flatten(out, k, raw, 0)
+		flatten(out, prefix+k, raw, 0)
 	}
 	if t.Trainer == TrainerNative {
 		h := t.Hyper

@@ -24,6 +24,8 @@ func TestMLflowSectionNamesTheFieldAndWhatIsAccepted(t *testing.T) {
 		{`{"mlflow": {"tracking_uri": "http://m", "tags": {"durabletrain.state": "x"}}}`, `mlflow.tags["durabletrain.state"]: tags beginning "durabletrain."`},
 		{`{"mlflow": {"tracking_uri": "http://m", "tags": {"k": "` + strings.Repeat("v", 5001) + `"}}}`, "want at most 5000"},
 		{`{"mlflow": {"tracking_uri": "http://m", "token": "x"}}`, "token"},
+		{`{"mlflow": {"tracking_uri": "http://m", "config_prefix": "a@b"}}`, "mlflow.config_prefix"},
+		{`{"mlflow": {"tracking_uri": "http://m", "params": {"big": "` + strings.Repeat("p", 9000) + `"}}}`, "mlflow.params is 9010 bytes of JSON; want at most 8192"},
 	} {
 		s, err := Parse([]byte(c.raw))
 		if err == nil {
@@ -105,6 +107,23 @@ func TestParamsFlattenTheConfigAsRayDoes(t *testing.T) {
 	}
 	if p["hyper/epochs"] != "4" || p["hyper/lr"] != "0.001" || p["hyper/optimizer"] != "adam" || p["model/hidden"] != "[64,32]" || p["num_workers"] != "2" {
 		t.Fatalf("native params %v", p)
+	}
+}
+
+// A Python trainer's train_loop_config travels pickled: the driver gives
+// it as mlflow.params; a trial's config keys are logged under the prefix,
+// and win over the params.
+func TestParamsOfAPythonTrainersTrial(t *testing.T) {
+	s := Training{Trainer: TrainerExec, Scaling: Scaling{Workers: 2},
+		Config: map[string]json.RawMessage{"lr": json.RawMessage(`0.1`)},
+		MLflow: &MLflow{TrackingURI: "http://m", ConfigPrefix: "train_loop_config",
+			Params: map[string]json.RawMessage{"train_loop_config": json.RawMessage(`{"lr": 0.5, "epochs": 3}`)}}}
+	got := map[string]string{}
+	for _, kv := range s.Params() {
+		got[kv.Key] = kv.Value
+	}
+	if len(got) != 3 || got["train_loop_config/lr"] != "0.1" || got["train_loop_config/epochs"] != "3" || got["num_workers"] != "2" {
+		t.Fatalf("params %v", got)
 	}
 }
 
