@@ -1,0 +1,1 @@
+"""Experiment trackers a run logs to (``ray.air.integrations`` → ``durabletrain.air.integrations``)."""
