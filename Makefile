@@ -105,7 +105,7 @@ bins:
 
 ## test-python: the Python package's tests (pytest, against a real local cluster) and its docstrings' examples
 test-python: python-env
-	cd python && ../.venv/bin/python -m pytest -q -p no:cacheprovider --doctest-modules durabletrain tests
+	cd python && ../.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 --doctest-modules durabletrain tests
 
 vet:
 	$(GO) vet ./...

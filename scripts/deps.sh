@@ -3,12 +3,13 @@
 # when they are missing. Safe to run again; needs root (or sudo) to install.
 #   scripts/deps.sh            what the demo needs
 #   scripts/deps.sh test       also PyTorch, torchvision and venv, for the exec backend's and the Python package's tests
-#                              (and Prometheus, whose promtool and server test the alert rules and dashboard)
+#                              (and Prometheus, whose promtool and server test the alert rules and dashboard,
+#                              and Chromium, in which Playwright drives the Web UI)
 #   scripts/deps.sh bench      also the peers the benchmarks compare against
 set -euo pipefail
 need=(libopenblas-dev dataset-fashion-mnist)
 case "${1:-}" in
-  test) need+=(python3-torch python3-torchvision python3-venv prometheus) ;;
+  test) need+=(python3-torch python3-torchvision python3-venv prometheus chromium) ;;
   bench) need+=(python3-torch python3-torchvision libopenblas0-openmp openmpi-bin libopenmpi-dev awscli) ;;
 esac
 missing=()

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 #: The most ranks a run may ask for (the Go side's spec.MaxWorkers).
 MAX_WORKERS = 8192
@@ -229,8 +229,12 @@ class RunConfig:
     stop: Optional[Dict[str, Any]] = None
     #: 0: silent; 1: a line per report and per incident; in Jupyter, a live table and plot.
     verbose: int = 1
+    #: Ray's callbacks: ``MLflowLoggerCallback`` (durabletrain.air.integrations.mlflow),
+    #: which the run's workers carry out, so that it logs also when the driver is gone.
+    callbacks: Optional[List[Any]] = None
 
     def __post_init__(self) -> None:
+        self.callbacks = _check_callbacks(self.callbacks)
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name or len(self.name) > 200 or any(c in self.name for c in "/\\\n\r\t"):
                 raise ValueError("RunConfig.name is %r; want a name of 1 to 200 characters without slashes or line breaks" % (self.name,))
@@ -252,10 +256,39 @@ class RunConfig:
         _check_int("RunConfig", "verbose", self.verbose, 0, 2)
 
     @property
+    def mlflow(self) -> Any:
+        """The MLflowLoggerCallback among the callbacks, or None."""
+        from durabletrain.air.integrations.mlflow import MLflowLoggerCallback
+        for cb in self.callbacks or ():
+            if isinstance(cb, MLflowLoggerCallback):
+                return cb
+        return None
+
+    @property
     def max_iterations(self) -> int:
         if self.stop:
             return int(self.stop["training_iteration"])
         return MAX_ITERATIONS
+
+
+def _check_callbacks(callbacks: Any) -> Optional[List[Any]]:
+    if callbacks is None:
+        return None
+    from durabletrain.air.integrations.mlflow import MLflowLoggerCallback
+    if isinstance(callbacks, (str, bytes, Mapping)) or not hasattr(callbacks, "__iter__"):
+        raise TypeError("RunConfig.callbacks is %r; want a list such as [MLflowLoggerCallback(...)]" % (callbacks,))
+    out = list(callbacks)
+    seen = False
+    for i, cb in enumerate(out):
+        if not isinstance(cb, MLflowLoggerCallback):
+            raise ValueError("RunConfig.callbacks[%d] is %r; durabletrain carries out MLflowLoggerCallback "
+                             "(durabletrain.air.integrations.mlflow) only: a callback of your own would run in a driver "
+                             "the run outlives; report from the train function instead" % (i, cb))
+        if seen:
+            raise ValueError("RunConfig.callbacks[%d] is a second MLflowLoggerCallback; want one (a run is logged to one "
+                             "tracking server)" % i)
+        seen = True
+    return out
 
 
 def replace(config: Any, **changes: Any) -> Any:

@@ -231,7 +231,24 @@ class Job:
             if not isinstance(run, str):
                 raise TypeError("%s: resume_from_checkpoint is %r; want a run's name or its Result" % (self.owner, self.resume_from))
             spec["resume_from"] = run
+        cb = self.run.mlflow
+        if cb is not None:
+            spec["mlflow"] = self.mlflow_section(cb)
         return spec
+
+    def mlflow_section(self, cb: Any, prefix: Optional[str] = "train_loop_config") -> Dict[str, Any]:
+        """The spec's mlflow section for a run logged by ``cb``: the params
+        are the trial's config as Ray logs it ({"train_loop_config": {...}}
+        flattened: train_loop_config/lr), the spec's config (JSON) under the
+        prefix, the pickled config as the section's params."""
+        out = cb.to_spec()
+        if prefix:
+            out["config_prefix"] = prefix
+        if not isinstance(self.fn, str) and self.config:
+            values = mlflow_params(self.config, self.owner)
+            if values:
+                out["params"] = {prefix: values} if prefix else values
+        return out
 
     def spec(self, cluster: Any = None) -> Dict[str, Any]:
         if self._spec is None:
@@ -258,6 +275,52 @@ class Job:
         if error is not None or result.state not in ("completed", "stopped"):
             raise TrainingFailedError("%s %s: %s" % (self.owner, self.name, error or "the run ended %s" % result.state), result)
         return result
+
+
+#: The spec's bound on mlflow.params, as JSON (spec.MaxTrackerParamsBytes).
+MAX_TRACKER_PARAMS_BYTES = 8 << 10
+
+
+def _jsonable(v: Any, depth: int = 0) -> Any:
+    """A config value as MLflow can log it: JSON's own, else its str()
+    (as Ray's MLflow callback logs an object), cut to 6,000 characters."""
+    if v is None or isinstance(v, (bool, int, float)):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return str(v)
+        return v
+    if isinstance(v, str):
+        return v[:6000]
+    if isinstance(v, dict) and depth < 8:
+        return {str(k): _jsonable(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) and depth < 8:
+        try:
+            text = json.dumps([_jsonable(x, depth + 1) for x in v])
+        except (TypeError, ValueError):
+            text = str(v)
+        return text[:6000]
+    try:
+        import numpy
+        if isinstance(v, numpy.generic):
+            return _jsonable(v.item(), depth)
+    except ImportError:
+        pass
+    return str(v)[:6000]
+
+
+def mlflow_params(config: Dict[str, Any], owner: str) -> Dict[str, Any]:
+    """train_loop_config as the mlflow section's params: JSON values, the
+    largest keys left out (with a warning) past MAX_TRACKER_PARAMS_BYTES."""
+    import warnings
+    values = {str(k): _jsonable(v) for k, v in config.items()}
+    dropped = []
+    while values and len(json.dumps(values)) > MAX_TRACKER_PARAMS_BYTES - 512:
+        biggest = max(values, key=lambda k: len(json.dumps(values[k])))
+        dropped.append(biggest)
+        del values[biggest]
+    if dropped:
+        warnings.warn("%s: train_loop_config is more than %d KiB as MLflow params; not logged to MLflow: %s"
+                      % (owner, MAX_TRACKER_PARAMS_BYTES >> 10, ", ".join(sorted(dropped))), stacklevel=3)
+    return values
 
 
 def start_or_attach(cluster: Any, workflow_id: str, workflow: str, arg: Any) -> Any:

@@ -283,6 +283,9 @@ class Tuner:
                                 "function" % (trainable,))
             # A function trainable's param_space is its config itself, as in Ray.
             param_space = {"train_loop_config": dict(param_space or {})}
+            self._function_trainable = True
+        else:
+            self._function_trainable = False
         self.trainer = trainable
         self.param_space = param_space or {}
         self.tune_config = tune_config or TuneConfig()
@@ -311,6 +314,13 @@ class Tuner:
         job.name = self.name
         train = job.build_spec(cluster)
         train.pop("name", None)
+        # Ray: the Tuner's run_config wins the trainer's, callbacks included;
+        # a function trainable's trial config is logged as itself ("lr"), a
+        # trainer's under train_loop_config, as Ray's MLflow callback does.
+        train.pop("mlflow", None)
+        cb = self.run_config.mlflow
+        if cb is not None:
+            train["mlflow"] = job.mlflow_section(cb, None if self._function_trainable else "train_loop_config")
         tc = self.tune_config
         s: Dict[str, Any] = {"name": self.name, "train": train,
                              "param_space": {_key(k): dict(v) for k, v in self.domains.items()},
@@ -453,7 +463,8 @@ class CLIReporter:
 def run(run_or_experiment: Any, *, config: Optional[Dict[str, Any]] = None, num_samples: int = 1, scheduler: Any = None,
         search_alg: Any = None, stop: Optional[Dict[str, Any]] = None, resources_per_trial: Optional[Dict[str, Any]] = None,
         metric: Optional[str] = None, mode: Optional[str] = None, name: Optional[str] = None, storage_path: Optional[str] = None,
-        max_concurrent_trials: Optional[int] = None, progress_reporter: Any = None, verbose: int = 1, **ignored: Any) -> ExperimentAnalysis:
+        max_concurrent_trials: Optional[int] = None, progress_reporter: Any = None, verbose: int = 1,
+        callbacks: Optional[List[Any]] = None, **ignored: Any) -> ExperimentAnalysis:
     """Ray Tune's tune.run over a Trainable class or a function trainable."""
     from durabletrain.train import RunConfig, ScalingConfig
     from durabletrain.train.torch import TorchTrainer
@@ -470,11 +481,12 @@ def run(run_or_experiment: Any, *, config: Optional[Dict[str, Any]] = None, num_
     scaling = ScalingConfig(num_workers=1, use_gpu=gpus > 0, resources_per_worker={"GPU": gpus} if gpus > 1 else None)
     stop = dict(stop or {})
     iterations = stop.get("training_iteration")
-    rc = RunConfig(name=name, storage_path=storage_path, verbose=verbose,
+    rc = RunConfig(name=name, storage_path=storage_path, verbose=verbose, callbacks=callbacks,
                    stop={"training_iteration": int(iterations)} if iterations is not None else None)
     tuner = Tuner(TorchTrainer(fn, scaling_config=scaling, run_config=rc), param_space={"train_loop_config": dict(config or {})},
                   tune_config=TuneConfig(metric=metric, mode=mode, num_samples=num_samples, scheduler=scheduler, search_alg=search_alg,
                                          max_concurrent_trials=max_concurrent_trials),
                   run_config=rc)
     tuner.stop = {k: float(v) for k, v in stop.items()}
+    tuner._function_trainable = True  # its trials' params are logged as the config's own keys, as Ray's are
     return ExperimentAnalysis(tuner.fit())
