@@ -127,6 +127,16 @@ func (r *run) runEpoch(ctx workflow.Context, epoch int) epochOutcome {
 // that are not blamed to report that they survived.
 const survivorGrace = time.Second
 
+// publishEpoch publishes the progress after an epoch (before the
+// publish-progress version, the memo alone).
+func (r *run) publishEpoch(ctx workflow.Context) {
+	if publishesProgress(ctx) {
+		r.publish(ctx)
+		return
+	}
+	workflow.UpsertMemo(ctx, memo(r.p))
+}
+
 // record counts a finished epoch and tells the run's search, if it is a trial.
 func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	if res.Finished {
@@ -140,7 +150,7 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 		if workflow.GetVersion(ctx, "finished-where-restored", workflow.DefaultVersion, 1) >= 1 {
 			r.p.Epoch = max(r.p.Epoch, res.Metrics.Epoch)
 		}
-		workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs})
+		r.publishEpoch(ctx)
 		return
 	}
 	r.p.AddMetrics(res.Metrics)
@@ -152,8 +162,7 @@ func (r *run) record(ctx workflow.Context, res spec.EpochResult) {
 	if res.Restored != nil {
 		r.restored(r.p.Generation, res.Metrics.Epoch, *res.Restored)
 	}
-	workflow.UpsertMemo(ctx, map[string]any{"epoch": r.p.Epoch, "epochs": r.p.Epochs,
-		"test_accuracy": res.Metrics.TestAccuracy, "test_loss": res.Metrics.TestLoss})
+	r.publishEpoch(ctx)
 	// A trial of a search reports to it (fire and forget: a search that has
 	// ended has nothing to decide).
 	if parent := workflow.GetInfo(ctx).ParentWorkflowExecution; parent != nil {

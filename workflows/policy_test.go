@@ -234,6 +234,23 @@ func TestRunNameAndDetails(t *testing.T) {
 	if got := details(p); got != want {
 		t.Errorf("details:\n got %s\nwant %s", got, want)
 	}
+	// An exec program's report: what it reported, no accuracy of 0; a
+	// program that ends itself has no epoch count.
+	ex := &spec.Progress{State: spec.StateTraining, Epoch: 3, Epochs: spec.MaxEpochs, Failures: 2, Preemptions: 1, Generation: 2,
+		Gang:      []spec.Placement{{Worker: "h1"}, {Worker: "h2"}, {Worker: "h1"}},
+		Incidents: []spec.Incident{{Kind: spec.IncidentPreemption}}, IncidentsDropped: 2,
+		Metrics: []spec.EpochMetrics{{Epoch: 2, Other: map[string]float64{"loss": 0.25, "acc": 0.5, "a": 1, "b": 2, "z": 3, "epoch": 2},
+			Absent: []string{spec.MetricTestAccuracy, spec.MetricTestLoss, spec.MetricTrainLoss}}}}
+	if got, want := details(ex), "**training** · epoch 3 · a 1 · acc 0.5 · b 2 · loss 0.25 · 1 more metrics · gang 2 on h1 (2 ranks), h2 · 2 failures, 1 preemptions"; got != want {
+		t.Errorf("details of an exec run:\n got %s\nwant %s", got, want)
+	}
+	m := memo(ex)
+	if got, want := fmt.Sprint(m), "map[epoch:3 epochs:<nil> failures:2 incidents:3 metrics:map[a:1 acc:0.5 b:2 epoch:2 loss:0.25 z:3] preemptions:1]"; got != want {
+		t.Errorf("memo of an exec run:\n got %s\nwant %s", got, want)
+	}
+	if m := memo(p); m["epochs"] != 5 || fmt.Sprint(m["metrics"]) != "map[test_accuracy:0.81234 test_loss:0 train_loss:0.5]" {
+		t.Errorf("memo of a native run: %v", m)
+	}
 	p.State, p.Waiting = spec.StateFormingGang, `gang 4: 1 of 2 slots granted on task queue "gpu"; waiting until 12:00:00 (scaling.gang_timeout 1m0s)`
 	if got := details(p); !strings.HasSuffix(got, "\n\n"+p.Waiting) {
 		t.Errorf("details of a run waiting for slots:\n%s\nwant what it waits for", got)

@@ -186,6 +186,9 @@ func (r *run) endTracking(ctx workflow.Context) {
 	r.p.AddIncident(spec.Incident{Generation: r.p.Generation, Epoch: r.p.Epoch, Kind: spec.IncidentTracker,
 		Detail: fmt.Sprintf("MLflow tracking server %s did not log the run's end within %s of it (%s); %d reports were not logged and are in the run's progress (mlflow.pending)",
 			t.cfg.TrackingURI, trackerEndWait, strings.TrimPrefix(t.st.Error, "tracking server "+t.cfg.TrackingURI+": "), len(t.st.Pending))})
+	if publishesProgress(ctx) {
+		r.publish(ctx)
+	}
 }
 
 // flushTracking waits for the tracker as endTracking says, with the end

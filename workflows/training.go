@@ -114,6 +114,9 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 type run struct {
 	spec   spec.Training
 	p      *spec.Progress
+	// published is what publish last wrote (memo, state and epoch), so
+	// that an unchanged progress adds no command to the history.
+	published string
 	stop   workflow.Channel // stop requests, by signal or update
 	grants workflow.ReceiveChannel
 	// stallsHeard: ranks' word that they heard their ring declare them
@@ -198,6 +201,9 @@ func (r *run) handle(ctx workflow.Context) error {
 			r.signals++
 			if g.Generation >= 1 && g.Generation <= r.p.Generation && !r.ofAnotherRun(ctx, g.RunID) {
 				r.restored(g.Generation, g.Epoch, g.Report)
+				if publishesProgress(ctx) {
+					r.publish(ctx) // the UI's memo counts the incident while the epoch goes on
+				}
 			}
 		}
 	})
@@ -380,8 +386,37 @@ func (r *run) setState(ctx workflow.Context, state string) {
 		workflow.GetMetricsHandler(ctx).WithTags(map[string]string{"state": state}).Counter(metricname.RunsEnded).Inc(1)
 	}
 	workflow.SetCurrentDetails(ctx, details(r.p))
+	if publishesProgress(ctx) {
+		r.publish(ctx)
+		return
+	}
+	r.upsertSearchAttributes(ctx)
+}
+
+// publishesProgress: a run that publishes its memo and search attributes
+// at every change of state and every epoch, so that the Temporal UI's
+// memo and DurabletrainEpoch agree with the progress query (before, the
+// memo changed at epochs only and the search attributes at states only).
+func publishesProgress(ctx workflow.Context) bool {
+	return workflow.GetVersion(ctx, "publish-progress", workflow.DefaultVersion, 1) >= 1
+}
+
+// publish writes what the Temporal UI shows of the run's progress: its
+// memo, and (when the spec asks) its search attributes.
+func (r *run) publish(ctx workflow.Context) {
+	m := memo(r.p)
+	key := fmt.Sprint(r.p.State, " ", m) // fmt sorts a map's keys: the same progress, the same key
+	if key == r.published {
+		return
+	}
+	r.published = key
+	workflow.UpsertMemo(ctx, m) // replay compares the command's kind, not the memo
+	r.upsertSearchAttributes(ctx)
+}
+
+func (r *run) upsertSearchAttributes(ctx workflow.Context) {
 	if r.spec.SearchAttributes {
-		if err := workflow.UpsertTypedSearchAttributes(ctx, stateAttribute.ValueSet(state), epochAttribute.ValueSet(int64(r.p.Epoch))); err != nil {
+		if err := workflow.UpsertTypedSearchAttributes(ctx, stateAttribute.ValueSet(r.p.State), epochAttribute.ValueSet(int64(r.p.Epoch))); err != nil {
 			workflow.GetLogger(ctx).Warn("search attributes not upserted", "error", err)
 		}
 	}

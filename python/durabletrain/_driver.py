@@ -214,6 +214,10 @@ class Job:
             "checkpoint": checkpoint,
             "failure": self.run.failure_config.to_spec(),
         }
+        if cluster.local:
+            # The local dev server has durabletrain's search attributes: the Web UI lists runs by
+            # DurabletrainState and DurabletrainEpoch (a namespace of your own may lack them).
+            spec["search_attributes"] = True
         if cluster.local and not self.working_dir:
             spec["exec"]["dir"] = os.getcwd()  # a local cluster's ranks start where the driver is, as Ray's do
         if isinstance(self.fn, str) and self.config:
