@@ -112,13 +112,13 @@ func TrainingWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.Pro
 }
 
 type run struct {
-	spec   spec.Training
-	p      *spec.Progress
+	spec spec.Training
+	p    *spec.Progress
 	// published is what publish last wrote (memo, state and epoch), so
 	// that an unchanged progress adds no command to the history.
 	published string
-	stop   workflow.Channel // stop requests, by signal or update
-	grants workflow.ReceiveChannel
+	stop      workflow.Channel // stop requests, by signal or update
+	grants    workflow.ReceiveChannel
 	// stallsHeard: ranks' word that they heard their ring declare them
 	// stalled (stall.go).
 	stallsHeard workflow.ReceiveChannel
