@@ -9,7 +9,7 @@
 set -euo pipefail
 need=(libopenblas-dev dataset-fashion-mnist)
 case "${1:-}" in
-  test) need+=(python3-torch python3-torchvision python3-venv prometheus chromium) ;;
+  test) need+=(python3-torch python3-torchvision python3-venv prometheus chromium fonts-liberation) ;;
   bench) need+=(python3-torch python3-torchvision libopenblas0-openmp openmpi-bin libopenmpi-dev awscli) ;;
 esac
 missing=()
