@@ -48,3 +48,91 @@ def test_the_ported_reference_search_runs(cluster, tmp_path):
     assert len(df) == 4, df
     assert set(df["status"]) <= {"completed", "early-stopped"}, df
     assert {"config/lr", "config/momentum", "mean_accuracy"} <= set(df.columns), df.columns
+
+
+RESTORABLE_SEARCH = '''
+import json, os, sys, time
+from durabletrain import train, tune
+from durabletrain.train import RunConfig
+
+def objective(config):
+    for i in range(1, 4):
+        time.sleep(0.4)
+        train.report({"score": config["x"] * i})
+
+name = sys.argv[1]
+path = os.path.join(sys.argv[2], name)
+# Ray Tune's documented pattern: the same script again after its driver died.
+if tune.Tuner.can_restore(path):
+    tuner = tune.Tuner.restore(path, trainable=objective)
+    print("restored", flush=True)
+else:
+    tuner = tune.Tuner(objective, param_space={"x": tune.grid_search([1, 2, 3, 4])},
+                       tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=2),
+                       run_config=RunConfig(name=name, storage_path=sys.argv[2]))
+grid = tuner.fit()
+best = grid.get_best_result()
+print(json.dumps({"trials": [[r.workflow_id, r.status, r.iterations, r.metrics.get("score")] for r in grid],
+                  "best": best.config}), flush=True)
+'''
+
+
+def test_a_search_whose_driver_is_killed_is_restored_by_running_the_script_again(cluster, tmp_path):
+    """Ray Tune's fault tolerance: the driver SIGKILLed mid-search and the
+    script run again, which calls Tuner.restore. Here the search never
+    stopped: the second driver attaches, and no trial trains again."""
+    import json
+    import signal
+    import time
+    from conftest import wait_for
+    script = tmp_path / "search.py"
+    script.write_text(RESTORABLE_SEARCH)
+    name = "restorable-search"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.Popen([sys.executable, str(script), name, cluster.storage], cwd=str(tmp_path), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = cluster.client()
+
+    def a_trial_reported():
+        try:
+            r = cluster.loop.run(client.get_workflow_handle(name).query("results"))
+        except Exception:
+            return False
+        return any(t.get("epochs", 0) >= 1 for t in r.get("trials") or [])
+    try:
+        wait_for("a trial's first report", a_trial_reported, timeout=180, every=0.2)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    killed_at = time.time()
+    second = subprocess.run([sys.executable, str(script), name, cluster.storage], cwd=str(tmp_path), env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "restored" in second.stdout, second.stdout
+    got = json.loads(second.stdout.strip().splitlines()[-1])
+    trials = got["trials"]
+    assert len(trials) == 4 and all(t[1] == "completed" and t[2] == 3 for t in trials), trials
+    assert got["best"]["x"] == 4 and sorted(t[3] for t in trials) == [3, 6, 9, 12], got
+    # No trial started again: each trial's workflow has one run, started before or after the kill once.
+    for wid, *_ in trials:
+        runs = cluster.loop.run(_runs_of(client, wid))
+        assert runs == 1, "trial %s ran %d times" % (wid, runs)
+    assert time.time() - killed_at < 300
+
+
+async def _runs_of(client, workflow_id):
+    n = 0
+    async for _ in client.list_workflows('WorkflowId = "%s"' % workflow_id):
+        n += 1
+    return n
+
+
+def test_restore_names_what_it_cannot_restore(cluster):
+    assert not tune.Tuner.can_restore("/nowhere/no-such-search")
+    with pytest.raises(ValueError, match=r"Tuner.restore: path '/nowhere/no-such-search' names the search 'no-such-search'"):
+        tune.Tuner.restore("/nowhere/no-such-search", trainable=linear_loop)
+    with pytest.raises(ValueError, match="resume_errored=True"):
+        tune.Tuner.restore("x", trainable=linear_loop, resume_errored=True)
+    with pytest.raises(ValueError, match="path is ''"):
+        tune.Tuner.can_restore("")

@@ -347,9 +347,59 @@ class Tuner:
             s["stop"] = dict(self.stop)
         return s
 
+    @classmethod
+    def can_restore(cls, path: str) -> bool:
+        """Whether ``path`` (a search's ``storage_path/name``, or its name)
+        names a search this cluster holds, running or ended: Ray Tune's
+        ``Tuner.can_restore``.
+
+        Example:
+            >>> if Tuner.can_restore("~/durabletrain_results/asha"):   # doctest: +SKIP
+            ...     grid = Tuner.restore("~/durabletrain_results/asha", trainable=train_fn).fit()
+        """
+        return _search_of(_search_name("Tuner.can_restore", path)) is not None
+
+    @classmethod
+    def restore(cls, path: str, trainable: Any = None, *, resume_unfinished: bool = True, resume_errored: bool = False,
+                restart_errored: bool = False, param_space: Optional[Dict[str, Any]] = None, storage_filesystem: Any = None,
+                **ignored: Any) -> "Tuner":
+        """The search ``path`` names, to ``fit()`` again after its driver
+        died (Ray Tune's ``Tuner.restore``). The search itself never
+        stopped: it is a workflow, which went on without the driver, so
+        ``fit()`` attaches to it, waits for it if it still runs, and
+        returns its trials, none of them trained again. ``trainable`` and
+        ``param_space`` are taken for Ray's sake (the search holds its
+        own). A failed trial was retried within the search
+        (``FailureConfig.max_failures``); running it again after the search
+        ended (``resume_errored``, ``restart_errored``) is refused.
+        """
+        name = _search_name("Tuner.restore", path)
+        for arg, v in (("resume_errored", resume_errored), ("restart_errored", restart_errored)):
+            if v:
+                raise ValueError("Tuner.restore: %s=True: durabletrain retries a trial's failures within the search "
+                                 "(FailureConfig.max_failures), and a search that has ended runs no trial again; start a new "
+                                 "Tuner for the trials that failed" % arg)
+        if not resume_unfinished:
+            raise ValueError("Tuner.restore: resume_unfinished=False: the search's unfinished trials never stopped (the search "
+                             "went on without its driver); leave it True, or stop the search (durabletrain CLI: starter stop)")
+        if _search_of(name) is None:
+            raise ValueError("Tuner.restore: path %r names the search %r, which this cluster does not hold; want the path of "
+                             "a search Tuner.fit started on it (storage_path/name, or the name), on the same cluster "
+                             "(durabletrain.init's address)" % (path, name))
+        t = cls.__new__(cls)
+        t.name = name
+        t.run_config = RunConfig(name=name)
+        t._restored = True
+        return t
+
     def fit(self) -> ResultGrid:
         from durabletrain import _cluster, _driver
         cluster = _cluster.current()
+        if getattr(self, "_restored", False):
+            handle = cluster.client().get_workflow_handle(self.name)
+            if self.run_config.verbose:
+                print("durabletrain: attached to search %s" % self.name, file=sys.stderr, flush=True)
+            return self._grid(cluster, handle, None, None)  # the search's result says its metric and mode
         s = self.spec()
         try:
             _driver.check_spec(s, "tune")
@@ -360,14 +410,46 @@ class Tuner:
         if self.run_config.verbose:
             print("durabletrain: %s search %s" % ("attached to" if attached else "started", self.name), file=sys.stderr, flush=True)
 
+        return self._grid(cluster, handle, s.get("metric", "test_accuracy"), s.get("mode", "max"))
+
+    def _grid(self, cluster: Any, handle: Any, metric: str, mode: str) -> ResultGrid:
         async def outcome() -> Any:
             return await handle.result()
         raw = cluster.loop.run(outcome())
-        grid = ResultGrid(raw, s.get("metric", "test_accuracy"), s.get("mode", "max"))
+        grid = ResultGrid(raw, metric or raw.get("metric") or "test_accuracy", mode or raw.get("mode") or "max")
         if self.run_config.verbose:
             for r in grid.results:
                 print("durabletrain: trial %s %s %s %s" % (r.workflow_id, r.status, r.config, r.metrics), file=sys.stderr)
         return grid
+
+
+def _search_name(owner: str, path: Any) -> str:
+    """A search's name from Ray's experiment path (storage_path/name, a
+    URI, or the name alone): its last part."""
+    if not isinstance(path, str) or not path.strip("/"):
+        raise ValueError("%s: path is %r; want a search's path (storage_path/name) or its name" % (owner, path))
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _search_of(name: str) -> Optional[Any]:
+    """The status of the search workflow named name on the current
+    cluster, or None if it holds none."""
+    from temporalio.service import RPCError, RPCStatusCode
+    from durabletrain import _cluster
+    cluster = _cluster.current()
+    h = cluster.client().get_workflow_handle(name)
+
+    async def go() -> Any:
+        try:
+            d = await h.describe()
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        if d.workflow_type != WORKFLOW_TUNE:
+            return None
+        return d.status
+    return cluster.loop.run(go())
 
 
 class Trainable:
