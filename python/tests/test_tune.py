@@ -136,3 +136,28 @@ def test_restore_names_what_it_cannot_restore(cluster):
         tune.Tuner.restore("x", trainable=linear_loop, resume_errored=True)
     with pytest.raises(ValueError, match="path is ''"):
         tune.Tuner.can_restore("")
+
+
+def test_the_schedulers_take_rays_arguments_and_refuse_what_a_durable_search_cannot_do():
+    """Ray's PBT example's scheduler, as written there, and the arguments
+    that cannot be honoured refused by name."""
+    pbt = tune.PopulationBasedTraining(time_attr="training_iteration", metric="mean_accuracy", mode="max", perturbation_interval=5,
+                                       hyperparam_mutations={"lr": tune.uniform(0.0001, 1), "momentum": [0.8, 0.9, 0.99]})
+    assert pbt.to_spec()["hyperparam_mutations"] == {"config.lr": {"uniform": [0.0001, 1]}, "config.momentum": {"choice": [0.8, 0.9, 0.99]}}
+    assert tune.TuneConfig(scheduler=pbt).scheduler.metric == "mean_accuracy"
+    asha = tune.AsyncHyperBandScheduler(time_attr="training_iteration", metric="loss", mode="min", max_t=9, grace_period=1, reduction_factor=3)
+    assert asha.to_spec() == {"type": "asha", "max_t": 9, "grace_period": 1, "reduction_factor": 3}
+    for make, field in [(lambda: tune.PopulationBasedTraining(time_attr="time_total_s"), "time_attr"),
+                        (lambda: tune.PopulationBasedTraining(custom_explore_fn=lambda c: c), "custom_explore_fn"),
+                        (lambda: tune.PopulationBasedTraining(perturbation_factors=(2, 0.5)), "perturbation_factors"),
+                        (lambda: tune.PopulationBasedTraining(synch=True), "synch"),
+                        (lambda: tune.PopulationBasedTraining(burn_in_period=5), "burn_in_period"),
+                        (lambda: tune.PopulationBasedTraining(perturbation_interval=0), "perturbation_interval"),
+                        (lambda: tune.PopulationBasedTraining(hyperparam_mutations={"lr": lambda: 0.1}), "hyperparam_mutations['lr']"),
+                        (lambda: tune.ASHAScheduler(time_attr="time_total_s"), "time_attr"),
+                        (lambda: tune.ASHAScheduler(brackets=3), "brackets"),
+                        (lambda: tune.ASHAScheduler(mode="best"), "mode"),
+                        (lambda: tune.MedianStoppingRule(hard_stop=False), "hard_stop")]:
+        with pytest.raises((ValueError, TypeError)) as e:
+            make()
+        assert field in str(e.value), str(e.value)

@@ -101,24 +101,70 @@ class FIFOScheduler:
         return {"type": "fifo"}
 
 
+def _check_time_attr(owner: str, time_attr: str) -> None:
+    if time_attr != "training_iteration":
+        raise ValueError("%s: time_attr is %r; want \"training_iteration\" (a durable search counts a trial's reports, "
+                         "not its seconds, so that a trial resumed after a failure is judged where it was)" % (owner, time_attr))
+
+
+def _check_mode(owner: str, mode: Optional[str]) -> None:
+    if mode not in (None, "max", "min"):
+        raise ValueError("%s: mode is %r; want \"max\" or \"min\"" % (owner, mode))
+
+
 @dataclass
 class ASHAScheduler:
-    """Asynchronous successive halving (Ray Tune's ASHAScheduler); time_attr is training_iteration."""
+    """Asynchronous successive halving (Ray Tune's ASHAScheduler, with its
+    arguments): rungs at grace_period * reduction_factor**k below max_t.
 
+    Example:
+        >>> ASHAScheduler(metric="loss", mode="min", max_t=16, grace_period=1).to_spec()["max_t"]
+        16
+    """
+
+    time_attr: str = "training_iteration"
+    metric: Optional[str] = None
+    mode: Optional[str] = None
     max_t: int = 100
     grace_period: int = 1
     reduction_factor: float = 4
-    metric: Optional[str] = None
-    mode: Optional[str] = None
+    brackets: int = 1
+    stop_last_trials: bool = True
+
+    def __post_init__(self) -> None:
+        _check_time_attr("ASHAScheduler", self.time_attr)
+        _check_mode("ASHAScheduler", self.mode)
+        if self.brackets != 1:
+            raise ValueError("ASHAScheduler: brackets is %r; want 1 (Ray's default: one bracket of rungs)" % (self.brackets,))
+        if self.stop_last_trials is not True:
+            raise ValueError("ASHAScheduler: stop_last_trials is %r; want True (a trial stops at max_t)" % (self.stop_last_trials,))
 
     def to_spec(self) -> Dict[str, Any]:
         return {"type": "asha", "max_t": self.max_t, "grace_period": self.grace_period, "reduction_factor": self.reduction_factor}
 
 
+AsyncHyperBandScheduler = ASHAScheduler  # Ray's other name for it
+
+
 @dataclass
 class MedianStoppingRule:
+    """Stops a trial whose best result is below the median of the others'
+    running means at the same iteration (Ray Tune's MedianStoppingRule;
+    its grace_period counts iterations here, as time_attr does)."""
+
+    time_attr: str = "training_iteration"
+    metric: Optional[str] = None
+    mode: Optional[str] = None
     grace_period: int = 1
     min_samples_required: int = 3
+    min_time_slice: int = 0
+    hard_stop: bool = True
+
+    def __post_init__(self) -> None:
+        _check_time_attr("MedianStoppingRule", self.time_attr)
+        _check_mode("MedianStoppingRule", self.mode)
+        if self.hard_stop is not True:
+            raise ValueError("MedianStoppingRule: hard_stop is %r; want True (a trial it stops ends; none is paused)" % (self.hard_stop,))
 
     def to_spec(self) -> Dict[str, Any]:
         return {"type": "median", "grace_period": self.grace_period, "min_samples_required": self.min_samples_required}
@@ -126,15 +172,68 @@ class MedianStoppingRule:
 
 @dataclass
 class PopulationBasedTraining:
+    """Population based training (Ray Tune's PopulationBasedTraining, with
+    its arguments): every perturbation_interval iterations a trial in the
+    bottom quantile_fraction takes the checkpoint and config of one in the
+    top, and explores: each of hyperparam_mutations' values resampled with
+    resample_probability, else multiplied by 1.2 or 0.8 (a number) or moved
+    to a neighbouring value (a list).
+
+    Example:
+        >>> pbt = PopulationBasedTraining(time_attr="training_iteration", metric="mean_accuracy", mode="max",
+        ...                               perturbation_interval=4, hyperparam_mutations={"lr": uniform(1e-4, 0.1)})
+        >>> pbt.to_spec()["perturbation_interval"]
+        4
+    """
+
+    time_attr: str = "training_iteration"
+    metric: Optional[str] = None
+    mode: Optional[str] = None
     perturbation_interval: int = 1
+    burn_in_period: int = 0
     hyperparam_mutations: Dict[str, Any] = field(default_factory=dict)
     quantile_fraction: float = 0.25
     resample_probability: float = 0.25
+    perturbation_factors: Any = (1.2, 0.8)
+    custom_explore_fn: Any = None
+    log_config: bool = True
+    require_attrs: bool = True
+    synch: bool = False
+
+    def __post_init__(self) -> None:
+        _check_time_attr("PopulationBasedTraining", self.time_attr)
+        _check_mode("PopulationBasedTraining", self.mode)
+        if isinstance(self.perturbation_interval, bool) or not isinstance(self.perturbation_interval, numbers.Integral) \
+                or self.perturbation_interval < 1:
+            raise ValueError("PopulationBasedTraining: perturbation_interval is %r; want a whole number of iterations, 1 or more"
+                             % (self.perturbation_interval,))
+        if self.burn_in_period not in (0, 0.0):
+            raise ValueError("PopulationBasedTraining: burn_in_period is %r; want 0 (a trial may be perturbed from its first "
+                             "perturbation_interval on)" % (self.burn_in_period,))
+        if tuple(self.perturbation_factors) != (1.2, 0.8):
+            raise ValueError("PopulationBasedTraining: perturbation_factors is %r; want (1.2, 0.8), Ray's default (the search "
+                             "explores by those)" % (self.perturbation_factors,))
+        if self.custom_explore_fn is not None:
+            raise ValueError("PopulationBasedTraining: custom_explore_fn is given; a durable search decides in its workflow, "
+                             "which runs no function of the driver: express the explore as hyperparam_mutations")
+        if self.synch:
+            raise ValueError("PopulationBasedTraining: synch=True; want False (each trial is perturbed as it reaches its "
+                             "interval, Ray's default)")
+        if not isinstance(self.hyperparam_mutations, dict):
+            raise TypeError("PopulationBasedTraining: hyperparam_mutations is %r; want a dict of config keys to search-space "
+                            "entries or lists" % (self.hyperparam_mutations,))
+
+        for k, v in _flatten(self.hyperparam_mutations).items():
+            if not isinstance(v, (Domain, list, tuple)):
+                raise ValueError("PopulationBasedTraining: hyperparam_mutations[%r] is %r; want a search-space entry "
+                                 "(tune.uniform, tune.loguniform, tune.choice, tune.randint) or a list of values (a function "
+                                 "would run in the driver, which a durable search does not need)" % (k, v))
 
     def to_spec(self) -> Dict[str, Any]:
         return {"type": "pbt", "perturbation_interval": self.perturbation_interval, "quantile_fraction": self.quantile_fraction,
                 "resample_probability": self.resample_probability,
-                "hyperparam_mutations": {_key(k): v for k, v in _flatten(self.hyperparam_mutations).items()}}
+                "hyperparam_mutations": {_key(k): v if isinstance(v, Domain) else choice(list(v))  # Ray: a list is a choice
+                                         for k, v in _flatten(self.hyperparam_mutations).items()}}
 
 
 @dataclass
