@@ -50,6 +50,16 @@ Jobs (``--jobs``):
             batch, optimizer, trained one epoch on 6,000 images, scored on
             2,000 others), --tpe-trials trials, 2 at a time, for each of
             --tpe-seeds: the best accuracy per seed, and wall time;
+  pbt       the same population based training on both (Ray's PopulationBasedTraining,
+            ours): --pbt-population trials of the MLP, --pbt-iterations iterations
+            of 1,000 images each with a checkpoint, lr and momentum perturbed
+            every --pbt-interval: the best and mean final accuracy, wall time;
+  tunedriver
+            a grid of 8 trials (6 iterations, a checkpoint each), 2 at a time: the
+            script's driver and its whole cluster SIGKILLed once 3 trials have
+            finished, the script run again at once, which restores the search as
+            each side documents (Tuner.can_restore, Tuner.restore): whether it
+            completes, iterations trained twice, wall time;
   asha      the reference 001 search (a Trainable, ConvNet on Fashion-MNIST,
             tune.run with ASHA, examples/ray_to_durabletrain) with 16 trials,
             --asha-iterations iterations each, one CPU per trial: wall time and
@@ -276,6 +286,9 @@ def sample(side, job, fault, data, cap, out=None, name=None):
     name = name or "bench-%s-%d" % (job, os.getpid())
     if job == "asha":
         return asha_sample(side, out, cap)
+    if job.startswith("pbt"):  # pbt:<population>:<iterations>:<interval>
+        _, pop, iters, interval = job.split(":")
+        return pbt_sample(side, out, int(pop), int(iters), int(interval))
     if job.startswith("tpe"):  # tpe:<seed>:<trials>
         _, seed, trials = job.split(":")
         return tpe_sample(side, out, int(seed), int(trials))
@@ -502,6 +515,175 @@ def tpe_sample(side, out, seed, trials):
             "best_half": max(accs[:trials // 2]) if len(accs) >= trials // 2 else None, "state": "completed", "seed": seed}
 
 
+PBT_MUTATIONS = {"lr": ("loguniform", 1e-4, 0.5), "momentum": ("choice", [0.0, 0.5, 0.9])}
+
+
+def iterative_objective(config):
+    """The PBT and search-driver jobs' trial: the MLP (784-128-10), one
+    iteration = 1,000 training images (a tenth of 10,000, in turn), scored
+    on 2,000 others; a checkpoint (model, optimizer, iteration) every
+    iteration, from which a trial resumes, cloned or restored, at the
+    config's lr and momentum (as PBT's explore changes them). With
+    config["log"], every iteration trained is logged (time, trial, iteration)."""
+    import tempfile as _tempfile
+    import torch
+    torch.set_num_threads(1)
+    if config["api"] == "ray":
+        from ray import tune
+        from ray.tune import Checkpoint
+    else:
+        from durabletrain import tune
+        from durabletrain.train import Checkpoint
+    x, y = fashion_mnist(config["data"], 12000, False).tensors
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=config["momentum"])
+    start = 0
+    ck = tune.get_checkpoint()
+    if ck:
+        with ck.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["iteration"]
+    for g in opt.param_groups:  # the trial's values, also after a clone
+        g["lr"], g["momentum"] = config["lr"], config["momentum"]
+    for it in range(start, config["iterations"]):
+        part = (it % 10) * 1000
+        g = torch.Generator().manual_seed(it)
+        order = torch.randperm(1000, generator=g) + part
+        for b in range(0, 1000, 64):
+            idx = order[b:b + 64]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        with torch.no_grad():
+            acc = float((model(x[10000:]).argmax(1) == y[10000:]).float().mean())
+        if config.get("log"):  # a trial of the grid is its lr
+            with open(config["log"], "a") as f:
+                f.write("%.6f %g %d\n" % (time.time(), config["lr"], it))
+        if config.get("sleep"):
+            time.sleep(config["sleep"])
+        with _tempfile.TemporaryDirectory() as d:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "iteration": it + 1}, os.path.join(d, "state.pt"))
+            tune.report({"mean_accuracy": acc}, checkpoint=Checkpoint.from_directory(d))
+
+
+def _tune_side(side, out):
+    """side's tune module, its RunConfig, its trainable for iterative_objective."""
+    if side == "ray":
+        import ray
+        from ray import tune
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        return tune, tune.RunConfig, tune.with_resources(iterative_objective, {"cpu": 1})
+    import durabletrain as ray  # noqa: F811
+    from durabletrain import tune
+    from durabletrain.train import RunConfig
+    ray.init(num_cpus=2, storage=os.path.join(out, "storage"))
+    return tune, RunConfig, iterative_objective
+
+
+def pbt_sample(side, out, population, iterations, interval):
+    """One PBT search of population trials on side: Ray's scheduler, or
+    ours, with the same space, mutations, interval and budget."""
+    tune, RunConfig, trainable = _tune_side(side, out)
+    space = {"data": DATA, "api": side, "iterations": iterations,
+             "lr": tune.loguniform(1e-4, 0.5), "momentum": tune.choice([0.0, 0.5, 0.9])}
+    mutations = {k: tune.loguniform(*a) if kind == "loguniform" else list(a[0]) for k, (kind, *a) in PBT_MUTATIONS.items()}
+    if side == "ray":
+        from ray.tune.schedulers import PopulationBasedTraining
+    else:
+        from durabletrain.tune import PopulationBasedTraining
+    # Ray's PBT example's arguments, on both sides.
+    pbt = PopulationBasedTraining(time_attr="training_iteration", metric="mean_accuracy", mode="max",
+                                  perturbation_interval=interval, hyperparam_mutations=mutations)
+    name = "pbt-%d" % os.getpid()
+    start = time.time()
+    grid = tune.Tuner(trainable, param_space=space,
+                      tune_config=tune.TuneConfig(num_samples=population, scheduler=pbt, **({} if side == "ray" else {"max_concurrent_trials": 2})),
+                      run_config=RunConfig(name=name, storage_path=os.path.join(out, "storage"), stop={"training_iteration": iterations},
+                                           verbose=0)).fit()
+    wall = time.time() - start
+    df = grid.get_dataframe()
+    accs = [float(a) for a in df["mean_accuracy"] if a == a]
+    iters = [c for c in df.columns if c.endswith("training_iteration")]
+    return {"wall": wall, "best": max(accs) if accs else None, "mean": statistics.mean(accs) if accs else None,
+            "trials": len(accs), "state": "completed"}
+
+
+def tunedriver_script_sample(side, out, name, trials, iterations):
+    """The search-driver job's script, as each side's documentation writes
+    it: restore the search if it exists (Tuner.can_restore / restore), else
+    start it; the trials are a grid over lr, one CPU each, 2 at a time."""
+    tune, RunConfig, trainable = _tune_side(side, out)
+    path = os.path.join(out, "storage", name)
+    lrs = [round(0.01 * (i + 1), 3) for i in range(trials)]
+    if tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(path, trainable=trainable)  # Ray: resume_unfinished=True by default
+    else:
+        space = {"data": DATA, "api": side, "iterations": iterations, "log": os.path.join(out, "iterations.log"),
+                 "sleep": 0.5, "lr": tune.grid_search(lrs), "momentum": 0.9}
+        tuner = tune.Tuner(trainable, param_space=space,
+                           tune_config=tune.TuneConfig(metric="mean_accuracy", mode="max", **({} if side == "ray" else {"max_concurrent_trials": 2})),
+                           run_config=RunConfig(name=name, storage_path=os.path.join(out, "storage"), verbose=0))
+    grid = tuner.fit()
+    df = grid.get_dataframe()
+    return {"state": "completed", "trials": int(len(df)), "done": int(sum(1 for a in df["mean_accuracy"] if a == a))}
+
+
+def tunedriver_sample(side, trials, iterations, after):
+    """The search-driver job: the script's driver SIGKILLed with every
+    process of its cluster once `after` trials have finished, then the
+    script run again at once; whether the search completes, the
+    iterations trained twice, and the wall time from the start."""
+    out = tempfile.mkdtemp(prefix="raybench-")
+    name = "bench-search-%d" % os.getpid()
+    marker = "RAYBENCH_SAMPLE=" + os.path.basename(out)
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAYBENCH_SAMPLE=os.path.basename(out), DURABLETRAIN_HOME=os.path.join(out, "home"))
+    log = os.path.join(out, "iterations.log")
+    cmd = [sys.executable, HERE, "--search-driver", side, out, name, str(trials), str(iterations)]
+
+    def logged():
+        try:
+            with open(log) as f:
+                return [ln.split() for ln in f if ln.strip()]
+        except OSError:
+            return []
+
+    def finished():
+        by = {}
+        for _, trial, it in logged():
+            by.setdefault(trial, set()).add(int(it))
+        return sum(1 for its in by.values() if len(its) >= iterations)
+    try:
+        start = time.time()
+        first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while finished() < after and first.poll() is None:
+            time.sleep(0.05)
+        if first.poll() is not None:
+            return {"state": "the first driver ended before the kill (rc %s)" % first.returncode}
+        killed = kill_marked(marker)
+        killed_at = time.time()
+        first.wait()
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        end = time.time()
+        got = {"state": "driver failed (rc %d): %s" % (second.returncode, (second.stderr.strip().splitlines() or [""])[-1][:200])}
+        if second.returncode == 0:
+            got = json.loads([l for l in second.stdout.splitlines() if l.startswith("{")][-1])
+        rows = logged()
+        seen = {}
+        for _, trial, it in rows:
+            seen[(trial, it)] = seen.get((trial, it), 0) + 1
+        fresh = [float(r[0]) for r in rows if float(r[0]) > killed_at]
+        done = len(seen) == trials * iterations
+        return {"wall": end - start, "again": (fresh[0] - killed_at) if fresh else None,
+                "lost": sum(n - 1 for n in seen.values()), "killed": killed,
+                "state": got["state"] + ("" if done else " (%d of %d iterations trained)" % (len(seen), trials * iterations))}
+    finally:
+        kill_marked(marker)
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def _fit(trainer):
     try:
         trainer.fit()
@@ -572,6 +754,9 @@ def main():
     ap.add_argument("--asha-iterations", type=int, default=10, help="the ASHA search's training_iteration stop")
     ap.add_argument("--tpe-trials", type=int, default=24, help="trials per TPE search")
     ap.add_argument("--tpe-seeds", default="1,2,3", help="the TPE searches' seeds")
+    ap.add_argument("--pbt-population", type=int, default=8, help="trials in the PBT population")
+    ap.add_argument("--pbt-iterations", type=int, default=12, help="iterations per PBT trial")
+    ap.add_argument("--pbt-interval", type=int, default=3, help="PBT's perturbation_interval")
     ap.add_argument("--data", default=DATA)
     a = ap.parse_args()
     print("# durabletrain against Ray Train: %s, %d repeats, %s" % (a.jobs, a.repeats, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
@@ -618,8 +803,26 @@ def main():
                     got[side].append(r)
                     print("tpe seed %d %s: %s" % (seed, side, json.dumps(r)), flush=True)
             table("TPE (Ray: OptunaSearch), %d trials, 2 at a time, seeds %s" % (a.tpe_trials, a.tpe_seeds), got, ("wall", "best", "best_half"))
+        elif job == "pbt":
+            got = {s: [] for s in ("ray", "durabletrain")}
+            for i in range(a.repeats):
+                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                    r = run_sample(side, "pbt:%d:%d:%d" % (a.pbt_population, a.pbt_iterations, a.pbt_interval), None, 0)
+                    got[side].append(r)
+                    print("pbt repeat %d %s: %s" % (i + 1, side, json.dumps(r)), flush=True)
+            table("PBT, a population of %d, %d iterations, perturbed every %d" % (a.pbt_population, a.pbt_iterations, a.pbt_interval),
+                  got, ("wall", "best", "mean"))
+        elif job == "tunedriver":
+            got = {s: [] for s in ("ray", "durabletrain")}
+            for i in range(a.repeats):
+                for side in (("ray", "durabletrain") if i % 2 == 0 else ("durabletrain", "ray")):
+                    r = tunedriver_sample(side, 8, 6, 3)
+                    got[side].append(r)
+                    print("tunedriver repeat %d %s: %s" % (i + 1, side, json.dumps(r)), flush=True)
+            table("a search's driver and its whole cluster SIGKILLed after 3 of 8 trials, the script run again (Tuner.restore)",
+                  got, ("again", "lost", "wall"))
         else:
-            sys.exit("bench ray: unknown job %r; want overhead, killed, hung, coordinator, asha or tpe" % job)
+            sys.exit("bench ray: unknown job %r; want overhead, killed, hung, coordinator, asha, tpe, pbt or tunedriver" % job)
 
 
 def table(title, got, keys):
@@ -630,7 +833,7 @@ def table(title, got, keys):
     for k in keys:
         cols = [spread([r.get(k) for r in got[s]]) for s in sides]
         row = {"lost": "| steps lost | ", "best": "| best mean_accuracy | ", "iterations": "| iterations trained | ",
-               "best_half": "| best in the first half of the trials | "}.get(k, "| %s s | " % k)
+               "best_half": "| best in the first half of the trials | ", "mean": "| mean final accuracy of the population | "}.get(k, "| %s s | " % k)
         row += " | ".join(cols) + " | " + ratio([r.get(k) for r in got["durabletrain"]], [r.get(k) for r in got["ray"]])
         if "durabletrain+spares" in got:
             row += " (with spares: " + ratio([r.get(k) for r in got["durabletrain+spares"]], [r.get(k) for r in got["ray"]]) + ")"
@@ -660,6 +863,10 @@ if __name__ == "__main__":
             t = threading.Thread(target=stop, daemon=True)
             t.start()
             t.join(30)
-        os._exit(0)  # past a hung run's threads  # past a hung run's threads, and each side's shutdown at exit is its own
+        os._exit(0)  # past a hung run's threads, and each side's shutdown at exit is its own
+    elif len(sys.argv) > 1 and sys.argv[1] == "--search-driver":
+        side, out, name, trials, iterations = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+        print(json.dumps(tunedriver_script_sample(side, out, name, trials, iterations)), flush=True)
+        os._exit(0)  # the cluster is the bench's to kill
     else:
         main()
