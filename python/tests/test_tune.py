@@ -161,3 +161,17 @@ def test_the_schedulers_take_rays_arguments_and_refuse_what_a_durable_search_can
         with pytest.raises((ValueError, TypeError)) as e:
             make()
         assert field in str(e.value), str(e.value)
+
+
+def test_tune_run_takes_rays_arguments_and_names_the_ones_it_cannot():
+    """Ray's harmless arguments pass, one that would change the search is
+    refused with why, an unknown one is a TypeError naming it (before, any
+    was dropped without a word)."""
+    for kwargs, err, says in [({"fail_fast": True}, ValueError, "fail_fast=True"),
+                              ({"time_budget_s": 60}, ValueError, "time_budget_s=60"),
+                              ({"num_sample": 4}, TypeError, "'num_sample'"),
+                              ({"local_dir": "/a", "storage_path": "/b"}, ValueError, "local_dir"),
+                              ({"max_failures": -2}, ValueError, "max_failures")]:
+        with pytest.raises(err) as e:
+            tune.run(linear_loop, config={"epochs": 1}, verbose=0, **kwargs)
+        assert says in str(e.value), str(e.value)

@@ -641,14 +641,53 @@ class CLIReporter:
         pass
 
 
+# Ray's tune.run arguments that change nothing in a durable search.
+_RUN_ARGS_TAKEN = frozenset(("resume", "checkpoint_freq", "checkpoint_at_end", "keep_checkpoints_num", "checkpoint_score_attr",
+                             "log_to_file", "reuse_actors", "sync_config", "trial_name_creator", "trial_dirname_creator",
+                             "chdir_to_trial_dir", "raise_on_failed_trial", "server_port", "export_formats", "storage_filesystem",
+                             "checkpoint_config", "loggers"))
+# Ones that would change it and cannot be honoured, with why.
+_RUN_ARGS_REFUSED = {
+    "fail_fast": "durabletrain lets the other trials finish when one fails (it is retried as FailureConfig.max_failures says); "
+                 "leave it out",
+    "time_budget_s": "a search's budget is its trials and their stop criteria; leave it out and bound stop={\"training_iteration\": N}",
+    "restore": "a trial starts from its own config; resume a search by its name (Tuner.restore)",
+    "scheduler_options": "leave it out",
+}
+
+
 def run(run_or_experiment: Any, *, config: Optional[Dict[str, Any]] = None, num_samples: int = 1, scheduler: Any = None,
         search_alg: Any = None, stop: Optional[Dict[str, Any]] = None, resources_per_trial: Optional[Dict[str, Any]] = None,
         metric: Optional[str] = None, mode: Optional[str] = None, name: Optional[str] = None, storage_path: Optional[str] = None,
         max_concurrent_trials: Optional[int] = None, progress_reporter: Any = None, verbose: int = 1,
-        callbacks: Optional[List[Any]] = None, **ignored: Any) -> ExperimentAnalysis:
-    """Ray Tune's tune.run over a Trainable class or a function trainable."""
-    from durabletrain.train import RunConfig, ScalingConfig
+        callbacks: Optional[List[Any]] = None, local_dir: Optional[str] = None, max_failures: Optional[int] = None,
+        **others: Any) -> ExperimentAnalysis:
+    """Ray Tune's tune.run over a Trainable class or a function trainable.
+
+    Ray's arguments that change nothing here are taken (``resume``: a
+    search of the same name is attached to anyway; ``checkpoint_freq``: a
+    Trainable checkpoints every step; the log, sync and naming ones);
+    ``local_dir`` is ``storage_path``'s old name; ``max_failures`` is each
+    trial's (default FailureConfig's 3, where Ray's is 0); one that would change the
+    search and cannot be honoured (``fail_fast``, ``time_budget_s``) is
+    refused, and an unknown one too, by name.
+    """
+    from durabletrain.train import FailureConfig, RunConfig, ScalingConfig
     from durabletrain.train.torch import TorchTrainer
+    for k, v in others.items():
+        if k in _RUN_ARGS_TAKEN:
+            continue
+        if k in _RUN_ARGS_REFUSED:
+            if v in (None, False, 0):
+                continue
+            raise ValueError("tune.run: %s=%r: %s" % (k, v, _RUN_ARGS_REFUSED[k]))
+        raise TypeError("tune.run: got the argument %r, which neither Ray Tune's tune.run nor durabletrain's takes; want "
+                        "config, num_samples, scheduler, search_alg, stop, resources_per_trial, metric, mode, name, "
+                        "storage_path, max_concurrent_trials, max_failures, callbacks, verbose" % (k,))
+    if local_dir is not None:
+        if storage_path is not None and storage_path != local_dir:
+            raise ValueError("tune.run: local_dir %r and storage_path %r; want one (local_dir is its old name)" % (local_dir, storage_path))
+        storage_path = local_dir
     fn = run_or_experiment
     if isinstance(fn, type) and issubclass(fn, Trainable):
         fn = _run_trainable(fn)
@@ -663,6 +702,7 @@ def run(run_or_experiment: Any, *, config: Optional[Dict[str, Any]] = None, num_
     stop = dict(stop or {})
     iterations = stop.get("training_iteration")
     rc = RunConfig(name=name, storage_path=storage_path, verbose=verbose, callbacks=callbacks,
+                   failure_config=FailureConfig() if max_failures is None else FailureConfig(max_failures=max_failures),
                    stop={"training_iteration": int(iterations)} if iterations is not None else None)
     tuner = Tuner(TorchTrainer(fn, scaling_config=scaling, run_config=rc), param_space={"train_loop_config": dict(config or {})},
                   tune_config=TuneConfig(metric=metric, mode=mode, num_samples=num_samples, scheduler=scheduler, search_alg=search_alg,
