@@ -393,35 +393,6 @@ func (r *run) setState(ctx workflow.Context, state string) {
 	r.upsertSearchAttributes(ctx)
 }
 
-// publishesProgress: a run that publishes its memo and search attributes
-// at every change of state and every epoch, so that the Temporal UI's
-// memo and DurabletrainEpoch agree with the progress query (before, the
-// memo changed at epochs only and the search attributes at states only).
-func publishesProgress(ctx workflow.Context) bool {
-	return workflow.GetVersion(ctx, "publish-progress", workflow.DefaultVersion, 1) >= 1
-}
-
-// publish writes what the Temporal UI shows of the run's progress: its
-// memo, and (when the spec asks) its search attributes.
-func (r *run) publish(ctx workflow.Context) {
-	m := memo(r.p)
-	key := fmt.Sprint(r.p.State, " ", m) // fmt sorts a map's keys: the same progress, the same key
-	if key == r.published {
-		return
-	}
-	r.published = key
-	workflow.UpsertMemo(ctx, m) // replay compares the command's kind, not the memo
-	r.upsertSearchAttributes(ctx)
-}
-
-func (r *run) upsertSearchAttributes(ctx workflow.Context) {
-	if r.spec.SearchAttributes {
-		if err := workflow.UpsertTypedSearchAttributes(ctx, stateAttribute.ValueSet(r.p.State), epochAttribute.ValueSet(int64(r.p.Epoch))); err != nil {
-			workflow.GetLogger(ctx).Warn("search attributes not upserted", "error", err)
-		}
-	}
-}
-
 // countFailure counts a charged failure, preemption or forged grant by its
 // incident kind (a user error, which ends the run, has none).
 func countFailure(ctx workflow.Context, inc *spec.Incident) {
