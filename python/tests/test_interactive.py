@@ -24,7 +24,7 @@ DRIVER = textwrap.dedent('''
         from durabletrain import train
         ck = train.get_checkpoint()
         start = int(open(os.path.join(ck.path, "i")).read()) + 1 if ck else 0
-        for i in range(start, 400):
+        for i in range(start, 3000):  # minutes: a loaded machine must not finish it before the test looks
             time.sleep(0.1)
             with tempfile.TemporaryDirectory() as d:
                 open(os.path.join(d, "i"), "w").write(str(i))
@@ -78,7 +78,7 @@ def test_ctrl_c_asks_whether_to_stop_the_run(cluster, tmp_path, answer, state):
         except Exception:
             return None
     if state == "stopped":
-        assert wait_for("the run to stop", lambda: status() == "stopped", timeout=60)
+        assert wait_for("the run to stop", lambda: status() == "stopped", timeout=180)
     else:
         time.sleep(2)
         assert status() in ("training", "forming-gang"), status()
