@@ -232,7 +232,8 @@ func lineageText(steps []spec.Exploit) string {
 // (PBT's exploit), verified as it is copied and committed only whole (see
 // checkpoint.Store.Clone). The reported checkpoint is cloned if it still
 // verifies, else the newest verified one of its run (a donor that trained
-// on may have pruned it). Both URLs must fall under the worker's storage
+// on may have pruned it) of an epoch below in.Before, so that the trial
+// has epochs left to train. Both URLs must fall under the worker's storage
 // roots; with a pool key, the source must be signed by the pool and the
 // clone is signed too, so a clone never launders a forged checkpoint.
 func (r Results) CloneCheckpoint(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
@@ -263,9 +264,9 @@ func (r Results) CloneCheckpoint(ctx context.Context, in spec.CloneCheckpointInp
 	}
 	from, err := src.Get(ctx, checkpoint.Ref{Run: in.From.Run, ID: in.From.ID})
 	if err != nil {
-		latest, lerr := src.LatestVerified(ctx, in.From.Run)
+		latest, lerr := src.LatestVerifiedBefore(ctx, in.From.Run, in.Before)
 		if lerr != nil {
-			return nil, fmt.Errorf("cloning trial checkpoint %s/%s: %w; and its run has no other verified checkpoint: %v", in.From.Run, in.From.ID, err, lerr)
+			return nil, fmt.Errorf("cloning trial checkpoint %s/%s: %w; and its run has no other verified checkpoint to clone: %v", in.From.Run, in.From.ID, err, lerr)
 		}
 		from = latest
 	}

@@ -125,6 +125,17 @@ func TestCloneCheckpointClonesOnlyVerifiedSignedCheckpoints(t *testing.T) {
 	if err != nil || out.Source.ID != checkpoint.ID(2, 0) {
 		t.Fatalf("after the prune: %+v, %v", out, err)
 	}
+	// ...but never one that leaves the trial no epochs to train: a trial of
+	// 2 epochs cannot go on from the donor's epoch-2 checkpoint, and the
+	// clone fails (the trial goes on from its own), naming why.
+	_, err = r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: url, Run: "donor", ID: checkpoint.ID(1, 0)}, URL: url, Run: "trial-4-p1-clone", Before: 2})
+	if err == nil || !strings.Contains(err.Error(), "before epoch 2") {
+		t.Fatalf("a fallback past the trial's epochs: %v", err)
+	}
+	out, err = r.CloneCheckpoint(ctx, spec.CloneCheckpointInput{From: spec.CheckpointRef{URL: url, Run: "donor", ID: checkpoint.ID(1, 0)}, URL: url, Run: "trial-5-p1-clone", Before: 3})
+	if err != nil || out.Source.ID != checkpoint.ID(2, 0) {
+		t.Fatalf("a fallback within the trial's epochs: %+v, %v", out, err)
+	}
 	// A checkpoint the pool did not sign is not laundered into a signed clone.
 	plain, _ := checkpoint.Open(ctx, url, nil)
 	defer plain.Close()

@@ -231,13 +231,27 @@ func (s *Store) verify(ctx context.Context, run, id string, read *atomic.Int64) 
 // each newer one it skips and why (also in Checkpoint.Skipped). With none, the
 // error wraps ErrNoCheckpoint and lists the reasons.
 func (s *Store) LatestVerified(ctx context.Context, run string) (*Checkpoint, error) {
+	return s.LatestVerifiedBefore(ctx, run, 0)
+}
+
+// LatestVerifiedBefore is LatestVerified among the checkpoints of an epoch
+// below epoch (0: every one); the newer ones are passed over unread but
+// for their manifests, and are not reported as skipped.
+func (s *Store) LatestVerifiedBefore(ctx context.Context, run string, epoch int) (*Checkpoint, error) {
 	ids, err := s.IDs(ctx, run)
 	if err != nil {
 		return nil, err
 	}
 	var skipped []Skip
 	read := new(atomic.Int64) // by every checkpoint tried
+	passed := 0
 	for _, id := range slices.Backward(ids) {
+		if epoch > 0 {
+			if m, err := s.readManifest(ctx, run, id, read); err == nil && m.Epoch >= epoch {
+				passed++
+				continue
+			}
+		}
 		c, err := s.verify(ctx, run, id, read)
 		if err == nil {
 			c.Skipped = skipped
@@ -252,6 +266,9 @@ func (s *Store) LatestVerified(ctx context.Context, run string) (*Checkpoint, er
 		}
 		s.log.Warn("checkpoint skipped", zap.String("run", run), zap.String("id", id), zap.String("reason", reason))
 		skipped = append(skipped, Skip{ID: id, Reason: reason})
+	}
+	if len(skipped) == 0 && passed > 0 {
+		return nil, fmt.Errorf("checkpoint: run %s in %s: %w before epoch %d (its %d are of that epoch or later)", run, s.url, ErrNoCheckpoint, epoch, passed)
 	}
 	if len(skipped) == 0 {
 		return nil, fmt.Errorf("checkpoint: run %s in %s: %w (it has none)", run, s.url, ErrNoCheckpoint)

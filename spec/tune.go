@@ -12,6 +12,7 @@ const (
 	TrialRunning    = "running"
 	TrialStopping   = "stopping"      // the scheduler or a stop criterion stopped it; it finishes its epoch
 	TrialExploiting = "exploiting"    // PBT: it stops, then continues from a better trial's cloned checkpoint
+	TrialPaused     = "paused"        // PBT: it stopped at a perturbation point to give its slot to a trial that had trained less
 	TrialEarlyStop  = "early-stopped" // ended by the scheduler, with its checkpoint
 	TrialStopped    = "stopped"       // ended by a stop criterion
 	TrialCompleted  = "completed"
@@ -150,6 +151,10 @@ type CloneCheckpointInput struct {
 	From CheckpointRef `json:"from"`
 	URL  string        `json:"url"`
 	Run  string        `json:"run"`
+	// Before bounds the checkpoint cloned when From no longer verifies:
+	// the newest verified one of From's run of an epoch below it (a clone
+	// must leave the trial epochs to train). 0: any.
+	Before int `json:"before,omitempty"`
 }
 
 // CloneCheckpointResult is the checkpoint cloned and its clone.

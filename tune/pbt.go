@@ -103,11 +103,16 @@ func (p *PBT) OnResult(r Result) Decision {
 	return Continue
 }
 
+// Due says whether a trial's result at iteration is a perturbation point:
+// perturbation_interval epochs since it was last considered (Exploit
+// decides only at one; a time-shared population pauses a trial only at one).
+func (p *PBT) Due(trial, iteration int) bool { return iteration-p.perturbed[trial] >= p.interval }
+
 // Exploit says whether the trial of a result, just recorded by OnResult,
 // should continue from a better trial's checkpoint: that trial's number, or
 // -1. It decides once each perturbation_interval epochs of the trial.
 func (p *PBT) Exploit(r Result) int {
-	if r.Iteration-p.perturbed[r.Trial] < p.interval {
+	if !p.Due(r.Trial, r.Iteration) {
 		return -1
 	}
 	p.perturbed[r.Trial] = r.Iteration

@@ -40,20 +40,33 @@ type tuneCarried struct {
 	ResetTag string `json:"reset_tag,omitempty"`
 }
 
-// exploitPlan is a trial PBT told to exploit another: once it has stopped,
-// From is cloned and it continues with Config.
+// exploitPlan is a trial PBT told to stop at a perturbation point: to
+// exploit another (From is cloned, and it continues with Config), or, in a
+// time-shared population, to pause (it continues later from its own
+// checkpoint, when a slot is free and it has trained least).
 type exploitPlan struct {
 	Donor  int
 	From   spec.CheckpointRef
 	Config map[string]json.RawMessage
 	Epoch  int
+	Pause  bool
+	// A time-shared search clones as it decides, while the trial stops
+	// (the donor trains on, and prunes its checkpoints): the segment starts
+	// once both are done; abandoned if the trial ended otherwise.
+	cloned    *spec.CloneCheckpointResult
+	cloneErr  error
+	cloneDone bool
+	childDone bool
+	abandoned bool
 }
 
-// pendingSegment is a trial's next segment: its config and the run it resumes from.
+// pendingSegment is a trial's next segment: its config and the run it
+// resumes from, and the epochs trained by then (the least trained starts first).
 type pendingSegment struct {
 	Trial      int                        `json:"trial"`
 	Config     map[string]json.RawMessage `json:"config"`
 	ResumeFrom string                     `json:"resume_from"`
+	Epochs     int                        `json:"epochs,omitempty"`
 }
 
 // TuneWorkflow runs a hyperparameter search: each trial is a child
@@ -75,15 +88,16 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 	}
 	if r.carried != nil {
 		for _, seg := range r.carried.Segments {
-			if seg.Trial >= 0 && seg.Trial < len(r.trials) && r.res.Row(seg.Trial) != nil {
+			switch {
+			case seg.Trial < 0 || seg.Trial >= len(r.trials) || r.res.Row(seg.Trial) == nil:
+			case r.timeShared:
+				r.ready = append(r.ready, seg)
+			default:
 				r.startSegment(seg)
 			}
 		}
 	}
-	for r.next < len(r.trials) && len(r.children) < r.s.MaxConcurrentTrials {
-		r.start(r.next)
-		r.next++
-	}
+	r.fill()
 	r.sel.AddReceive(workflow.GetSignalChannel(ctx, spec.SignalTrialReport), func(c workflow.ReceiveChannel, _ bool) {
 		var rep spec.TrialReport
 		if !c.ReceiveAsync(&rep) {
@@ -108,12 +122,9 @@ func TuneWorkflow(ctx workflow.Context, input converter.RawValue) (*spec.TuneRes
 			r.draining = r.draining || (r.next < len(r.trials) || r.pbt != nil) && (h.GetCurrentHistoryLength() >= TuneContinueAsNewAfterEvents ||
 				r.signals >= TuneContinueAsNewAfterSignals || h.GetContinueAsNewSuggested())
 		}
-		for ctx.Err() == nil && !r.draining && r.next < len(r.trials) && len(r.children) < r.s.MaxConcurrentTrials {
-			r.start(r.next)
-			r.next++
-		}
+		r.fill()
 	}
-	if ctx.Err() == nil && (r.next < len(r.trials) || len(r.carry) > 0) {
+	if ctx.Err() == nil && (r.next < len(r.trials) || len(r.carry) > 0 || len(r.ready) > 0) {
 		return nil, r.continueAsNew()
 	}
 	return r.close()
@@ -149,6 +160,8 @@ type search struct {
 	draining    bool                                 // no new trials: the search continues as new
 	clones      int                                  // PBT: clone activities in flight
 	carry       []pendingSegment                     // PBT: segments for the next execution
+	ready       []pendingSegment                     // PBT, time-shared: segments waiting for a slot
+	timeShared  bool                                 // PBT: trials give up their slots at perturbation points (pbt-time-share)
 	badMetric   error                                // a report without a metric the search needs: the search fails
 }
 
@@ -209,6 +222,12 @@ func newSearch(ctx workflow.Context, input converter.RawValue) (*search, error) 
 	}
 	r.sched, _ = s.NewScheduler()
 	r.pbt, _ = r.sched.(*tune.PBT)
+	// PBT as Ray runs it: a population larger than the slots moves
+	// together (a trial at a perturbation point gives its slot to the one
+	// that trained least), and an exploit clones its donor's checkpoint as
+	// it is decided. Searches recorded before ran trials to their end, and
+	// cloned once the trial had stopped.
+	r.timeShared = r.pbt != nil && workflow.GetVersion(ctx, "pbt-time-share", workflow.DefaultVersion, 1) >= 1
 	// Trials own their checkpoint run names (run-ownership): each is named
 	// after the search and its number, never the train spec's one name.
 	r.owned = workflow.GetVersion(ctx, "run-ownership", workflow.DefaultVersion, 1) >= 1
@@ -261,7 +280,7 @@ func (r *search) continueAsNew() error {
 	if err != nil {
 		return err
 	}
-	next, err := encodeTuneInput(r.raw, &tuneCarried{Results: r.res, Scheduler: st, Searcher: searched, Segments: r.carry, ResetTag: r.resetTag})
+	next, err := encodeTuneInput(r.raw, &tuneCarried{Results: r.res, Scheduler: st, Searcher: searched, Segments: append(r.carry, r.ready...), ResetTag: r.resetTag})
 	if err != nil {
 		return err
 	}
@@ -275,7 +294,7 @@ func (r *search) close() (*spec.TuneResults, error) {
 	if ctx.Err() != nil {
 		// Cancelled: the running trials have closed; the rest never start.
 		for i := range res.Trials {
-			if st := res.Trials[i].Status; st == spec.TrialPending || st == spec.TrialExploiting {
+			if st := res.Trials[i].Status; st == spec.TrialPending || st == spec.TrialExploiting || st == spec.TrialPaused {
 				res.Trials[i].Status = spec.TrialCancelled
 			}
 		}

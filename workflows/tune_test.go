@@ -34,12 +34,13 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 		*running++
 		*maxRunning = max(*maxRunning, *running)
 		mu.Unlock()
-		defer func() { mu.Lock(); *running--; mu.Unlock() }()
+		fakeRunning.Store(s.Name, true)
+		defer func() { mu.Lock(); *running--; mu.Unlock(); fakeRunning.Delete(s.Name) }()
 		stop := workflow.GetSignalChannel(ctx, spec.SignalStop)
 		info := workflow.GetInfo(ctx)
 		p := &spec.Progress{Run: s.Name, Epochs: s.Hyper.Epochs, State: spec.StateCompleted}
 		first := 0
-		if at, ok := fakeResumeAt.Load(s.ResumeFrom); ok { // a PBT segment goes on from its clone's epoch
+		if at, ok := fakeResumeAt.Load(s.ResumeFrom); ok { // a PBT segment goes on from its clone's (or its own) epoch
 			first = at.(int)
 		}
 		for e := first; e < s.Hyper.Epochs; e++ {
@@ -56,6 +57,7 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 			p.Metrics = append(p.Metrics, m)
 			p.Epoch = e + 1
 			p.Latest = &spec.CheckpointRef{Run: s.Name, ID: "ckpt", Epoch: e + 1}
+			fakeResumeAt.Store(s.Name, e+1)
 			workflow.SignalExternalWorkflow(ctx, info.ParentWorkflowExecution.ID, "", spec.SignalTrialReport,
 				spec.TrialReport{WorkflowID: info.WorkflowExecution.ID, Metrics: m, Checkpoint: p.Latest}).Get(ctx, nil)
 		}
@@ -63,8 +65,9 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 	}
 }
 
-// fakeResumeAt is the epoch each cloned run's checkpoint resumes at (fakeClone's).
-var fakeResumeAt sync.Map
+// fakeResumeAt is the epoch each run's checkpoint resumes at (a clone's, or
+// a trial's own latest); fakeRunning the run names of the trials training.
+var fakeResumeAt, fakeRunning sync.Map
 
 // searchEnv is a test environment for TuneWorkflow whose trials are
 // fakeTrial; written is set to the results the search writes, and
@@ -462,6 +465,90 @@ func TestTuneWithPBT(t *testing.T) {
 	}
 	if w := *writtenTo; w == nil || w.Scheduler != "pbt" {
 		t.Fatalf("results written: %+v", w)
+	}
+}
+
+// TestTunePBTTimeSharesItsSlots: a population of 8 on 2 slots moves
+// together, as Ray's PBT runs one: a trial at a perturbation point gives its
+// slot to the trial that has trained least (every trial starts before any
+// trains past the first interval), pauses keep their epochs, and an
+// exploit's clone is made as it is decided, while the trial is still
+// stopping, so the donor cannot prune the checkpoint chosen (it did: a
+// clone then took the donor's last checkpoint, and the trial trained no more).
+func TestTunePBTTimeSharesItsSlots(t *testing.T) {
+	env, _, maxRunningOf := searchEnv()
+	var mu sync.Mutex
+	var clones []spec.CloneCheckpointInput
+	var clonedWhileStopping []bool
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+		trial := in.Run[:strings.LastIndex(in.Run, "-p")]
+		stopping := false
+		fakeRunning.Range(func(k, _ any) bool {
+			stopping = stopping || strings.HasPrefix(k.(string), trial)
+			return !stopping
+		})
+		mu.Lock()
+		clones, clonedWhileStopping = append(clones, in), append(clonedWhileStopping, stopping)
+		mu.Unlock()
+		fakeResumeAt.Store(in.Run, in.From.Epoch)
+		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
+	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	type start struct {
+		id    string
+		epoch int
+	}
+	var starts []start
+	env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, args converter.EncodedValues) {
+		var in json.RawMessage
+		args.Get(&in)
+		s, _ := spec.Parse(in)
+		at, _ := fakeResumeAt.Load(s.ResumeFrom)
+		e, _ := at.(int)
+		starts = append(starts, start{info.WorkflowExecution.ID, e})
+	})
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "pbt-ts"})
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"name": "pbt-ts",
+		"train": {"hyper": {"epochs": 10}},
+		"param_space": {"hyper.lr": {"uniform": [0.001, 0.05]}}, "num_samples": 8, "seed": 7,
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2,
+		"scheduler": {"type": "pbt", "perturbation_interval": 2}}`))
+	if err := env.GetWorkflowError(); err != nil {
+		t.Fatal(err)
+	}
+	var res spec.TuneResults
+	env.GetWorkflowResult(&res)
+	if *maxRunningOf > 2 {
+		t.Fatalf("%d trials ran at once on 2 slots", *maxRunningOf)
+	}
+	exploits := 0
+	for _, r := range res.Trials {
+		if r.Status != spec.TrialCompleted || r.Epochs != 10 || r.Segment < len(r.Lineage) {
+			t.Fatalf("trial %d: %s after %d epochs, %d segments, lineage %+v", r.Trial, r.Status, r.Epochs, r.Segment, r.Lineage)
+		}
+		exploits += len(r.Lineage)
+	}
+	firsts, resumes := 0, 0
+	for _, s := range starts {
+		if !strings.Contains(s.id, "-p") {
+			firsts++
+		} else {
+			resumes++
+			if firsts < 8 && s.epoch > 2 {
+				t.Fatalf("a segment resumed at epoch %d before every trial had started: %v", s.epoch, starts)
+			}
+		}
+	}
+	t.Logf("%d starts (%d segments), %d exploits: %v", len(starts), resumes, exploits, starts)
+	if firsts != 8 || resumes < 8*3 {
+		t.Fatalf("%d trials started and %d segments; want 8, each paused at least at epochs 2, 4 and 6", firsts, resumes)
+	}
+	if exploits == 0 || len(clones) != exploits {
+		t.Fatalf("%d exploits, %d clones", exploits, len(clones))
+	}
+	for k, c := range clones {
+		if !clonedWhileStopping[k] || c.Before != 10 {
+			t.Fatalf("clone %+v: made while its trial was still stopping: %v; want true, and before its 10 epochs", c, clonedWhileStopping[k])
+		}
 	}
 }
 

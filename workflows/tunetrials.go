@@ -127,9 +127,20 @@ func (r *search) launch(i int, workflowID string, sp spec.Training) {
 			delete(r.plans, i)
 			if err == nil && p != nil && p.State == spec.StateStopped && ctx.Err() == nil {
 				absorb(row, p, s.Metric, s.Mode, s.Scope)
-				r.exploit(i, plan)
+				switch {
+				case plan.Pause:
+					r.queue(pendingSegment{Trial: i, Config: row.Config, ResumeFrom: r.runOf(i, row.Segment), Epochs: row.Epochs})
+				case r.timeShared:
+					plan.childDone = true
+					if plan.cloneDone {
+						r.exploited(i, plan)
+					}
+				default:
+					r.exploit(i, plan)
+				}
 				return
 			}
+			plan.abandoned = true
 			row.Status = spec.TrialRunning // the stop came too late: it ended as it ended
 		}
 		finish(row, p, err, r.byCriterion[i], s.Metric, s.Mode, s.Scope)
@@ -155,42 +166,114 @@ func (r *search) startSegment(seg pendingSegment) {
 	r.launch(i, wid, sp)
 }
 
-// exploit clones a stopped trial's donor checkpoint, then continues it.
-func (r *search) exploit(i int, plan *exploitPlan) {
+// cloneRun is the run a trial's exploit clones its donor's checkpoint into.
+func (r *search) cloneRun(i int) string {
+	return runName(fmt.Sprintf("%s-p%d-clone", r.trialRun(i), r.res.Row(i).Segment+1))
+}
+
+// clone starts copying plan's donor checkpoint into trial i's clone run;
+// done runs with the outcome.
+func (r *search) clone(i int, plan *exploitPlan, done func(*spec.CloneCheckpointResult, error)) {
 	ctx := r.ctx
-	row := r.res.Row(i)
-	clone := runName(fmt.Sprintf("%s-p%d-clone", r.trialRun(i), row.Segment+1))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Hour,
 		RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
+	sp := r.trials[i].Spec.WithDefaults()
 	f := workflow.ExecuteActivity(actx, spec.ActivityCloneCheckpoint, spec.CloneCheckpointInput{
-		From: plan.From, URL: r.trials[i].Spec.WithDefaults().Checkpoint.URL, Run: clone})
+		From: plan.From, URL: sp.Checkpoint.URL, Run: r.cloneRun(i), Before: sp.Hyper.Epochs})
 	r.clones++
 	r.sel.AddFuture(f, func(f workflow.Future) {
 		r.clones--
 		var out *spec.CloneCheckpointResult
 		err := f.Get(ctx, &out)
-		if ctx.Err() != nil {
-			row.Status, row.Reason = spec.TrialCancelled, "the search was cancelled while it exploited trial "+fmt.Sprint(plan.Donor)
-			r.ended(i)
-			return
-		}
-		step := spec.Exploit{Epoch: plan.Epoch, From: plan.Donor, Changed: changedValues(row.Config, plan.Config)}
-		seg := pendingSegment{Trial: i, Config: plan.Config, ResumeFrom: clone}
-		if err != nil || out == nil {
-			// Its own checkpoint and config, rather than nothing.
-			step.Changed, step.Reason = nil, "the clone failed, so it went on from its own checkpoint: "+shortError(err)
-			seg = pendingSegment{Trial: i, Config: row.Config, ResumeFrom: r.runOf(i, row.Segment)}
-		} else {
-			step.Cloned = out.Source.Run + "/" + out.Source.ID
-		}
-		addLineage(row, step)
-		if r.draining {
-			r.carry = append(r.carry, seg)
-			return
-		}
-		r.startSegment(seg)
+		done(out, err)
 	})
 }
+
+// exploit clones a stopped trial's donor checkpoint, then continues it (a
+// search recorded before pbt-time-share).
+func (r *search) exploit(i int, plan *exploitPlan) {
+	r.clone(i, plan, func(out *spec.CloneCheckpointResult, err error) {
+		plan.cloned, plan.cloneErr, plan.cloneDone, plan.childDone = out, err, true, true
+		r.exploited(i, plan)
+	})
+}
+
+// cloneAtDecision starts the clone of a time-shared search's exploit as it
+// is decided; the trial continues once it has also stopped.
+func (r *search) cloneAtDecision(i int, plan *exploitPlan) {
+	r.clone(i, plan, func(out *spec.CloneCheckpointResult, err error) {
+		plan.cloned, plan.cloneErr, plan.cloneDone = out, err, true
+		if plan.childDone && !plan.abandoned {
+			r.exploited(i, plan)
+		}
+	})
+}
+
+// exploited continues trial i, stopped and its donor's checkpoint cloned
+// (or not: then from its own checkpoint and config, rather than nothing).
+func (r *search) exploited(i int, plan *exploitPlan) {
+	row := r.res.Row(i)
+	if r.ctx.Err() != nil {
+		row.Status, row.Reason = spec.TrialCancelled, "the search was cancelled while it exploited trial "+fmt.Sprint(plan.Donor)
+		r.ended(i)
+		return
+	}
+	out, err := plan.cloned, plan.cloneErr
+	step := spec.Exploit{Epoch: plan.Epoch, From: plan.Donor, Changed: changedValues(row.Config, plan.Config)}
+	seg := pendingSegment{Trial: i, Config: plan.Config, ResumeFrom: r.cloneRun(i)}
+	if err != nil || out == nil {
+		step.Changed, step.Reason = nil, "the clone failed, so it went on from its own checkpoint: "+shortError(err)
+		seg = pendingSegment{Trial: i, Config: row.Config, ResumeFrom: r.runOf(i, row.Segment), Epochs: row.Epochs}
+	} else {
+		step.Cloned = out.Source.Run + "/" + out.Source.ID
+		seg.Epochs = out.Clone.Epoch
+	}
+	addLineage(row, step)
+	r.queue(seg)
+}
+
+// queue starts a trial's next segment, or keeps it: for the next execution
+// if the search is draining, for a free slot if the search is time-shared.
+func (r *search) queue(seg pendingSegment) {
+	switch {
+	case r.timeShared:
+		r.res.Row(seg.Trial).Status = spec.TrialPaused
+		r.ready = append(r.ready, seg) // fill starts it, or continueAsNew carries it
+	case r.draining:
+		r.carry = append(r.carry, seg)
+	default:
+		r.startSegment(seg)
+	}
+}
+
+// fill starts trials and segments while there are free slots: the trials
+// in order; a time-shared search's waiting segments too, the least trained
+// first (a trial not started has trained least), as Ray's PBT chooses.
+func (r *search) fill() {
+	for r.ctx.Err() == nil && !r.draining && len(r.children) < r.s.MaxConcurrentTrials {
+		k := -1
+		for j, seg := range r.ready {
+			if k < 0 || seg.Epochs < r.ready[k].Epochs {
+				k = j
+			}
+		}
+		switch {
+		case k >= 0 && (r.next >= len(r.trials) || r.ready[k].Epochs == 0):
+			seg := r.ready[k]
+			r.ready = append(r.ready[:k], r.ready[k+1:]...)
+			r.startSegment(seg)
+		case r.next < len(r.trials):
+			r.start(r.next)
+			r.next++
+		default:
+			return
+		}
+	}
+}
+
+// waiting says whether a trial waits for a slot: one not started, or a
+// time-shared segment.
+func (r *search) waiting() bool { return r.next < len(r.trials) || len(r.ready) > 0 }
 
 // onReport decides about a trial on its epoch's report: a stop criterion
 // or the scheduler stops it; PBT may tell it to exploit a better trial.
@@ -227,15 +310,30 @@ func (r *search) onReport(rep spec.TrialReport) {
 	if r.pbt == nil || r.draining {
 		return
 	}
+	due := r.pbt.Due(i, t.Epochs)
+	var plan *exploitPlan
 	if donor := r.pbt.Exploit(tune.Result{Trial: i, Iteration: t.Epochs, Value: v}); donor >= 0 {
 		// A donor's checkpoint must leave epochs to train: one at the
 		// run's end would end the trial (it cannot train past its epochs).
-		if d := r.res.Row(donor); d != nil && d.Checkpoint != nil && d.Status == spec.TrialRunning &&
+		// A paused donor's checkpoint stays (its next segment is a run of
+		// its own), as does a running one's until it has saved keep_last more.
+		d := r.res.Row(donor)
+		if d != nil && d.Checkpoint != nil && (d.Status == spec.TrialRunning || r.timeShared && d.Status == spec.TrialPaused) &&
 			d.Checkpoint.Epoch < r.trials[i].Spec.WithDefaults().Hyper.Epochs {
-			r.plans[i] = &exploitPlan{Donor: donor, From: *d.Checkpoint, Config: r.pbt.Explore(i, t.Epochs, d.Config), Epoch: t.Epochs}
+			plan = &exploitPlan{Donor: donor, From: *d.Checkpoint, Config: r.pbt.Explore(i, t.Epochs, d.Config), Epoch: t.Epochs}
 			r.pbt.Cloned(i, donor)
 			t.Status = spec.TrialExploiting
-			r.children[i].SignalChildWorkflow(r.ctx, spec.SignalStop, nil)
+			if r.timeShared {
+				r.cloneAtDecision(i, plan)
+			}
 		}
+	}
+	if plan == nil && r.timeShared && due && r.waiting() {
+		plan = &exploitPlan{Donor: -1, Pause: true}
+		t.Status, t.Reason = spec.TrialPaused, ""
+	}
+	if plan != nil {
+		r.plans[i] = plan
+		r.children[i].SignalChildWorkflow(r.ctx, spec.SignalStop, nil)
 	}
 }

@@ -108,7 +108,7 @@ func tuneTable(r *spec.TuneResults) string {
 	var b strings.Builder
 	counts := r.Counts()
 	var parts []string
-	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialExploiting, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed, spec.TrialCancelled} {
+	for _, st := range []string{spec.TrialRunning, spec.TrialStopping, spec.TrialExploiting, spec.TrialPaused, spec.TrialPending, spec.TrialCompleted, spec.TrialEarlyStop, spec.TrialStopped, spec.TrialFailed, spec.TrialCancelled} {
 		if counts[st] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[st], st))
 		}
