@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"go.temporal.io/sdk/activity"
 	"io"
 	"maps"
 	"slices"
@@ -237,6 +238,10 @@ func lineageText(steps []spec.Exploit) string {
 // roots; with a pool key, the source must be signed by the pool and the
 // clone is signed too, so a clone never launders a forged checkpoint.
 func (r Results) CloneCheckpoint(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+	if activity.IsActivity(ctx) { // a worker that dies mid-copy is noticed within the heartbeat timeout
+		beat := startHeartbeat(ctx, nil)
+		defer beat.stop()
+	}
 	fromURL, err := r.Policy.Resolve("checkpoint.url", in.From.URL)
 	if err != nil {
 		return nil, userError(err)

@@ -195,6 +195,11 @@ func TestPBTSurvivesLosingEveryWorkerMidExploit(t *testing.T) {
 	defer cancel()
 	var res spec.TuneResults
 	if err := run.Get(ctx, &res); err != nil {
+		if v, qerr := c.QueryWorkflow(context.Background(), "it-pbt-1", "", spec.QueryResults); qerr == nil && v.Get(&res) == nil {
+			for _, tr := range res.Trials {
+				t.Logf("trial %d %s epochs %d segment %d lineage %+v", tr.Trial, tr.Status, tr.Epochs, tr.Segment, tr.Lineage)
+			}
+		}
 		t.Fatal(err)
 	}
 	exploits := 0
@@ -245,4 +250,93 @@ func TestPBTSurvivesLosingEveryWorkerMidExploit(t *testing.T) {
 	}
 	recordHistory(t, c, "it-pbt-1", "tune-pbt-every-worker-killed")
 	t.Logf("%d exploits, %d verified clones; best trial %d (%.4f)", exploits, clones, res.Best, deref(res.BestTrial.Last))
+}
+
+// TestPBTTimeSharesItsSlots: a population of 4 on 2 slots, perturbed every
+// epoch, on real training. The population moves together, as Ray's PBT
+// runs one: a trial at a perturbation point pauses (it stops with its
+// checkpoint) and gives its slot to the trial that has trained least, so
+// every trial has started before any resumes a second time; never more than
+// 2 train at once; every trial trains all its epochs, and each segment
+// resumes where its trial stopped or from the clone it exploited.
+func TestPBTTimeSharesItsSlots(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	queue := "it-pbt-ts"
+	startWorker(t, "ctl-1", "workflows", queue)
+	for i := range 2 {
+		startWorker(t, fmt.Sprintf("agent-%d", i+1), "agent", queue)
+	}
+	c := dial(t)
+	ckpt := t.TempDir()
+	search := map[string]any{
+		"name": "it-pbt-ts",
+		"train": map[string]any{
+			"dataset":    map[string]any{"url": testdata.FashionMNISTSmall()},
+			"hyper":      map[string]any{"epochs": 4},
+			"scaling":    map[string]any{"workers": 1, "task_queue": queue},
+			"checkpoint": map[string]any{"url": bloburl.FromPath(ckpt) + "?metadata=skip"},
+		},
+		"param_space": map[string]any{"config.lr": map[string]any{"loguniform": []float64{1e-5, 3e-2}}},
+		"num_samples": 4, "metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2, "seed": 3,
+		"scheduler": map[string]any{"type": "pbt", "perturbation_interval": 1},
+	}
+	raw, _ := json.Marshal(search)
+	run, err := c.ExecuteWorkflow(context.Background(), client.StartWorkflowOptions{ID: "it-pbt-ts", TaskQueue: queue + "-control"}, spec.WorkflowTune, json.RawMessage(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var res spec.TuneResults
+	if err := run.Get(ctx, &res); err != nil {
+		t.Fatal(err)
+	}
+	type span struct {
+		id         string
+		start, end time.Time
+	}
+	var spans []span
+	var firstsStarted, secondResumed time.Time
+	for _, tr := range res.Trials {
+		t.Logf("trial %d %s epochs %d last %.4f segments %d lineage %d", tr.Trial, tr.Status, tr.Epochs, deref(tr.Last), tr.Segment, len(tr.Lineage))
+		if tr.Status != spec.TrialCompleted || tr.Epochs != 4 || tr.Segment == 0 {
+			t.Errorf("trial %d: %s after %d epochs and %d segments: %s", tr.Trial, tr.Status, tr.Epochs, tr.Segment, tr.Reason)
+		}
+		for k := 0; k <= tr.Segment; k++ {
+			id := tr.WorkflowID
+			if k > 0 {
+				id = fmt.Sprintf("%s-p%d", id, k)
+			}
+			d, err := c.DescribeWorkflowExecution(ctx, id, "")
+			if err != nil {
+				t.Fatalf("segment %s: %v", id, err)
+			}
+			s := span{id, d.WorkflowExecutionInfo.StartTime.AsTime(), d.WorkflowExecutionInfo.CloseTime.AsTime()}
+			spans = append(spans, s)
+			if k == 0 && s.start.After(firstsStarted) {
+				firstsStarted = s.start
+			}
+			if k == 2 && (secondResumed.IsZero() || s.start.Before(secondResumed)) {
+				secondResumed = s.start
+			}
+		}
+	}
+	for _, a := range spans {
+		at := 0
+		for _, b := range spans {
+			if !b.start.After(a.start) && b.end.After(a.start) {
+				at++
+			}
+		}
+		if at > 2 {
+			t.Fatalf("%d trials trained at once when %s started, on 2 slots", at, a.id)
+		}
+	}
+	if !secondResumed.IsZero() && secondResumed.Before(firstsStarted) {
+		t.Fatalf("a trial resumed a second time at %v, before every trial had started (the last at %v)", secondResumed, firstsStarted)
+	}
+	recordHistory(t, c, "it-pbt-ts", "tune-pbt-time-shared")
+	t.Logf("%d segments on 2 slots; best trial %d (%.4f)", len(spans), res.Best, deref(res.BestTrial.Last))
 }

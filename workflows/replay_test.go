@@ -18,6 +18,8 @@ var recordedIDs = map[string]string{
 	"tune-asha-every-worker-killed.json":    "it-tune-1",
 	"tune-cancelled-while-training.json":    "it-end-search-2",
 	"tune-pbt-every-worker-killed.json":     "it-pbt-1",
+	"tune-pbt-time-shared.json":             "it-pbt-ts",
+	"v6-tune-pbt-every-worker-killed.json":  "it-pbt-1",
 	"v1-tune-asha-every-worker-killed.json": "it-tune-1",
 	"v1-tune-cancelled-while-training.json": "it-end-search-2",
 	"v2-tune-asha-every-worker-killed.json": "it-tune-1",
@@ -38,7 +40,7 @@ var recordedIDs = map[string]string{
 // keep-gang, ask-again, tune-continue-as-new and release-by-host versions,
 // "v3-" from before the reuse-holds and await-releases versions, "v4-" from
 // before the hedge-holds version, "v5-" from before the own-signals and
-// reset-trial-names versions.
+// reset-trial-names versions, "v6-" from before the pbt-time-share version.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, _ := filepath.Glob("testdata/histories/*.json")
 	if len(files) == 0 {

@@ -175,9 +175,11 @@ func (r *search) cloneRun(i int) string {
 // done runs with the outcome.
 func (r *search) clone(i int, plan *exploitPlan, done func(*spec.CloneCheckpointResult, error)) {
 	ctx := r.ctx
-	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Hour,
-		RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
 	sp := r.trials[i].Spec.WithDefaults()
+	// It heartbeats: a worker killed mid-copy is noticed within the trial's
+	// heartbeat timeout, and the copy made again (a clone commits whole or not at all).
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Hour,
+		HeartbeatTimeout: time.Duration(sp.Failure.HeartbeatTimeout), RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
 	f := workflow.ExecuteActivity(actx, spec.ActivityCloneCheckpoint, spec.CloneCheckpointInput{
 		From: plan.From, URL: sp.Checkpoint.URL, Run: r.cloneRun(i), Before: sp.Hyper.Epochs})
 	r.clones++
