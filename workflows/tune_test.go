@@ -43,10 +43,17 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 		if at, ok := fakeResumeAt.Load(s.ResumeFrom); ok { // a PBT segment goes on from its clone's (or its own) epoch
 			first = at.(int)
 		}
+		ahead := -1 // epochs still to train after a stop came
 		for e := first; e < s.Hyper.Epochs; e++ {
-			if stop.ReceiveAsync(nil) {
+			if ahead < 0 && stop.ReceiveAsync(nil) {
+				ahead = fakeRunAhead
+			}
+			if ahead == 0 {
 				p.State = spec.StateStopped
 				break
+			}
+			if ahead > 0 {
+				ahead--
 			}
 			if err := workflow.Sleep(ctx, time.Second); err != nil {
 				p.State = spec.StateCancelled
@@ -68,6 +75,11 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 // fakeResumeAt is the epoch each run's checkpoint resumes at (a clone's, or
 // a trial's own latest); fakeRunning the run names of the trials training.
 var fakeResumeAt, fakeRunning sync.Map
+
+// fakeRunAhead is how many epochs a fakeTrial trains after its stop
+// came: 0, or 1 as a Python rank does (it is into the next iteration
+// when its report is decided on).
+var fakeRunAhead int
 
 // searchEnv is a test environment for TuneWorkflow whose trials are
 // fakeTrial; written is set to the results the search writes, and
@@ -550,6 +562,64 @@ func TestTunePBTTimeSharesItsSlots(t *testing.T) {
 			t.Fatalf("clone %+v: made while its trial was still stopping: %v; want true, and before its 10 epochs", c, clonedWhileStopping[k])
 		}
 	}
+}
+
+// TestTimeSharedPBTEndsAtTheStopCriterionNotTheRunsEpochs: a function
+// trainer's run has many epochs (its program ends where it will) and
+// trains one more after each stop, as a Python rank does. With a
+// stop.training_iteration the search knows where its trials end: no clone
+// is of a donor's checkpoint there (it would leave its trial nothing to
+// train), and a trial paused as it reached it ends instead of being
+// started again to find that out (CI, 2026-12-07).
+func TestTimeSharedPBTEndsAtTheStopCriterionNotTheRunsEpochs(t *testing.T) {
+	fakeRunAhead = 1
+	defer func() { fakeRunAhead = 0 }()
+	env, _, _ := searchEnv()
+	var clones []spec.CloneCheckpointInput
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+		clones = append(clones, in)
+		fakeResumeAt.Store(in.Run, in.From.Epoch)
+		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
+	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	var resumedAt []int
+	env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, args converter.EncodedValues) {
+		var in json.RawMessage
+		args.Get(&in)
+		s, _ := spec.Parse(in)
+		if at, ok := fakeResumeAt.Load(s.ResumeFrom); ok && s.ResumeFrom != "" {
+			resumedAt = append(resumedAt, at.(int))
+		}
+	})
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "pbt-stop"})
+	env.ExecuteWorkflow(spec.WorkflowTune, json.RawMessage(`{"name": "pbt-stop",
+		"train": {"hyper": {"epochs": 1000}}, "stop": {"training_iteration": 6},
+		"param_space": {"hyper.lr": {"uniform": [0.001, 0.05]}}, "num_samples": 4, "seed": 3,
+		"metric": "test_accuracy", "mode": "max", "max_concurrent_trials": 2,
+		"scheduler": {"type": "pbt", "perturbation_interval": 1}}`))
+	if err := env.GetWorkflowError(); err != nil {
+		t.Fatal(err)
+	}
+	var res spec.TuneResults
+	env.GetWorkflowResult(&res)
+	for _, r := range res.Trials {
+		if r.Status != spec.TrialStopped || r.Epochs < 6 || r.Epochs > 8 { // the stop, and the trial's stop signal, each an epoch late at most
+			t.Fatalf("trial %d: %s (%s) after %d epochs; want stopped by stop.training_iteration at 6 to 8; lineage %+v, resumed at %v", r.Trial, r.Status, r.Reason, r.Epochs, r.Lineage, resumedAt)
+		}
+	}
+	if len(clones) == 0 {
+		t.Fatal("no exploit in 4 trials of 6 iterations perturbed every one")
+	}
+	for _, c := range clones {
+		if c.From.Epoch >= 6 || c.Before != 6 {
+			t.Fatalf("clone %+v: of epoch %d, before %d; want below 6, the stop criterion", c, c.From.Epoch, c.Before)
+		}
+	}
+	for _, at := range resumedAt {
+		if at >= 6 {
+			t.Fatalf("a segment started at epoch %d, past its stop criterion: %v", at, resumedAt)
+		}
+	}
+	t.Logf("%d clones, segments resumed at %v", len(clones), resumedAt)
 }
 
 // TestTunePBTCarriesItsSegmentsAcrossContinueAsNew: the server suggests

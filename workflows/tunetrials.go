@@ -3,6 +3,7 @@ package workflows
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -128,6 +129,12 @@ func (r *search) launch(i int, workflowID string, sp spec.Training) {
 			if err == nil && p != nil && p.State == spec.StateStopped && ctx.Err() == nil {
 				absorb(row, p, s.Metric, s.Mode, s.Scope)
 				switch {
+				case plan.Pause && r.timeShared && row.Epochs >= r.lastEpoch(i):
+					// It trained on to its stop.training_iteration before the
+					// pause reached it: it ends there, as a trial stopped by it.
+					row.Status, row.Reason, r.byCriterion[i] = spec.TrialStopping, stopCriterion(s.Stop, row.Epochs, spec.EpochMetrics{}), true
+					finish(row, p, nil, true, s.Metric, s.Mode, s.Scope)
+					r.ended(i)
 				case plan.Pause:
 					r.queue(pendingSegment{Trial: i, Config: row.Config, ResumeFrom: r.runOf(i, row.Segment), Epochs: row.Epochs})
 				case r.timeShared:
@@ -181,7 +188,7 @@ func (r *search) clone(i int, plan *exploitPlan, done func(*spec.CloneCheckpoint
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Hour,
 		HeartbeatTimeout: time.Duration(sp.Failure.HeartbeatTimeout), RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
 	f := workflow.ExecuteActivity(actx, spec.ActivityCloneCheckpoint, spec.CloneCheckpointInput{
-		From: plan.From, URL: sp.Checkpoint.URL, Run: r.cloneRun(i), Before: sp.Hyper.Epochs})
+		From: plan.From, URL: sp.Checkpoint.URL, Run: r.cloneRun(i), Before: r.lastEpoch(i)})
 	r.clones++
 	r.sel.AddFuture(f, func(f workflow.Future) {
 		r.clones--
@@ -277,6 +284,19 @@ func (r *search) fill() {
 // time-shared segment.
 func (r *search) waiting() bool { return r.next < len(r.trials) || len(r.ready) > 0 }
 
+// lastEpoch is the epoch trial i ends at: its run's epochs, or sooner the
+// search's stop.training_iteration (where a time-shared PBT knows it: a
+// function trainer's epochs are many, and its program's own end is known
+// only once it has returned; a donor paused at that end would leave its
+// clone nothing to train).
+func (r *search) lastEpoch(i int) int {
+	n := r.trials[i].Spec.WithDefaults().Hyper.Epochs
+	if th, ok := r.s.Stop[tune.TrainingIteration]; ok && r.timeShared && th >= 1 && th < float64(n) {
+		n = int(math.Ceil(th))
+	}
+	return n
+}
+
 // onReport decides about a trial on its epoch's report: a stop criterion
 // or the scheduler stops it; PBT may tell it to exploit a better trial.
 func (r *search) onReport(rep spec.TrialReport) {
@@ -321,7 +341,7 @@ func (r *search) onReport(rep spec.TrialReport) {
 		// its own), as does a running one's until it has saved keep_last more.
 		d := r.res.Row(donor)
 		if d != nil && d.Checkpoint != nil && (d.Status == spec.TrialRunning || r.timeShared && d.Status == spec.TrialPaused) &&
-			d.Checkpoint.Epoch < r.trials[i].Spec.WithDefaults().Hyper.Epochs {
+			d.Checkpoint.Epoch < r.lastEpoch(i) {
 			plan = &exploitPlan{Donor: donor, From: *d.Checkpoint, Config: r.pbt.Explore(i, t.Epochs, d.Config), Epoch: t.Epochs}
 			r.pbt.Cloned(i, donor)
 			t.Status = spec.TrialExploiting

@@ -124,6 +124,8 @@ def train_loop(config):
     rank = ctx.get_world_rank()
     with open(os.path.join(config["pids"], "rank-%d" % rank), "w") as f:
         f.write(str(os.getpid()))
+    phases = open(os.path.join(config["pids"], "phases.log"), "a", buffering=1)
+    phases.write("%.6f entry %d %d\n" % (time.time(), rank, os.getpid()))
     torch.manual_seed(0)
     image = config["model"] == "resnet18"
     loader = torch.utils.data.DataLoader(fashion_mnist(config["data"], config["limit"], image), batch_size=config["batch"], shuffle=True)
@@ -141,6 +143,7 @@ def train_loop(config):
         start_epoch, start_step = st["epoch"], st["step"]
         if start_step >= len(loader):
             start_epoch, start_step = start_epoch + 1, 0
+    phases.write("%.6f ready %d %d\n" % (time.time(), rank, os.getpid()))
     log = open(config["log"], "a", buffering=1) if rank == 0 else None
 
     def save(metrics, epoch, step):
@@ -705,6 +708,17 @@ def figures(cfg, start, end, fault, state):
         for r in rows:
             seen[(r[1], r[2])] = seen.get((r[1], r[2]), 0) + 1
         out["lost"] = sum(n - 1 for n in seen.values())
+        # Where "again" goes: the kill to the new gang's functions entered
+        # (the last rank's: a gang trains once every rank has), then to every
+        # rank ready (its data, model, process group and checkpoint loaded).
+        marks = {}
+        for line in open(os.path.join(cfg["pids"], "phases.log")) if os.path.exists(os.path.join(cfg["pids"], "phases.log")) else []:
+            t, phase, rank, _ = line.split()
+            if float(t) > fault.killed_at:
+                marks.setdefault(phase, {}).setdefault(rank, float(t))
+        if fault.again_at and len(marks.get("entry", {})) >= 2 and len(marks.get("ready", {})) >= 2:
+            out["to_entry"] = max(marks["entry"].values()) - fault.killed_at
+            out["to_ready"] = max(marks["ready"].values()) - fault.killed_at
     return out
 
 
@@ -778,7 +792,7 @@ def main():
                     r = run_sample(side, "mlp50", job, a.hung_cap)
                     got[side].append(r)
                     print("%s repeat %d %s: %s" % (job, i + 1, side, json.dumps(r)), flush=True)
-            table("rank 1 %s mid-epoch, the MLP" % ("SIGKILLed" if job == "killed" else "SIGSTOPped"), got, ("again", "lost", "wall"))
+            table("rank 1 %s mid-epoch, the MLP" % ("SIGKILLed" if job == "killed" else "SIGSTOPped"), got, ("again", "to_entry", "to_ready", "lost", "wall"))
         elif job == "coordinator":
             got = {s: [] for s in ("ray", "durabletrain")}
             for i in range(a.repeats):

@@ -176,20 +176,29 @@ def test_prepare_trainer_refuses_a_trainer_whose_ranks_would_each_train_alone(tm
 def test_pbt_clones_a_better_transformers_trials_checkpoint_and_trains_on_at_its_own_rate(cluster):
     """PBT on a Trainer's trials: an exploit resumes one trial from another's
     checkpoint (optimizer and scheduler included) with a perturbed learning
-    rate, which the resumed Trainer then trains at, not the donor's."""
+    rate, which the resumed Trainer then trains at, not the donor's.
+
+    One slot for two trials: the population time-shares it, a trial pausing at
+    each perturbation point. The stop criterion tells the search where the
+    trials end, as Ray's PBT examples give it: without it a function trainer's
+    end is known only once it has returned, and a donor paused at its last
+    checkpoint (its stop came as it finished) could be cloned, which leaves the
+    clone nothing to train (CI, 2026-12-07)."""
     from durabletrain import tune
     trainer = TorchTrainer(hf_loop, train_loop_config=dict(CONFIG, epochs=4, sleep=0.2, schedule="constant"),
                            scaling_config=ScalingConfig(num_workers=1))
     pbt = tune.PopulationBasedTraining(perturbation_interval=1, quantile_fraction=0.5, resample_probability=0.0,
                                        hyperparam_mutations={"train_loop_config": {"lr": tune.loguniform(1e-5, 1e-1)}})
     grid = tune.Tuner(trainer, param_space={"train_loop_config": {"lr": tune.grid_search([3e-3, 1e-6])}},
-                      tune_config=tune.TuneConfig(metric="eval_loss", mode="min", scheduler=pbt, max_concurrent_trials=2, seed=1),
-                      run_config=RunConfig(name="tune-pbt-hf")).fit()
+                      tune_config=tune.TuneConfig(metric="eval_loss", mode="min", scheduler=pbt, max_concurrent_trials=1, seed=1),
+                      run_config=RunConfig(name="tune-pbt-hf", stop={"training_iteration": 4})).fit()
     rows = grid.raw["trials"]
     # A clone that trained on after its exploit (one of a donor's last epoch has nothing left to train).
     cloned = [t for t in rows if (t.get("lineage") or [{}])[-1].get("cloned") and int(t["lineage"][-1]["cloned"].split("-e")[-1][:6]) < 4]
     assert cloned, [(t["status"], t.get("lineage"), t.get("reason")) for t in rows]
-    assert all(t["status"] == "completed" for t in rows), [(t["status"], t.get("reason")) for t in rows]
+    # Each ended at its stop criterion: told to stop there, or ended there as the stop came.
+    assert all(t["status"] in ("completed", "stopped") and t["epochs"] == 4 for t in rows), \
+        [(t["status"], t.get("reason"), t["metrics"]) for t in rows]
     for t in cloned:
         lr = t["config"]["config.lr"]
         assert abs(t["metrics"]["learning_rate"] - lr) <= 1e-9 * max(1.0, lr), (t["metrics"], t["config"], t["lineage"])
