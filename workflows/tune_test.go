@@ -76,6 +76,22 @@ func fakeTrial(mu *sync.Mutex, running *int, maxRunning *int) func(ctx workflow.
 // a trial's own latest); fakeRunning the run names of the trials training.
 var fakeResumeAt, fakeRunning sync.Map
 
+// fakeClones registers a CloneCheckpoint that copies nothing: its clone
+// resumes at its source's epoch (fakeResumeAt). seen, if given, is told of
+// each clone first, one at a time.
+func fakeClones(env *testsuite.TestWorkflowEnvironment, seen func(spec.CloneCheckpointInput)) {
+	var mu sync.Mutex
+	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+		if seen != nil {
+			mu.Lock()
+			seen(in)
+			mu.Unlock()
+		}
+		fakeResumeAt.Store(in.Run, in.From.Epoch)
+		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
+	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+}
+
 // fakeRunAhead is how many epochs a fakeTrial trains after its stop
 // came: 0, or 1 as a Python rank does (it is into the next iteration
 // when its report is decided on).
@@ -407,13 +423,7 @@ func TestTuneWithPBT(t *testing.T) {
 	env, writtenTo, _ := searchEnv()
 	var mu sync.Mutex
 	var clones []spec.CloneCheckpointInput
-	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
-		mu.Lock()
-		clones = append(clones, in)
-		mu.Unlock()
-		fakeResumeAt.Store(in.Run, in.From.Epoch)
-		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
-	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	fakeClones(env, func(in spec.CloneCheckpointInput) { clones = append(clones, in) })
 	started := map[string]spec.Training{}
 	env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, args converter.EncodedValues) {
 		var in json.RawMessage
@@ -489,22 +499,17 @@ func TestTuneWithPBT(t *testing.T) {
 // clone then took the donor's last checkpoint, and the trial trained no more).
 func TestTunePBTTimeSharesItsSlots(t *testing.T) {
 	env, _, maxRunningOf := searchEnv()
-	var mu sync.Mutex
 	var clones []spec.CloneCheckpointInput
 	var clonedWhileStopping []bool
-	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
+	fakeClones(env, func(in spec.CloneCheckpointInput) {
 		trial := in.Run[:strings.LastIndex(in.Run, "-p")]
 		stopping := false
 		fakeRunning.Range(func(k, _ any) bool {
 			stopping = stopping || strings.HasPrefix(k.(string), trial)
 			return !stopping
 		})
-		mu.Lock()
 		clones, clonedWhileStopping = append(clones, in), append(clonedWhileStopping, stopping)
-		mu.Unlock()
-		fakeResumeAt.Store(in.Run, in.From.Epoch)
-		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
-	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	})
 	type start struct {
 		id    string
 		epoch int
@@ -576,11 +581,7 @@ func TestTimeSharedPBTEndsAtTheStopCriterionNotTheRunsEpochs(t *testing.T) {
 	defer func() { fakeRunAhead = 0 }()
 	env, _, _ := searchEnv()
 	var clones []spec.CloneCheckpointInput
-	env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
-		clones = append(clones, in)
-		fakeResumeAt.Store(in.Run, in.From.Epoch)
-		return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
-	}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+	fakeClones(env, func(in spec.CloneCheckpointInput) { clones = append(clones, in) })
 	var resumedAt []int
 	env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, args converter.EncodedValues) {
 		var in json.RawMessage
@@ -634,10 +635,7 @@ func TestTunePBTCarriesItsSegmentsAcrossContinueAsNew(t *testing.T) {
 		"scheduler": {"type": "pbt", "perturbation_interval": 2}}`)
 	segmentsStarted := map[int][]string{} // execution -> segment workflow IDs started
 	written, executions, _ := runSearchExecutions(t, "pbt-can", input, 5, func(env *testsuite.TestWorkflowEnvironment, execution int) {
-		env.RegisterActivityWithOptions(func(ctx context.Context, in spec.CloneCheckpointInput) (*spec.CloneCheckpointResult, error) {
-			fakeResumeAt.Store(in.Run, in.From.Epoch)
-			return &spec.CloneCheckpointResult{Source: in.From, Clone: spec.CheckpointRef{URL: in.URL, Run: in.Run, ID: in.From.ID, Epoch: in.From.Epoch}}, nil
-		}, activity.RegisterOptions{Name: spec.ActivityCloneCheckpoint})
+		fakeClones(env, nil)
 		env.SetOnChildWorkflowStartedListener(func(info *workflow.Info, _ workflow.Context, _ converter.EncodedValues) {
 			if strings.Contains(info.WorkflowExecution.ID, "-p") {
 				segmentsStarted[execution] = append(segmentsStarted[execution], info.WorkflowExecution.ID)

@@ -124,8 +124,7 @@ def train_loop(config):
     rank = ctx.get_world_rank()
     with open(os.path.join(config["pids"], "rank-%d" % rank), "w") as f:
         f.write(str(os.getpid()))
-    phases = open(os.path.join(config["pids"], "phases.log"), "a", buffering=1)
-    phases.write("%.6f entry %d %d\n" % (time.time(), rank, os.getpid()))
+    mark_phase(config, "entry", rank)
     torch.manual_seed(0)
     image = config["model"] == "resnet18"
     loader = torch.utils.data.DataLoader(fashion_mnist(config["data"], config["limit"], image), batch_size=config["batch"], shuffle=True)
@@ -143,7 +142,7 @@ def train_loop(config):
         start_epoch, start_step = st["epoch"], st["step"]
         if start_step >= len(loader):
             start_epoch, start_step = start_epoch + 1, 0
-    phases.write("%.6f ready %d %d\n" % (time.time(), rank, os.getpid()))
+    mark_phase(config, "ready", rank)
     log = open(config["log"], "a", buffering=1) if rank == 0 else None
 
     def save(metrics, epoch, step):
@@ -172,6 +171,26 @@ def train_loop(config):
             if config["every"] and step % config["every"] == 0 and step < len(loader):
                 save({"loss": loss.item(), "epoch": epoch, "step": step}, epoch, step)
         save({"loss": loss.item(), "epoch": epoch, "step": step}, epoch, step)
+
+
+def mark_phase(config, phase, rank):
+    """Logs when this rank's process reached phase (entry: the function
+    started; ready: its data, model, process group and checkpoint loaded)."""
+    with open(os.path.join(config["pids"], "phases.log"), "a") as f:
+        f.write("%.6f %s %d %d\n" % (time.time(), phase, rank, os.getpid()))
+
+
+def read_phases(out, since):
+    """The first time after since each rank logged each phase: {phase: {rank: t}}."""
+    marks = {}
+    path = os.path.join(out, "phases.log")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                t, phase, rank, _ = line.split()
+                if float(t) > since:
+                    marks.setdefault(phase, {}).setdefault(rank, float(t))
+    return marks
 
 
 class _Namespace:
@@ -711,11 +730,7 @@ def figures(cfg, start, end, fault, state):
         # Where "again" goes: the kill to the new gang's functions entered
         # (the last rank's: a gang trains once every rank has), then to every
         # rank ready (its data, model, process group and checkpoint loaded).
-        marks = {}
-        for line in open(os.path.join(cfg["pids"], "phases.log")) if os.path.exists(os.path.join(cfg["pids"], "phases.log")) else []:
-            t, phase, rank, _ = line.split()
-            if float(t) > fault.killed_at:
-                marks.setdefault(phase, {}).setdefault(rank, float(t))
+        marks = read_phases(cfg["pids"], fault.killed_at)
         if fault.again_at and len(marks.get("entry", {})) >= 2 and len(marks.get("ready", {})) >= 2:
             out["to_entry"] = max(marks["entry"].values()) - fault.killed_at
             out["to_ready"] = max(marks["ready"].values()) - fault.killed_at
